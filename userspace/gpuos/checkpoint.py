@@ -1,0 +1,187 @@
+"""Stop-the-world checkpoint of a process tree: driver checkpoint API + CRIU.
+
+Phases (each timed, each recorded in the operation's journal first):
+
+    prepare         find the tree, its CUDA processes, their GPUs
+    lock            cuCheckpointProcessLock on every CUDA process (with a timeout)
+    gpu-checkpoint  cuCheckpointProcessCheckpoint: GPU memory moves into the process
+    criu-dump       criu dump of the whole tree into the staging directory
+    gpu-restore     (--leave-running) cuCheckpointProcessRestore
+    unlock          (--leave-running) cuCheckpointProcessUnlock
+    checksum        sha256 + fsync of every file
+    publish         manifest written, staging renamed into place
+
+Any failure before the dump completed puts every CUDA process back on its GPU
+and leaves it running; the previous image of that name is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, procs
+from .criu import Criu
+from .cudadrv import RUNNING, GpuDriver
+from .errors import CheckpointFailed, GpuosError, NotPermitted, ProcessLeftStopped
+from .journal import Operation, _put_back, pid_lock
+from .manifest import CRIU_DIR, GpuInfo, Manifest, ProcessInfo
+from .observe import Observer, Silent
+from .store import ImageStore, checksum_tree, tree_size
+
+
+@dataclass
+class CheckpointRequest:
+    pid: int
+    image: str | None = None  # name in the store, or a path; default "<comm>-<pid>"
+    leave_running: bool = False
+    lock_timeout_ms: int = 10_000
+
+
+@dataclass
+class CheckpointResult:
+    path: Path
+    manifest: Manifest
+    timings: dict[str, float]  # includes "publish", which the manifest cannot
+    stall: float | None  # seconds the app could not use the GPU (leave-running only)
+
+
+def default_name(comm: str, pid: int) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9._+-]', '_', comm) or 'proc'}-{pid}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _describe(pids: list[int], gpu_pids: list[int], driver: GpuDriver | None
+              ) -> tuple[list[ProcessInfo], list[GpuInfo]]:
+    usage: dict[int, list[tuple[str, int]]] = {}
+    devices = driver.devices() if driver else []
+    if driver:
+        for gp in driver.processes():
+            usage.setdefault(gp.pid, []).append((gp.uuid, gp.used_memory))
+    infos = []
+    for pid in pids:
+        st = procs.stat(pid)
+        used = usage.get(pid, [])
+        infos.append(ProcessInfo(
+            pid=pid, ppid=st.ppid, tids=procs.tids(pid), comm=st.comm, cmdline=procs.cmdline(pid),
+            uses_gpu=pid in gpu_pids, gpu_memory=sum(m for _, m in used),
+            gpu_uuids=sorted({u for u, _ in used})))
+    per_gpu: dict[str, int] = {}
+    for pid in gpu_pids:
+        for uuid, mem in usage.get(pid, []):
+            per_gpu[uuid] = per_gpu.get(uuid, 0) + mem
+    if gpu_pids and not per_gpu:  # NVML saw none of them (no context yet): any GPU may do
+        per_gpu = {d.uuid: 0 for d in devices}
+    gpus = [GpuInfo(uuid=d.uuid, name=d.name, memory_total=d.memory_total,
+                    memory_used_by_image=per_gpu[d.uuid]) for d in devices if d.uuid in per_gpu]
+    return infos, gpus
+
+
+def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
+               driver_factory: Callable[[], GpuDriver], criu: Criu,
+               observer: Observer = Silent()) -> CheckpointResult:
+    t_prepare = time.monotonic()
+    st = procs.check_target(req.pid)
+    tree = procs.tree(req.pid)
+    if os.getpid() in tree:
+        raise NotPermitted(f"pid {req.pid}'s process tree contains gpuos itself")
+    gpu_pids = [p for p in tree if procs.uses_cuda(p)]
+    driver = driver_factory() if gpu_pids else None
+    for gp in gpu_pids:
+        state = driver.state(gp)
+        if state != RUNNING:
+            raise CheckpointFailed(f"pid {gp} is {state} on the GPU, not running; "
+                                   "is another checkpoint under way? (`gpuos recover` puts it back)")
+    criu_version = criu.check_version()
+    final = store.resolve(req.image or default_name(st.comm, req.pid))
+    options = ["--file-locks"] + (["--shell-job"] if st.tty_nr else [])
+
+    with pid_lock(run_dir, req.pid):
+        processes, gpus = _describe(tree, gpu_pids, driver)
+        op = Operation(run_dir, "checkpoint")
+        staging = store.staging_for(final, op.op_id)
+        draft = Manifest(
+            name=final.name, created=_now(), gpuos_version=__version__,
+            hostname=socket.gethostname(), kernel=platform.release(), root_pid=req.pid,
+            leave_running=req.leave_running, processes=processes, gpus=gpus,
+            driver=driver.driver_info() if driver else None, criu_version=criu_version,
+            criu_options=options, files=[], timings={})
+        op.record.gpu_pids, op.record.staging, op.record.final = gpu_pids, str(staging), str(final)
+        op.record.draft = asdict(draft)
+        op.timings["prepare"] = time.monotonic() - t_prepare
+
+        def phase(name: str):
+            observer.phase(name)
+            return op.phase(name)
+
+        (staging / CRIU_DIR).mkdir(parents=True)
+        stall_start = time.monotonic()
+        try:
+            if gpu_pids:
+                with phase("lock"):
+                    for gp in gpu_pids:
+                        driver.lock(gp, req.lock_timeout_ms)
+                with phase("gpu-checkpoint"):
+                    for gp in gpu_pids:
+                        driver.checkpoint(gp)
+            with phase("criu-dump"):
+                criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
+        except GpuosError as exc:
+            raise _undo(op, driver, gpu_pids, staging, exc) from None
+
+        stall = None
+        try:
+            if req.leave_running and gpu_pids:
+                with phase("gpu-restore"):
+                    for gp in gpu_pids:
+                        driver.restore(gp, {})
+                with phase("unlock"):
+                    for gp in gpu_pids:
+                        driver.unlock(gp)
+            if req.leave_running:
+                stall = time.monotonic() - stall_start
+        except GpuosError as exc:
+            raise ProcessLeftStopped(
+                f"the image was dumped but pid(s) {gpu_pids} could not be resumed on the GPU: "
+                f"{exc.message}; run `gpuos recover`") from None
+        with phase("checksum"):
+            draft.files = checksum_tree(
+                staging, observer.bytes_progress("checksum", tree_size(staging)))
+        draft.timings = dict(op.timings)
+        with phase("publish"):
+            ImageStore.write_manifest(staging, draft)
+            ImageStore.publish(staging, final)
+        op.finish()
+        return CheckpointResult(path=final, manifest=draft, timings=dict(op.timings), stall=stall)
+
+
+def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging: Path,
+          cause: GpuosError) -> GpuosError:
+    """Put every CUDA process back on its GPU, drop the staging image; the error to raise."""
+    failed = []
+    with op.phase("undo"):
+        for gp in gpu_pids:
+            try:
+                _put_back(driver, gp)
+            except GpuosError as exc:
+                failed.append(f"pid {gp}: {exc.message}")
+    if failed:  # keep the journal: `gpuos recover` retries
+        return ProcessLeftStopped(
+            f"{cause.message}; then putting the process back failed ({'; '.join(failed)}); "
+            "run `gpuos recover`")
+    shutil.rmtree(staging, ignore_errors=True)
+    op.finish()
+    # Specific errors (lock timeout, not permitted, ...) keep their exit code.
+    kind = CheckpointFailed if type(cause) is GpuosError else type(cause)
+    return kind(f"{cause.message}; the process was left running")

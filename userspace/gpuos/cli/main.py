@@ -1,0 +1,222 @@
+"""The `gpuos` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .. import __version__
+from ..checkpoint import CheckpointRequest, checkpoint
+from ..config import Paths
+from ..errors import GpuosError
+from ..restore import restore
+from ..runtime import Runtime
+from .images import images
+from .output import Reporter, emit_json, fail, human_bytes, json_option, table
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+   0 success                          10 image incomplete or corrupt
+   1 other error                      11 image format version unknown
+   2 bad usage                        12 no GPU of the image's model, other driver
+   3 no such process                  13 not enough free GPU memory
+   4 not permitted                    14 a pid the image needs is taken
+   5 criu missing or too old          15 restore failed, nothing left restored
+   6 driver checkpoint API missing    16 no GPU
+   7 GPU lock timed out               17 demo: results differ
+   8 checkpoint failed, process runs  18 busy: another gpuos operation
+   9 image not found                  19 process left stopped: `gpuos recover`
+"""
+
+
+class GpuosGroup(click.Group):
+    """Turns a GpuosError into a one-line message (or JSON) and its exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except GpuosError as exc:
+            as_json = "--json" in sys.argv[1:]
+            fail(exc, as_json)
+
+
+@click.group(cls=GpuosGroup, epilog=EXIT_CODES_HELP,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpuos")
+@click.option("--store", type=click.Path(file_okay=False), envvar="GPUOS_STORE",
+              help="Image store directory [default: $GPUOS_HOME/images, GPUOS_HOME=/var/lib/gpuos].")
+@click.option("--criu", "criu_path", type=click.Path(dir_okay=False), envvar="GPUOS_CRIU",
+              help="The criu binary [default: criu on PATH, else /opt/gpuos/bin/criu].")
+@click.pass_context
+def cli(ctx: click.Context, store: str | None, criu_path: str | None) -> None:
+    """gpuos: OS services for Linux processes that use NVIDIA GPUs.
+
+    Checkpoint a running GPU process to an image and restore it later, on this
+    host or another with the same GPU model and driver, without any help from
+    the process: GPU state through the CUDA driver's checkpoint API, the rest
+    through CRIU.
+    """
+    ctx.obj = Runtime(paths=Paths.from_env(store=store), criu_path=criu_path)
+
+
+def _recover_first(rt: Runtime, rep: Reporter) -> None:
+    """Finish what a killed gpuos left half done, before doing anything new."""
+    for act in rt.recover():
+        rep.say(f"gpuos: recovered: {act.action}" if act.ok else f"gpuos: recovery failed: {act.action}")
+
+
+@cli.command("checkpoint", epilog=EXIT_CODES_HELP)
+@click.argument("pid", type=int)
+@click.option("--image", "-i", metavar="NAME|DIR",
+              help="Image name in the store, or a directory path (contains '/') [default: COMM-PID].")
+@click.option("--leave-running", is_flag=True,
+              help="Keep the process running after the checkpoint (default: it is killed once "
+                   "the image is written, so it can be restored).")
+@click.option("--lock-timeout", type=click.FloatRange(0.001, 3600), default=10.0, show_default=True,
+              help="Seconds to wait for the process's GPU work to drain before giving up.")
+@json_option
+@click.pass_obj
+def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool,
+                   lock_timeout: float, as_json: bool) -> None:
+    """Checkpoint process PID and all its descendants into an image.
+
+    CUDA processes in the tree are locked (waiting at most --lock-timeout for
+    their GPU work to drain) and their GPU memory is moved to host memory by the
+    driver; then criu dumps the whole tree. The image is written beside the
+    previous image of that name and replaces it in one atomic rename only once
+    it is complete, fsynced and checksummed. If anything fails, the processes
+    are put back on their GPUs and left running, and the previous image is kept.
+    Needs root.
+    """
+    rep = Reporter(quiet=as_json)
+    _recover_first(rt, rep)
+    rep.say(f"checkpointing pid {pid}")
+    res = checkpoint(CheckpointRequest(pid=pid, image=image, leave_running=leave_running,
+                                       lock_timeout_ms=int(lock_timeout * 1000)),
+                     rt.paths.run, rt.store, rt.driver, rt.criu(), rep)
+    m = res.manifest
+    if as_json:
+        emit_json({"ok": True, "image": res.path, "name": m.name, "pids": [p.pid for p in m.processes],
+                   "gpu_pids": m.gpu_pids, "size": m.total_size, "timings": res.timings,
+                   "stall": res.stall, "left_running": leave_running})
+        return
+    click.echo(f"image {res.path}: {len(m.processes)} process(es), {len(m.gpu_pids)} on the GPU, "
+               f"{human_bytes(m.total_size)}")
+    click.echo(table(["phase", "seconds"], [[k, f"{v:.3f}"] for k, v in res.timings.items()]))
+    if res.stall is not None:
+        click.echo(f"the process was stopped for {res.stall:.3f} s and is running again")
+
+
+@cli.command("restore", epilog=EXIT_CODES_HELP)
+@click.argument("image", metavar="IMAGE")
+@click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256 first.")
+@json_option
+@click.pass_obj
+def restore_cmd(rt: Runtime, image: str, no_verify: bool, as_json: bool) -> None:
+    """Restore the processes of IMAGE (a name in the store, or a path).
+
+    Checks first, changing nothing if any fails: the image is complete and its
+    checksums match, a GPU of the same model with enough free memory is here
+    (the same GPU if present, else another of that model), the driver version
+    is the same, and every pid the image needs is free. Then criu restores the
+    tree with its original pids and the driver restores its GPU memory. The
+    processes continue where they were checkpointed. Needs root.
+    """
+    rep = Reporter(quiet=as_json)
+    _recover_first(rt, rep)
+    res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
+                  observer=rep)
+    if as_json:
+        emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map})
+        return
+    click.echo(f"restored pid {res.pid} ({' '.join(res.manifest.processes[0].cmdline)[:80]})")
+    click.echo(table(["phase", "seconds"], [[k, f"{v:.3f}"] for k, v in res.timings.items()]))
+
+
+@cli.command("recover")
+@json_option
+@click.pass_obj
+def recover_cmd(rt: Runtime, as_json: bool) -> None:
+    """Finish or undo operations of a gpuos that was killed.
+
+    Every checkpoint and restore keeps a journal while it runs. For each one
+    whose gpuos died: processes left locked or checkpointed on the GPU are
+    restored and left running; a checkpoint whose dump had completed is
+    published (its process is gone); anything else half-written is deleted.
+    Every gpuos command that changes something does this first.
+    """
+    actions = rt.recover()
+    if as_json:
+        emit_json({"ok": all(a.ok for a in actions), "actions": actions})
+    else:
+        for a in actions:
+            click.echo(("" if a.ok else "FAILED: ") + a.action)
+        if not actions:
+            click.echo("nothing to recover")
+    if not all(a.ok for a in actions):
+        sys.exit(GpuosError.exit_code)
+
+
+@cli.command("ps")
+@json_option
+@click.pass_obj
+def ps_cmd(rt: Runtime, as_json: bool) -> None:
+    """List the GPU processes on this host and their checkpoint state.
+
+    State is the driver's: running, locked (CUDA calls blocked), checkpointed
+    (GPU memory moved to host memory), or failed. Processes whose GPU state is
+    checkpointed hold no GPU memory and are found through /proc.
+    """
+    from ..ps import gpu_processes
+    rows = gpu_processes(rt.driver())
+    if as_json:
+        emit_json({"ok": True, "processes": rows})
+        return
+    if os.geteuid() != 0:
+        click.echo("(not root: processes of other users may be missing)", err=True)
+    click.echo(table(["PID", "STATE", "GPU MEM", "COMMAND"],
+                     [[r.pid, r.state, human_bytes(r.gpu_memory), r.command[:80]] for r in rows]))
+
+
+@cli.command("demo", epilog=EXIT_CODES_HELP)
+@click.option("--steps", type=click.IntRange(30, 100000), default=150, show_default=True,
+              help="Training steps.")
+@click.option("--keep", is_flag=True, help="Keep the job's logs (their folder is printed).")
+@json_option
+@click.pass_obj
+def demo_cmd(rt: Runtime, steps: int, keep: bool, as_json: bool) -> None:
+    """Checkpoint, kill and restore a PyTorch training job; check nothing changed.
+
+    Runs a small bundled training job (CNN + MLP, cuDNN and cuBLAS, a data
+    loader thread) once uninterrupted, then again: a third of the way through
+    it is checkpointed (and killed), restored from the image, and left to
+    finish. Its loss at every step must be bit-identical to the uninterrupted
+    run's. Prints the time of every phase. Needs root and a GPU.
+    """
+    from ..demo import run_demo
+    rep = Reporter(quiet=as_json)
+    _recover_first(rt, rep)
+    report = run_demo(rt, steps=steps, keep=keep, observer=rep, say=rep.say)
+    if as_json:
+        emit_json({"ok": True, "steps": report.steps, "checkpoint_at_step": report.checkpoint_at_step,
+                   "identical": report.identical, "image_size": report.checkpoint.manifest.total_size,
+                   "checkpoint_timings": report.checkpoint.timings,
+                   "restore_timings": report.restore.timings, "workdir": report.workdir})
+        return
+    rows = [["checkpoint", k, f"{v:.3f}"] for k, v in report.checkpoint.timings.items()]
+    rows += [["restore", k, f"{v:.3f}"] for k, v in report.restore.timings.items()]
+    click.echo(table(["", "phase", "seconds"], rows))
+    click.echo(f"image: {human_bytes(report.checkpoint.manifest.total_size)}")
+    click.echo(f"OK: checkpointed at step {report.checkpoint_at_step} of {report.steps}, killed, "
+               f"restored; all {report.steps} losses bit-identical to the uninterrupted run")
+    if keep:
+        click.echo(f"logs: {report.workdir}")
+
+
+cli.add_command(images)
+
+
+def main() -> None:
+    cli(prog_name="gpuos")

@@ -1,0 +1,98 @@
+"""Running a real criu: version check, dump, restore, and reading its logs."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CriuUnavailable, GpuosError
+
+MIN_VERSION = (3, 17)
+DUMP_LOG = "dump.log"
+DUMP_OK = "Dumping finished successfully"
+RESTORE_LOG = "restore.log"
+PIDFILE = "restored.pid"
+
+
+def _die_with_parent() -> None:
+    # criu must not outlive a killed gpuos: a dump that finished unsupervised
+    # would kill the target with no one left to publish the image.
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def first_error(log: Path, limit: int = 3) -> str:
+    """The first few 'Error' lines of a criu log, for a one-line message."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "no log"
+    errors = [ln.strip() for ln in lines if "Error (" in ln]
+    picked = errors[:limit] or [ln.strip() for ln in lines[-limit:]]
+    return "; ".join(picked)
+
+
+def dump_completed(criu_dir: Path) -> bool:
+    log = criu_dir / DUMP_LOG
+    try:
+        return DUMP_OK in log.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
+@dataclass
+class Criu:
+    binary: Path
+    plugin_dir: Path  # an empty directory: keep distribution plugins (e.g. CRIU's CUDA plugin) out
+
+    def version(self) -> tuple[int, ...]:
+        try:
+            out = subprocess.run([str(self.binary), "--version"], capture_output=True,
+                                 text=True, timeout=30).stdout
+        except OSError as exc:
+            raise CriuUnavailable(f"cannot run {self.binary}: {exc}") from None
+        m = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", out)
+        if not m:
+            raise CriuUnavailable(f"{self.binary} --version printed no version: {out.strip()[:200]!r}")
+        return tuple(int(x) for x in m.groups() if x is not None)
+
+    def check_version(self) -> str:
+        ver = self.version()
+        text = ".".join(map(str, ver))
+        if ver[:2] < MIN_VERSION:
+            raise CriuUnavailable(
+                f"criu {text} at {self.binary} is too old; gpuos needs {'.'.join(map(str, MIN_VERSION))} or newer")
+        return text
+
+    def _run(self, args: list[str], log: Path, what: str) -> float:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.binary), *args, "--libdir", str(self.plugin_dir), "-v4"]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        elapsed = time.monotonic() - t0
+        if proc.returncode != 0:
+            detail = first_error(log)
+            if detail == "no log":
+                detail = proc.stdout.decode(errors="replace").strip()[-300:]
+            raise GpuosError(f"criu {what} failed (exit {proc.returncode}): {detail}")
+        return elapsed
+
+    def dump(self, pid: int, images: Path, leave_running: bool, options: list[str]) -> float:
+        args = ["dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, *options]
+        if leave_running:
+            args.append("--leave-running")
+        return self._run(args, images / DUMP_LOG, "dump")
+
+    def restore(self, images: Path, workdir: Path, options: list[str]) -> tuple[int, float]:
+        """Restore detached; returns the restored root pid and the time taken."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / PIDFILE).unlink(missing_ok=True)
+        args = ["restore", "-D", str(images), "-W", str(workdir), "-o", RESTORE_LOG,
+                "--restore-detached", "--pidfile", PIDFILE, *options]
+        elapsed = self._run(args, workdir / RESTORE_LOG, "restore")
+        return int((workdir / PIDFILE).read_text().strip()), elapsed

@@ -1,0 +1,219 @@
+"""Journals of operations in flight, so that a killed gpuos loses nothing.
+
+Every checkpoint and restore writes ``run/op-<id>.json`` before it touches a
+process and rewrites it at each phase.  While it runs it holds an exclusive
+``flock`` on ``run/op-<id>.lock``; a journal whose lock can be taken belongs to
+a gpuos that died.  ``recover()`` (run by every gpuos command that changes
+anything, and by ``gpuos recover``) finishes or undoes such an operation:
+
+* a process left locked or checkpointed on the GPU is restored and unlocked;
+* a checkpoint whose CRIU dump completed is checksummed and published (the
+  dumped process is gone, so the image is all that is left of it);
+* any other staging directory is deleted; the previous image is untouched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import procs
+from .criu import dump_completed
+from .cudadrv import CHECKPOINTED, LOCKED, GpuDriver
+from .errors import Busy, GpuosError
+from .manifest import CRIU_DIR, Manifest
+from .store import ImageStore, checksum_tree
+
+# Tests set this to a phase name: gpuos then writes GPUOS_TEST_HOLD_FILE and
+# waits there, so a test can SIGKILL it at a known point of an operation.
+HOLD_ENV, HOLD_FILE_ENV = "GPUOS_TEST_HOLD_AT", "GPUOS_TEST_HOLD_FILE"
+
+
+@dataclass
+class JournalRecord:
+    op_id: str
+    kind: str  # "checkpoint" | "restore"
+    owner_pid: int
+    started: float
+    phase: str = "prepare"
+    gpu_pids: list[int] = field(default_factory=list)
+    staging: str | None = None  # checkpoint: the image being built
+    final: str | None = None  # checkpoint: where it will be published
+    draft: dict | None = None  # checkpoint: the manifest, less files and timings
+
+
+class Operation:
+    """One checkpoint or restore: its journal, its lock, and its phase timings."""
+
+    def __init__(self, run_dir: Path, kind: str):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        self.record = JournalRecord(op_id=uuid.uuid4().hex[:12], kind=kind,
+                                    owner_pid=os.getpid(), started=time.time())
+        self.timings: dict[str, float] = {}
+        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self.save()
+
+    @property
+    def op_id(self) -> str:
+        return self.record.op_id
+
+    @property
+    def journal_path(self) -> Path:
+        return self.run_dir / f"op-{self.op_id}.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.run_dir / f"op-{self.op_id}.lock"
+
+    def save(self) -> None:
+        tmp = self.journal_path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(asdict(self.record), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, self.journal_path)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.record.phase = name
+        self.save()
+        if os.environ.get(HOLD_ENV) == name:
+            Path(os.environ[HOLD_FILE_ENV]).write_text(f"{os.getpid()} {name}\n")
+            while True:
+                time.sleep(3600)
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.monotonic() - t0
+
+    def finish(self) -> None:
+        self.journal_path.unlink(missing_ok=True)
+        self.lock_path.unlink(missing_ok=True)
+        os.close(self._lock_fd)
+
+
+@contextmanager
+def pid_lock(run_dir: Path, pid: int) -> Iterator[None]:
+    """Only one gpuos operation at a time on a process."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / f"pid-{pid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(f"another gpuos operation is working on pid {pid}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RecoveryAction:
+    op_id: str
+    action: str  # human-readable, one line
+    ok: bool
+
+
+def _orphaned(run_dir: Path) -> Iterator[tuple[Path, int]]:
+    """Journals whose owner died, each with its lock held by us."""
+    for jpath in sorted(run_dir.glob("op-*.json")):
+        fd = os.open(jpath.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        yield jpath, fd
+
+
+def _put_back(driver: GpuDriver, pid: int) -> str:
+    """Restore and unlock a process left stopped on the GPU; say what was done."""
+    if not procs.alive(pid):
+        return f"pid {pid} is gone"
+    state = driver.state(pid)
+    if state == CHECKPOINTED:
+        driver.restore(pid, {})
+        driver.unlock(pid)
+        return f"restored and unlocked pid {pid} on the GPU"
+    if state == LOCKED:
+        driver.unlock(pid)
+        return f"unlocked pid {pid}"
+    return f"pid {pid} was {state}; nothing to do"
+
+
+def _finish_image(rec: JournalRecord) -> str:
+    staging = Path(rec.staging) if rec.staging else None
+    if staging is None or not staging.is_dir():
+        return "no staged image"
+    if rec.draft is None or not dump_completed(staging / CRIU_DIR):
+        shutil.rmtree(staging)
+        return f"deleted incomplete image {staging}"
+    draft = dict(rec.draft, files=[], timings={})
+    manifest = Manifest.from_json(json.dumps(draft))
+    manifest.files = checksum_tree(staging)
+    manifest.timings = {"recovered": 1.0}
+    ImageStore.write_manifest(staging, manifest)
+    ImageStore.publish(staging, Path(rec.final))
+    return f"published image {rec.final} from a dump that had completed"
+
+
+def recover(run_dir: Path, store: ImageStore,
+            driver_factory: Callable[[], GpuDriver]) -> list[RecoveryAction]:
+    """Finish or undo every operation whose gpuos died; see the module comment."""
+    actions: list[RecoveryAction] = []
+    if not run_dir.is_dir():
+        return actions
+    live_staging: set[str] = set()
+    for jpath in run_dir.glob("op-*.json"):
+        try:
+            live_staging.add(json.loads(jpath.read_text()).get("staging") or "")
+        except (OSError, ValueError):
+            pass
+    driver: GpuDriver | None = None
+    for jpath, fd in _orphaned(run_dir):
+        try:
+            if not jpath.exists():  # finished while we waited for its lock
+                jpath.with_suffix(".lock").unlink(missing_ok=True)
+                continue
+            try:
+                rec = JournalRecord(**json.loads(jpath.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                actions.append(RecoveryAction(jpath.stem, f"unreadable journal {jpath}: {exc}", False))
+                continue
+            ok = True
+            for pid in rec.gpu_pids:
+                try:
+                    if driver is None:
+                        driver = driver_factory()
+                    msg = _put_back(driver, pid)
+                except GpuosError as exc:
+                    msg, ok = f"pid {pid}: {exc.message}", False
+                actions.append(RecoveryAction(rec.op_id, msg, ok))
+            if rec.kind == "checkpoint":
+                try:
+                    actions.append(RecoveryAction(rec.op_id, _finish_image(rec), True))
+                except (OSError, GpuosError) as exc:
+                    ok = False
+                    actions.append(RecoveryAction(rec.op_id, f"finishing {rec.staging}: {exc}", False))
+            if ok:  # else keep the journal so a later run retries
+                jpath.unlink(missing_ok=True)
+                jpath.with_suffix(".lock").unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    # Staging directories no journal speaks for (a crashed `images rm`, say).
+    for staging in ImageStore.staging_dirs(store.root):
+        if str(staging) not in live_staging:
+            shutil.rmtree(staging, ignore_errors=True)
+            actions.append(RecoveryAction("-", f"deleted stale {staging}", True))
+    return actions

@@ -1,0 +1,119 @@
+"""The image manifest: what an image holds and where it came from.
+
+Format documented in docs/image-format.md.  ``FORMAT_VERSION`` changes
+whenever a reader of the previous version could misread a new image.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import ImageCorrupt, ImageFormatUnsupported
+
+FORMAT = "gpuos-image"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+CRIU_DIR = "criu"
+
+
+@dataclass
+class GpuInfo:
+    """A GPU the checkpointed processes were using."""
+
+    uuid: str
+    name: str
+    memory_total: int  # bytes
+    memory_used_by_image: int  # bytes the image's processes held on it
+
+
+@dataclass
+class ProcessInfo:
+    pid: int
+    ppid: int
+    tids: list[int]
+    comm: str
+    cmdline: list[str]
+    uses_gpu: bool
+    gpu_memory: int = 0  # bytes, as NVML reported before the checkpoint
+    gpu_uuids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FileEntry:
+    path: str  # relative to the image directory, '/'-separated
+    size: int
+    sha256: str
+
+
+@dataclass
+class DriverInfo:
+    version: str  # e.g. "580.159.04"
+    cuda_api: int  # cuDriverGetVersion, e.g. 13000
+
+
+@dataclass
+class Manifest:
+    name: str
+    created: str  # ISO 8601, UTC
+    gpuos_version: str
+    hostname: str
+    kernel: str
+    root_pid: int
+    leave_running: bool
+    processes: list[ProcessInfo]
+    gpus: list[GpuInfo]
+    driver: DriverInfo | None
+    criu_version: str
+    criu_options: list[str]  # given to criu dump, and again to criu restore
+    files: list[FileEntry]
+    timings: dict[str, float]  # phase -> seconds
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def gpu_pids(self) -> list[int]:
+        return [p.pid for p in self.processes if p.uses_gpu]
+
+    def all_ids(self) -> list[int]:
+        """Every pid and tid CRIU will need free at restore."""
+        ids: set[int] = set()
+        for proc in self.processes:
+            ids.add(proc.pid)
+            ids.update(proc.tids)
+        return sorted(ids)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["total_size"] = self.total_size
+        return json.dumps(data, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "manifest") -> "Manifest":
+        try:
+            data: dict[str, Any] = json.loads(text)
+        except ValueError as exc:
+            raise ImageCorrupt(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ImageCorrupt(f"{where}: not a gpuos image manifest")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ImageFormatUnsupported(
+                f"{where}: image format version {version!r}; this gpuos reads version {FORMAT_VERSION}")
+        data.pop("total_size", None)
+        try:
+            driver = data.pop("driver")
+            return cls(
+                processes=[ProcessInfo(**p) for p in data.pop("processes")],
+                gpus=[GpuInfo(**g) for g in data.pop("gpus")],
+                files=[FileEntry(**f) for f in data.pop("files")],
+                driver=DriverInfo(**driver) if driver is not None else None,
+                **data,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ImageCorrupt(f"{where}: malformed manifest ({exc})") from None

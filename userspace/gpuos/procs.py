@@ -1,0 +1,114 @@
+"""What /proc says about processes: trees, threads, state, CUDA use."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import NoSuchProcess, NotPermitted
+
+PROC = Path("/proc")
+
+
+@dataclass
+class ProcStat:
+    pid: int
+    comm: str
+    state: str  # R, S, D, Z, T, ...
+    ppid: int
+    session: int
+    tty_nr: int  # 0: no controlling terminal
+    starttime: int  # clock ticks since boot: (pid, starttime) names a process uniquely
+
+
+def stat(pid: int) -> ProcStat:
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    # comm is in parentheses and may itself contain ') '; split at the last one.
+    head, _, rest = raw.rpartition(")")
+    comm = head.split("(", 1)[1]
+    fields = rest.split()
+    return ProcStat(pid=pid, comm=comm, state=fields[0], ppid=int(fields[1]),
+                    session=int(fields[3]), tty_nr=int(fields[4]), starttime=int(fields[19]))
+
+
+def exists(pid: int) -> bool:
+    return (PROC / str(pid)).exists()
+
+
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie."""
+    try:
+        return stat(pid).state != "Z"
+    except NoSuchProcess:
+        return False
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def tids(pid: int) -> list[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(PROC / str(pid) / "task"))
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+
+
+def children(pid: int) -> list[int]:
+    kids: set[int] = set()
+    task_dir = PROC / str(pid) / "task"
+    try:
+        for tid in os.listdir(task_dir):
+            try:
+                kids.update(int(c) for c in (task_dir / tid / "children").read_text().split())
+            except FileNotFoundError:
+                continue
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    return sorted(kids)
+
+
+def tree(pid: int) -> list[int]:
+    """pid and all its descendants, parents before children."""
+    order, queue = [], [pid]
+    while queue:
+        p = queue.pop(0)
+        order.append(p)
+        try:
+            queue.extend(children(p))
+        except NoSuchProcess:
+            order.remove(p)
+    return order
+
+
+def uses_cuda(pid: int) -> bool:
+    """Whether the process has the CUDA driver library mapped."""
+    try:
+        with open(PROC / str(pid) / "maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise NotPermitted(f"not permitted to inspect pid {pid} (run as root)") from None
+
+
+def check_target(pid: int) -> ProcStat:
+    """A live process we may checkpoint: exists, not a zombie, and we may trace it."""
+    if pid <= 0:
+        raise NoSuchProcess(f"invalid pid {pid}")
+    st = stat(pid)
+    if st.state == "Z":
+        raise NoSuchProcess(f"pid {pid} is a zombie (exited, not yet reaped by its parent {st.ppid})")
+    if pid == os.getpid():
+        raise NotPermitted("gpuos cannot checkpoint itself")
+    if os.geteuid() != 0:
+        raise NotPermitted("checkpointing needs root (CRIU and the driver's checkpoint API)")
+    return st

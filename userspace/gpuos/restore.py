@@ -1,0 +1,141 @@
+"""Restore an image: checks first, then criu restore, then the GPU state.
+
+Phases: verify (checksums), checks (GPU model and memory, driver version,
+pids free), criu-restore, gpu-restore, unlock.  A failure after criu restored
+the tree kills what was restored: the host is left as before and the image
+is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import procs
+from .criu import Criu
+from .cudadrv import GpuDevice, GpuDriver
+from .errors import (GpuMismatch, GpuosError, InsufficientGpuMemory, NoSuchProcess, PidTaken,
+                     RestoreFailed)
+from .journal import Operation
+from .manifest import CRIU_DIR, GpuInfo, Manifest
+from .observe import Observer, Silent
+from .store import ImageStore
+
+
+@dataclass
+class RestoreResult:
+    pid: int
+    manifest: Manifest
+    timings: dict[str, float]
+    gpu_map: dict[str, str]  # image GPU UUID -> GPU restored onto
+
+
+def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice]) -> dict[str, str]:
+    """Map each of the image's GPUs to one here: the same UUID if present, else a free
+    GPU of the same model with room for what the image held."""
+    mapping: dict[str, str] = {}
+    by_uuid = {d.uuid: d for d in devices}
+    taken: set[str] = set()
+    for g in wanted:
+        here = by_uuid.get(g.uuid)
+        if here is None:
+            here = next((d for d in devices if d.name == g.name and d.uuid not in taken
+                         and d.uuid not in {w.uuid for w in wanted}), None)
+        if here is None:
+            have = ", ".join(sorted({d.name for d in devices})) or "none"
+            raise GpuMismatch(f"the image needs a {g.name} (was {g.uuid}); GPUs here: {have}")
+        if here.name != g.name:
+            raise GpuMismatch(f"GPU {g.uuid} is now a {here.name}, the image was made on a {g.name}")
+        if here.memory_free < g.memory_used_by_image:
+            raise InsufficientGpuMemory(
+                f"{here.name} {here.uuid} has {here.memory_free >> 20} MiB free; "
+                f"the image needs {g.memory_used_by_image >> 20} MiB")
+        taken.add(here.uuid)
+        mapping[g.uuid] = here.uuid
+    return mapping
+
+
+def check_pids_free(manifest: Manifest) -> None:
+    for pid in manifest.all_ids():
+        try:
+            st = procs.stat(pid)
+        except NoSuchProcess:
+            continue
+        what = f"a zombie not yet reaped by pid {st.ppid}" if st.state == "Z" else f"{st.comm!r}"
+        raise PidTaken(f"pid {pid}, which the image's processes need, is taken by {what}")
+
+
+def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+def restore(image_ref: str, run_dir: Path, store: ImageStore,
+            driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
+            observer: Observer = Silent()) -> RestoreResult:
+    image = store.resolve(image_ref)
+    manifest = store.load(image)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    if verify:
+        observer.phase("verify")
+        store.verify(image, manifest, observer.bytes_progress("verify", manifest.total_size))
+    timings["verify"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    gpu_pids = manifest.gpu_pids
+    driver = driver_factory() if gpu_pids else None
+    gpu_map: dict[str, str] = {}
+    if driver:
+        here = driver.driver_info()
+        if manifest.driver and here.version != manifest.driver.version:
+            raise GpuMismatch(f"the image was made with driver {manifest.driver.version}; "
+                              f"this host runs {here.version}")
+        gpu_map = plan_gpus(manifest.gpus, driver.devices())
+    check_pids_free(manifest)
+    criu.check_version()
+    timings["checks"] = time.monotonic() - t0
+
+    op = Operation(run_dir, "restore")
+    op.record.gpu_pids = gpu_pids
+    op.timings.update(timings)
+    workdir = run_dir / f"restore-{op.op_id}"
+
+    def phase(name: str):
+        observer.phase(name)
+        return op.phase(name)
+
+    try:
+        with phase("criu-restore"):
+            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options)
+    except GpuosError as exc:
+        op.finish()
+        raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
+    pairs = gpu_map if any(o != n for o, n in gpu_map.items()) else {}
+    try:
+        if gpu_pids:
+            with phase("gpu-restore"):
+                for gp in gpu_pids:
+                    driver.restore(gp, pairs)
+            with phase("unlock"):
+                for gp in gpu_pids:
+                    driver.unlock(gp)
+    except GpuosError as exc:
+        _kill_tree([p.pid for p in manifest.processes])
+        op.finish()
+        raise RestoreFailed(f"{exc.message}; the restored processes were killed, the image is intact"
+                            ) from None
+    shutil.rmtree(workdir, ignore_errors=True)
+    op.finish()
+    return RestoreResult(pid=root, manifest=manifest, timings=dict(op.timings), gpu_map=gpu_map)

@@ -1,0 +1,203 @@
+"""The image store: images on disk, written aside and published atomically.
+
+An image is a directory ``<name>/`` holding ``manifest.json`` and CRIU's
+files under ``criu/``.  It is built in a hidden sibling staging directory
+``.<name>.staging-<op>``; every file is fsynced and checksummed, the manifest
+written last, and the directory is then published with one rename
+(``renameat2(RENAME_EXCHANGE)`` when an image of that name exists, so a
+reader sees either the old image or the new one, never neither).  The old
+image, swapped into the staging path, is deleted afterwards.  A crash leaves at
+most a staging directory behind, which recovery finishes or deletes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import GpuosError, ImageCorrupt, ImageNotFound
+from .manifest import MANIFEST_NAME, FileEntry, Manifest
+from .observe import Progress
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+STAGING_MARK = ".staging-"
+CHUNK = 8 << 20
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+def _renameat2(old: Path, new: Path, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"renameat2({old}, {new}): {os.strerror(err)}")
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hash_file(path: Path, progress: Progress | None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return digest.hexdigest()
+
+
+def _hash_and_sync(path: Path, progress: Progress | None) -> str:
+    sha = _hash_file(path, progress)
+    fsync_path(path)
+    return sha
+
+
+def _walk_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def checksum_tree(root: Path, progress: Progress | None = None, workers: int = 4) -> list[FileEntry]:
+    """Checksum and fsync every regular file under root (the manifest excluded)."""
+    files = [p for p in _walk_files(root) if p.relative_to(root).as_posix() != MANIFEST_NAME]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        sums = list(pool.map(lambda p: _hash_and_sync(p, progress), files))
+    for d in sorted({p.parent for p in files} | {root}, key=lambda p: -len(p.parts)):
+        fsync_path(d)
+    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=s)
+            for p, s in zip(files, sums)]
+
+
+def tree_size(root: Path) -> int:
+    return sum(p.stat().st_size for p in _walk_files(root))
+
+
+@dataclass
+class ImageEntry:
+    """One entry of ``images list``: a manifest, or why it could not be read."""
+
+    name: str
+    path: Path
+    manifest: Manifest | None
+    problem: str | None
+
+
+class ImageStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    # -- naming -----------------------------------------------------------
+    def resolve(self, ref: str) -> Path:
+        """An image reference is a name in the store, or a path (has a '/')."""
+        if "/" in ref or ref in (".", ".."):
+            return Path(ref).absolute()
+        if not NAME_RE.match(ref):
+            raise GpuosError(
+                f"bad image name {ref!r}: use letters, digits and ._+- (128 at most), "
+                "or a path with a '/'")
+        return self.root / ref
+
+    @staticmethod
+    def staging_for(final: Path, op_id: str) -> Path:
+        return final.parent / f".{final.name}{STAGING_MARK}{op_id}"
+
+    # -- reading ----------------------------------------------------------
+    @staticmethod
+    def load(image: Path) -> Manifest:
+        if not image.is_dir():
+            raise ImageNotFound(f"no image at {image}")
+        mpath = image / MANIFEST_NAME
+        if not mpath.is_file():
+            raise ImageCorrupt(f"{image}: incomplete image (no {MANIFEST_NAME})")
+        return Manifest.from_json(mpath.read_text(), where=str(mpath))
+
+    @staticmethod
+    def verify(image: Path, manifest: Manifest, progress: Progress | None = None,
+               workers: int = 4) -> None:
+        """Raise ImageCorrupt naming every missing, resized, changed or extra file."""
+        problems: list[str] = []
+        present = {p.relative_to(image).as_posix() for p in _walk_files(image)}
+        present.discard(MANIFEST_NAME)
+        expected = {f.path: f for f in manifest.files}
+        for rel in sorted(present - expected.keys()):
+            problems.append(f"unexpected file {rel}")
+        to_hash: list[FileEntry] = []
+        for rel, entry in sorted(expected.items()):
+            if rel not in present:
+                problems.append(f"missing {rel}")
+            elif (image / rel).stat().st_size != entry.size:
+                problems.append(f"{rel}: size {(image / rel).stat().st_size}, expected {entry.size}")
+            else:
+                to_hash.append(entry)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            sums = list(pool.map(lambda e: _hash_file(image / e.path, progress), to_hash))
+        problems += [f"{e.path}: checksum mismatch" for e, s in zip(to_hash, sums) if s != e.sha256]
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ImageCorrupt(f"{image}: {problems[0]}{more}")
+
+    def entries(self) -> Iterator[ImageEntry]:
+        if not self.root.is_dir():
+            return
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            try:
+                yield ImageEntry(path.name, path, self.load(path), None)
+            except GpuosError as exc:
+                yield ImageEntry(path.name, path, None, exc.message)
+
+    # -- writing ----------------------------------------------------------
+    @staticmethod
+    def write_manifest(staging: Path, manifest: Manifest) -> None:
+        tmp = staging / (MANIFEST_NAME + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, staging / MANIFEST_NAME)
+        fsync_path(staging)
+
+    @staticmethod
+    def publish(staging: Path, final: Path) -> None:
+        """Make the staged image visible at ``final`` in one step."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _renameat2(staging, final, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            _renameat2(staging, final, _RENAME_EXCHANGE)
+            fsync_path(final.parent)
+            shutil.rmtree(staging)  # the previous image now lives here
+        fsync_path(final.parent)
+
+    def remove(self, image: Path) -> None:
+        """Delete an image: first hidden by a rename, so no half-deleted image is visible."""
+        if not image.is_dir():
+            raise ImageNotFound(f"no image at {image}")
+        trash = self.staging_for(image, f"rm-{os.getpid()}")
+        os.rename(image, trash)
+        fsync_path(image.parent)
+        shutil.rmtree(trash)
+
+    @staticmethod
+    def staging_dirs(parent: Path) -> list[Path]:
+        if not parent.is_dir():
+            return []
+        return sorted(p for p in parent.iterdir() if p.name.startswith(".") and STAGING_MARK in p.name)
