@@ -56,7 +56,7 @@ keyring=${GPUOS_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
 mirror=${GPUOS_DEBIAN_MIRROR:-$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
   /etc/apt/sources.list.d/*.sources 2>/dev/null \
   | sed -n -e 's/^URIs:\(.*\)/\1/p' -e 's/^deb\( \[[^]]*\]\)\? \+\([^ ]*\).*/\2/p' \
-  | tr ' \t' '\n\n' | grep -m1 -E '^https?://.*/debian/?$' || true)}
+  | tr -s ' \t' '\n' | grep -m1 -E '^https?://.*/debian/?$' || true)}
 [ -n "$mirror" ] || die "no Debian mirror in the apt sources; set GPUOS_DEBIAN_MIRROR"
 
 tmp=$(mktemp -d)
@@ -68,10 +68,10 @@ echo "bundle.sh: CRIU debs from $mirror (unstable)"
 echo "deb [signed-by=$keyring] $mirror sid main" >"$a/sources.list"
 apt=(apt-get -q -o Dir::Etc::sourcelist="$a/sources.list" -o Dir::Etc::sourceparts=/dev/null
   -o Dir::Etc::preferences=/dev/null -o Dir::Etc::preferencesparts=/dev/null
-  -o Dir::State::Lists="$a/lists" -o Dir::Cache="$a/cache"
+  -o Dir::State::Lists="$a/lists" -o Dir::State::status=/dev/null -o Dir::Cache="$a/cache"
   -o APT::Architecture=amd64 -o APT::Architectures=amd64)
 [ "$(id -u)" != 0 ] || apt+=(-o APT::Sandbox::User=root)
-"${apt[@]}" update >"$a/update.log" 2>&1 || { cat "$a/update.log" >&2; die "apt-get update from $mirror failed"; }
+"${apt[@]}" update --error-on=any >"$a/update.log" 2>&1 || { cat "$a/update.log" >&2; die "apt-get update from $mirror failed"; }
 # shellcheck disable=SC2086
 (cd "$stage/debs" && "${apt[@]}" download $CRIU_DEBS) || die "apt-get download failed"
 
@@ -88,8 +88,8 @@ if [ "$wheels" = 1 ]; then
     if [[ $platform =~ ^manylinux_2_([0-9]+)_(.+)$ ]]; then
       n=${BASH_REMATCH[1]} arch=${BASH_REMATCH[2]}
       for ((v = n - 1; v >= 5; v--)); do plats+=("manylinux_2_${v}_$arch"); done
-      for a in 17:manylinux2014 12:manylinux2010 5:manylinux1; do
-        [ "$n" -lt "${a%%:*}" ] || plats+=("${a#*:}_$arch")
+      for t in 17:manylinux2014 12:manylinux2010 5:manylinux1; do
+        [ "$n" -lt "${t%%:*}" ] || plats+=("${t#*:}_$arch")
       done
     fi
     python3 -m pip download -q --only-binary=:all: --python-version "$pyver" "${plats[@]/#/--platform=}" \
@@ -101,7 +101,7 @@ cp "$here/install-bundle.sh" "$stage/"
 (cd "$stage" && find . -type f | sed 's|^\./||' | sort | xargs -d '\n' sha256sum >"$tmp/MANIFEST.sha256")
 mv "$tmp/MANIFEST.sha256" "$stage/"
 
-# Self-test: the unpacked CRIU must run with nothing but its bundled libraries.
+# Self-test: the unpacked CRIU must start through the bundled loader and libraries.
 if [ "$(uname -m)" = x86_64 ]; then
   bash "$stage/install-bundle.sh" "$stage" --prefix "$tmp/check" --no-python >"$tmp/check.log" 2>&1 \
     || { cat "$tmp/check.log" >&2; die "self-test of the bundled criu failed"; }
@@ -110,4 +110,5 @@ fi
 mkdir -p "$out"
 rm -rf "$out/debs" "$out/wheels" "$out/install-bundle.sh" "$out/MANIFEST.sha256"
 mv "$stage"/* "$out/"
-echo "bundle.sh: wrote $out ($(du -sh "$out" | cut -f1)):" $(cd "$out" && ls -d debs/criu_*.deb wheels/*.whl 2>/dev/null || true)
+echo "bundle.sh: wrote $out ($(du -sh "$out" | cut -f1)):"
+(cd "$out" && find debs wheels \( -name 'criu_*' -o -name '*.whl' \) 2>/dev/null | sort | sed 's/^/  /') || true

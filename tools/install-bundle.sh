@@ -77,8 +77,7 @@ version=$("$prefix/bin/criu" --version) || die "$prefix/bin/criu --version faile
 say "$prefix/bin/criu works: $(echo "$version" | head -n1)"
 
 [ "$nopy" = 0 ] || exit 0
-wheel=$(ls "$bundle"/wheels/gpuos-*.whl 2>/dev/null | head -n1) || true
-[ -n "$wheel" ] || die "no gpuos wheel in $bundle/wheels (bundle made with --no-wheels? use --no-python)"
+wheel=$(compgen -G "$bundle/wheels/gpuos-*.whl" | head -n1) || die "no gpuos wheel in $bundle/wheels (bundle made with --no-wheels? use --no-python)"
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -n "$target" ]; then
   if "$python" -m pip --version >/dev/null 2>&1; then

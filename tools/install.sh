@@ -52,8 +52,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-platform=$(python3 -c 'import platform; print("manylinux_%s_%s" % (platform.libc_ver()[1].replace(".", "_"), platform.machine()))')
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ "$force" = 0 ] && [ "$dev" = 1 ] && v=$("$prefix/bin/criu" --version 2>/dev/null); then
@@ -61,11 +59,13 @@ if [ "$force" = 0 ] && [ "$dev" = 1 ] && v=$("$prefix/bin/criu" --version 2>/dev
 elif [ "$dev" = 1 ]; then
   "$here/bundle.sh" "$tmp/bundle" --no-wheels
   "$here/install-bundle.sh" "$tmp/bundle" --prefix "$prefix" --no-python
-else
+else  # wheels for this python3 and this machine's glibc
+  pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  platform=$(python3 -c 'import platform as p; print("manylinux_%s_%s" % (p.libc_ver()[1].replace(".", "_"), p.machine()))')
   "$here/bundle.sh" "$tmp/bundle" --python-version "$pyver" --platform "$platform"
   "$here/install-bundle.sh" "$tmp/bundle" --prefix "$prefix"
 fi
 if [ "$dev" = 1 ]; then
-  python3 -m pip install -q -e "$repo[test]"
+  python3 -m pip install -q -e "${repo}[test]"
   echo "install.sh: installed $repo editable (with test extras) for $(command -v python3)"
 fi

@@ -7,11 +7,13 @@ train   a CNN + MLP classifier (cuDNN convolutions, cuBLAS matmuls, Adam) on
         logs its loss exactly (float.hex), the end logs a hash of the weights.
 infer   a transformer encoder on seeded random inputs; each request logs a
         hash of its output.
+busy    keeps the GPU busy with one-second spin kernels (for lock timeouts).
 
 Every line starts with the step number, so two runs compare line by line: a
 checkpointed and restored run must log exactly what an uninterrupted run
 logs.  ``--hold-gib`` keeps that much extra random data on the GPU and logs
-an exact integer checksum of it at the start and the end.  ``--step-sleep``
+an exact integer checksum of it at the start and the end (and every
+``--check-every`` steps).  ``--step-sleep``
 paces the job so a checkpoint can land mid-run.  Lines go to ``--log``
 (line-buffered); ``--ready FILE`` is written once the GPU is set up.
 """
@@ -64,7 +66,7 @@ def batches(seed: int, steps: int, out: queue.Queue) -> None:
     out.put(None)
 
 
-def train(args: argparse.Namespace, dev: torch.device, log) -> None:
+def train(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
     torch.manual_seed(args.seed)
     model = Net().to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -79,12 +81,12 @@ def train(args: argparse.Namespace, dev: torch.device, log) -> None:
         loss.backward()
         opt.step()
         log(f"{step} loss {loss.item().hex()} t {time.time():.6f}")
-        pace(args)
+        after_step(step)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     log(f"{args.steps} weights {tensor_hash(flat)}")
 
 
-def infer(args: argparse.Namespace, dev: torch.device, log) -> None:
+def infer(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
     torch.manual_seed(args.seed)
     layer = nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024,
                                        batch_first=True, dropout=0.0)
@@ -95,7 +97,16 @@ def infer(args: argparse.Namespace, dev: torch.device, log) -> None:
             g = torch.Generator(device=dev).manual_seed(args.seed * 1_000_003 + step)
             x = torch.randn(16, 64, 256, device=dev, generator=g)
             log(f"{step} output {tensor_hash(model(x))} t {time.time():.6f}")
-            pace(args)
+            after_step(step)
+
+
+def busy(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
+    ready(args)
+    for step in range(args.steps):
+        torch.cuda._sleep(2_000_000_000)  # about a second of one SM spinning
+        torch.cuda.synchronize()
+        log(f"{step} busy 1 t {time.time():.6f}")
+        after_step(step)
 
 
 def ready(args: argparse.Namespace) -> None:
@@ -105,20 +116,19 @@ def ready(args: argparse.Namespace) -> None:
         os.rename(args.ready + ".tmp", args.ready)
 
 
-def pace(args: argparse.Namespace) -> None:
-    if args.step_sleep:
-        time.sleep(args.step_sleep)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("train", "infer"), default="train")
+    p.add_argument("--mode", choices=("train", "infer", "busy"), default="train")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log", required=True)
     p.add_argument("--ready")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--hold-gib", type=float, default=0.0)
+    p.add_argument("--check-every", type=int, default=0,
+                   help="Also log the held data's checksum every N steps.")
     args = p.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -136,7 +146,14 @@ def main() -> None:
         g = torch.Generator(device=dev).manual_seed(args.seed + 7)
         held = torch.rand(int(args.hold_gib * (1 << 30) // 4), device=dev, generator=g)
         log(f"-1 held {exact_checksum(held)}")
-    (train if args.mode == "train" else infer)(args, dev, log)
+
+    def after_step(step: int) -> None:
+        if held is not None and args.check_every and step % args.check_every == 0:
+            log(f"{step} held {exact_checksum(held)}")
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+
+    {"train": train, "infer": infer, "busy": busy}[args.mode](args, dev, log, after_step)
     if held is not None:
         log(f"{args.steps} held {exact_checksum(held)}")
     torch.cuda.synchronize()
