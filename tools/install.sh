@@ -66,6 +66,6 @@ else  # wheels for this python3 and this machine's glibc
   "$here/install-bundle.sh" "$tmp/bundle" --prefix "$prefix"
 fi
 if [ "$dev" = 1 ]; then
-  python3 -m pip install -q -e "${repo}[test]"
-  echo "install.sh: installed $repo editable (with test extras) for $(command -v python3)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e "${repo}[test]"
+  echo "install.sh: installed $repo editable (with test extras) for $(python3 -c 'import sys; print(sys.executable)')"
 fi

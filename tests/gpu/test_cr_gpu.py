@@ -174,7 +174,8 @@ def test_restore_refuses_taken_pid_and_leaves_process_alone(env, jobs, reference
     job.wait_steps(10)
     gpuos(env, "checkpoint", str(job.pid), "--image", "taken", "--leave-running")
     res = gpuos(env, "restore", "taken", check=14)
-    assert str(job.pid) in res.stderr and res.stderr.count("\n") == 1
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("gpuos:")]
+    assert len(errors) == 1 and str(job.pid) in errors[0]
     assert job.proc.wait(timeout=300) == 0
     assert results(job.log) == reference["infer"]
 

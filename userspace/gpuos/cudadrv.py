@@ -7,6 +7,7 @@ NVML (``pynvml`` from nvidia-ml-py).  Unit tests substitute a fake.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -161,8 +162,11 @@ class CudaDriver:
             pairs = []
             for old, new in gpu_pairs.items():
                 pair = cu.CUcheckpointGpuPair()
-                pair.oldUuid.bytes = uuid_bytes(old)
-                pair.newUuid.bytes = uuid_bytes(new)
+                # cuda-python's CUuuid.bytes is read-only: write the raw struct.
+                for field_, uuid in ((pair.oldUuid, old), (pair.newUuid, new)):
+                    ctypes.memmove(field_.getPtr(), uuid_bytes(uuid), 16)
+                    if bytes(field_.bytes) != uuid_bytes(uuid):
+                        raise GpuosError(f"could not set GPU UUID {uuid} in the restore arguments")
                 pairs.append(pair)
             args.gpuPairs = pairs
             args.gpuPairsCount = len(pairs)

@@ -1,0 +1,51 @@
+"""Fixtures for the host tests; fakes live in fakes.py, helpers in helpers.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuos.config import Paths, find_criu
+from gpuos.criu import Criu
+from gpuos.errors import CriuUnavailable
+from gpuos.store import ImageStore
+
+from helpers import Processes
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
+    """A private GPUOS_HOME (never /var/lib/gpuos), also in this process's environment."""
+    for var in ("GPUOS_STORE", "GPUOS_CRIU", "GPUOS_TEST_HOLD_AT", "GPUOS_TEST_HOLD_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GPUOS_HOME", str(tmp_path / "home"))
+    paths = Paths.from_env()
+    assert paths.home == tmp_path / "home"
+    return paths
+
+
+@pytest.fixture
+def store(home: Paths) -> ImageStore:
+    return ImageStore(home.store)
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    ps = Processes(tmp_path)
+    yield ps
+    ps.cleanup()
+
+
+@pytest.fixture(scope="session")
+def criu_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A criu that works here, or the test is skipped."""
+    if os.geteuid() != 0:
+        pytest.skip("criu tests need root")
+    try:
+        path = find_criu()
+        Criu(path, tmp_path_factory.mktemp("plugins")).check_version()
+    except CriuUnavailable as exc:
+        pytest.skip(f"no working criu: {exc.message}")
+    return path

@@ -1,0 +1,151 @@
+"""Fakes for the layers the host has no hardware for.
+
+``FakeDriver`` stands in for the CUDA driver's checkpoint API and NVML (the
+``gpuos.cudadrv.GpuDriver`` protocol).  It keeps one state machine per pid, as
+the driver does:
+
+    running --lock--> locked --checkpoint--> checkpointed
+    checkpointed --restore--> locked --unlock--> running
+
+and answers any other transition with a GpuosError, so code that calls the
+driver in the wrong order fails here as it would on a GPU.  Failures (a lock
+timeout, a failed restore, ...) are injected per method and pid.
+
+``FakeCriu`` is used only by the checkpoint orchestration tests, to exercise
+the logic around a dump that fails or succeeds; everything that claims to work
+with CRIU is tested against the real one (tests marked ``criu``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuos import procs
+from gpuos.criu import DUMP_LOG, DUMP_OK
+from gpuos.cudadrv import CHECKPOINTED, LOCKED, RUNNING, GpuDevice, GpuProcess
+from gpuos.errors import GpuosError
+from gpuos.manifest import DriverInfo
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+GIB = 1 << 30
+
+
+def gpu_uuid(n: int) -> str:
+    return f"GPU-{n:08x}-0000-4000-8000-{n:012x}"
+
+
+def device(n: int, name: str = H100, total: int = 80 * GIB, free: int = 70 * GIB) -> GpuDevice:
+    return GpuDevice(index=n, uuid=gpu_uuid(n), name=name, memory_total=total, memory_free=free)
+
+
+class FakeDriver:
+    """A GpuDriver whose GPU processes are registered with ``add``."""
+
+    def __init__(self, devices: list[GpuDevice] | None = None,
+                 version: str = "580.65.06", cuda_api: int = 13000):
+        self._devices = list(devices if devices is not None else [device(0)])
+        self.info = DriverInfo(version=version, cuda_api=cuda_api)
+        self.states: dict[int, str] = {}
+        self.usage: dict[int, tuple[str, int]] = {}  # pid -> (uuid, bytes)
+        self.calls: list[tuple[str, int]] = []
+        self.restore_pairs: dict[int, dict[str, str]] = {}
+        self._failures: dict[tuple[str, int], list[GpuosError]] = {}
+
+    # -- test set-up --------------------------------------------------------
+    def add(self, pid: int, uuid: str | None = None, used: int = GIB, state: str = RUNNING) -> None:
+        self.states[pid] = state
+        self.usage[pid] = (uuid or self._devices[0].uuid, used)
+
+    def fail(self, method: str, pid: int, exc: GpuosError, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` for ``pid`` raise ``exc``; the state is unchanged."""
+        self._failures.setdefault((method, pid), []).extend([exc] * times)
+
+    def calls_for(self, pid: int) -> list[str]:
+        return [m for m, p in self.calls if p == pid]
+
+    # -- GpuDriver ------------------------------------------------------------
+    def driver_info(self) -> DriverInfo:
+        return self.info
+
+    def devices(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+    def processes(self) -> list[GpuProcess]:
+        # Like NVML: a checkpointed process holds no context and no memory on a GPU.
+        return [GpuProcess(pid=pid, uuid=self.usage[pid][0], used_memory=self.usage[pid][1])
+                for pid, st in sorted(self.states.items()) if st in (RUNNING, LOCKED)]
+
+    def state(self, pid: int) -> str:
+        self.calls.append(("state", pid))
+        self._maybe_fail("state", pid)
+        return self._state(pid)
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self._transition("lock", pid, RUNNING, LOCKED)
+
+    def checkpoint(self, pid: int) -> None:
+        self._transition("checkpoint", pid, LOCKED, CHECKPOINTED)
+
+    def restore(self, pid: int, gpu_pairs: dict[str, str]) -> None:
+        self._transition("restore", pid, CHECKPOINTED, LOCKED)
+        self.restore_pairs[pid] = dict(gpu_pairs)
+
+    def unlock(self, pid: int) -> None:
+        self._transition("unlock", pid, LOCKED, RUNNING)
+
+    # -- plumbing ------------------------------------------------------------
+    def _state(self, pid: int) -> str:
+        if pid not in self.states:
+            raise GpuosError(f"cuCheckpointProcessGetState (pid {pid}) failed: CUDA_ERROR_NOT_FOUND")
+        return self.states[pid]
+
+    def _maybe_fail(self, method: str, pid: int) -> None:
+        pending = self._failures.get((method, pid))
+        if pending:
+            raise pending.pop(0)
+
+    def _transition(self, method: str, pid: int, before: str, after: str) -> None:
+        self.calls.append((method, pid))
+        state = self._state(pid)
+        if state != before:
+            raise GpuosError(f"{method} (pid {pid}) failed: CUDA_ERROR_ILLEGAL_STATE "
+                             f"(process is {state}, {method} needs {before})")
+        self._maybe_fail(method, pid)
+        self.states[pid] = after
+
+
+@dataclass
+class FakeCriu:
+    """The two calls checkpoint() makes of a Criu, for orchestration tests only.
+
+    A successful dump writes an image file and a dump.log ending with CRIU's
+    success line, and kills the tree's root unless told to leave it running,
+    as criu does.  ``dump_error`` makes the dump fail instead (no success line).
+    """
+
+    dump_error: GpuosError | None = None
+    dump_seconds: float = 0.0
+    dumps: list[dict] = field(default_factory=list)
+
+    def check_version(self) -> str:
+        return "4.2.1"
+
+    def dump(self, pid: int, images: Path, leave_running: bool, options: list[str]) -> float:
+        self.dumps.append({"pid": pid, "images": images, "leave_running": leave_running,
+                           "options": list(options)})
+        time.sleep(self.dump_seconds)
+        if self.dump_error is not None:
+            (images / DUMP_LOG).write_text("(00.001) Error (criu/cr-dump.c:1): dump failed\n")
+            raise self.dump_error
+        (images / f"pages-{pid}.img").write_bytes(os.urandom(8192))
+        (images / "pstree.img").write_bytes(pid.to_bytes(4, "little"))
+        (images / DUMP_LOG).write_text(f"(00.010) Writing stats\n(00.011) {DUMP_OK}\n")
+        if not leave_running:  # criu kills the dumped tree
+            for p in procs.tree(pid):
+                os.kill(p, signal.SIGKILL)
+        return self.dump_seconds

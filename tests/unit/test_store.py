@@ -1,0 +1,240 @@
+"""The image store: names, checksums, atomic publishing, verification, removal."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuos.errors import GpuosError, ImageCorrupt, ImageFormatUnsupported, ImageNotFound
+from gpuos.manifest import CRIU_DIR, MANIFEST_NAME
+from gpuos.store import ImageStore, checksum_tree, tree_size
+
+from helpers import build_image, hidden_entries, make_manifest, tree_digest, write_criu_files
+
+
+# -- resolve ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["job", "job-1234", "a", "A.b_c+d-1", "x" * 128, "0abc"])
+def test_resolve_name_is_in_store(store: ImageStore, name: str):
+    assert store.resolve(name) == store.root / name
+
+
+@pytest.mark.parametrize("ref", ["/abs/dir/img", "rel/img", "./img", "."])
+def test_resolve_path_is_taken_as_path(store: ImageStore, ref: str, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    got = store.resolve(ref)
+    assert got.is_absolute()
+    assert got == Path(ref).absolute()
+    assert store.root not in got.parents
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "-dash", "_x", "has space", "semi;colon", "x" * 129,
+                                  "tab\tname", "star*", "new\nline", "trailing\n", "ünï"])
+def test_resolve_rejects_bad_names(store: ImageStore, name: str):
+    with pytest.raises(GpuosError) as exc:
+        store.resolve(name)
+    assert type(exc.value) is GpuosError
+    assert exc.value.exit_code == 1
+    assert "bad image name" in exc.value.message
+
+
+def test_staging_is_hidden_sibling(store: ImageStore):
+    final = store.root / "job"
+    staging = store.staging_for(final, "abc123")
+    assert staging.parent == final.parent
+    assert staging.name.startswith(".") and staging.name.endswith("abc123")
+    assert ImageStore.staging_dirs(store.root) == []  # naming only; nothing created
+
+
+# -- checksum_tree -------------------------------------------------------------------
+
+def test_checksum_tree_lists_every_file_but_the_manifest(tmp_path: Path):
+    root = tmp_path / "img"
+    write_criu_files(root / CRIU_DIR)
+    (root / "criu" / "sub").mkdir()
+    (root / "criu" / "sub" / "deep.img").write_bytes(b"deep")
+    (root / "criu" / "empty.img").write_bytes(b"")
+    (root / MANIFEST_NAME).write_text("{}")
+    entries = checksum_tree(root)
+    by_path = {e.path: e for e in entries}
+    assert set(by_path) == {"criu/pages-1.img", "criu/core-4242.img", "criu/dump.log",
+                            "criu/sub/deep.img", "criu/empty.img"}
+    for rel, e in by_path.items():
+        data = (root / rel).read_bytes()
+        assert e.size == len(data)
+        assert e.sha256 == hashlib.sha256(data).hexdigest()
+    assert by_path["criu/empty.img"].sha256 == hashlib.sha256(b"").hexdigest()
+    assert tree_size(root) == sum(e.size for e in entries) + 2  # + manifest
+
+
+def test_checksum_tree_reports_progress(tmp_path: Path):
+    root = tmp_path / "img"
+    write_criu_files(root / CRIU_DIR)
+    seen: list[int] = []
+    checksum_tree(root, progress=seen.append)
+    assert sum(seen) == tree_size(root)
+
+
+# -- publish -------------------------------------------------------------------------
+
+def _staged(store: ImageStore, name: str, seed: bytes, op: str = "op1") -> Path:
+    staging = store.staging_for(store.root / name, op)
+    write_criu_files(staging / CRIU_DIR, seed)
+    m = make_manifest(name)
+    m.files = checksum_tree(staging)
+    ImageStore.write_manifest(staging, m)
+    return staging
+
+
+def test_publish_onto_nothing(store: ImageStore):
+    staging = _staged(store, "job", b"new")
+    before = tree_digest(staging)
+    final = store.root / "job"
+    ImageStore.publish(staging, final)
+    assert not staging.exists()
+    assert tree_digest(final) == before
+    assert sorted(os.listdir(store.root)) == ["job"]
+    m = ImageStore.load(final)
+    ImageStore.verify(final, m)
+
+
+def test_publish_creates_the_store(tmp_path: Path):
+    store = ImageStore(tmp_path / "not" / "yet")
+    staging = tmp_path / ".x.staging-1"
+    write_criu_files(staging / CRIU_DIR)
+    ImageStore.publish(staging, store.root / "x")
+    assert (store.root / "x" / CRIU_DIR / "dump.log").is_file()
+
+
+def test_publish_replaces_existing_image_and_leaves_nothing_behind(store: ImageStore):
+    old = build_image(store, "job", seed=b"old")
+    old_digest = tree_digest(old)
+    staging = _staged(store, "job", b"new", op="op2")
+    new_digest = tree_digest(staging)
+    assert new_digest != old_digest
+    ImageStore.publish(staging, old)
+    assert tree_digest(store.root / "job") == new_digest
+    assert not staging.exists()
+    assert sorted(os.listdir(store.root)) == ["job"]
+    assert hidden_entries(store.root) == []
+
+
+def test_write_manifest_leaves_no_tmp(store: ImageStore):
+    staging = _staged(store, "job", b"x")
+    assert sorted(p.name for p in staging.iterdir()) == [CRIU_DIR, MANIFEST_NAME]
+
+
+# -- load / verify -------------------------------------------------------------------
+
+def test_load_missing_image(store: ImageStore):
+    with pytest.raises(ImageNotFound):
+        ImageStore.load(store.root / "nope")
+
+
+def test_load_without_manifest_is_incomplete(store: ImageStore):
+    d = store.root / "half"
+    write_criu_files(d / CRIU_DIR)
+    with pytest.raises(ImageCorrupt, match="incomplete"):
+        ImageStore.load(d)
+
+
+def test_load_reports_format_version(store: ImageStore):
+    img = build_image(store, "job")
+    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 1', '"format_version": 7')
+    (img / MANIFEST_NAME).write_text(text)
+    with pytest.raises(ImageFormatUnsupported):
+        ImageStore.load(img)
+
+
+def test_verify_accepts_intact_image(store: ImageStore):
+    img = build_image(store, "job")
+    ImageStore.verify(img, ImageStore.load(img))
+
+
+def _verify_problem(img: Path) -> str:
+    with pytest.raises(ImageCorrupt) as exc:
+        ImageStore.verify(img, ImageStore.load(img))
+    assert exc.value.exit_code == 10
+    return exc.value.message
+
+
+def test_verify_detects_missing_file(store: ImageStore):
+    img = build_image(store, "job")
+    (img / "criu" / "core-4242.img").unlink()
+    assert "missing criu/core-4242.img" in _verify_problem(img)
+
+
+def test_verify_detects_extra_file(store: ImageStore):
+    img = build_image(store, "job")
+    (img / "criu" / "stats-restore").write_bytes(b"x")
+    assert "unexpected file criu/stats-restore" in _verify_problem(img)
+
+
+def test_verify_detects_size_change(store: ImageStore):
+    img = build_image(store, "job")
+    with open(img / "criu" / "pages-1.img", "ab") as f:
+        f.write(b"\0")
+    assert "criu/pages-1.img: size" in _verify_problem(img)
+
+
+def test_verify_detects_same_size_content_change(store: ImageStore):
+    img = build_image(store, "job")
+    pages = img / "criu" / "pages-1.img"
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    size = pages.stat().st_size
+    pages.write_bytes(bytes(data))
+    assert pages.stat().st_size == size
+    assert "criu/pages-1.img: checksum mismatch" in _verify_problem(img)
+
+
+def test_verify_counts_every_problem(store: ImageStore):
+    img = build_image(store, "job")
+    (img / "criu" / "core-4242.img").unlink()
+    (img / "criu" / "extra").write_bytes(b"x")
+    (img / "criu" / "dump.log").write_text("changed")
+    assert "(and 2 more)" in _verify_problem(img)
+
+
+# -- entries / remove ----------------------------------------------------------------
+
+def test_entries_lists_images_and_broken_ones_but_not_staging(store: ImageStore):
+    build_image(store, "good")
+    write_criu_files(store.root / "broken" / CRIU_DIR)
+    write_criu_files(store.staging_for(store.root / "good", "zz") / CRIU_DIR)
+    (store.root / "stray-file").write_text("x")
+    got = {e.name: e for e in store.entries()}
+    assert sorted(got) == ["broken", "good"]
+    assert got["good"].manifest is not None and got["good"].problem is None
+    assert got["broken"].manifest is None and "incomplete" in got["broken"].problem
+
+
+def test_entries_of_missing_store_is_empty(tmp_path: Path):
+    assert list(ImageStore(tmp_path / "none").entries()) == []
+
+
+def test_remove(store: ImageStore):
+    build_image(store, "a", seed=b"a")
+    b = build_image(store, "b", seed=b"b")
+    b_digest = tree_digest(b)
+    store.remove(store.root / "a")
+    assert sorted(os.listdir(store.root)) == ["b"]
+    assert tree_digest(b) == b_digest
+
+
+def test_remove_missing(store: ImageStore):
+    with pytest.raises(ImageNotFound):
+        store.remove(store.root / "nope")
+
+
+def test_staging_dirs(store: ImageStore):
+    build_image(store, "a")
+    s1 = store.staging_for(store.root / "a", "op1")
+    s1.mkdir()
+    (store.root / ".other-hidden").mkdir()
+    assert ImageStore.staging_dirs(store.root) == [s1]
+    assert ImageStore.staging_dirs(store.root / "missing") == []
