@@ -91,8 +91,12 @@ def journals(run_dir: Path) -> list[Path]:
 
 COUNTER = """\
 import socket, sys, time
-log = open(sys.argv[1], "a", buffering=1)
-conn = socket.create_connection(("127.0.0.1", int(sys.argv[2]))) if len(sys.argv) > 2 else None
+log, port, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ballast = bytearray(mb << 20)
+for off in range(0, len(ballast), 4096):
+    ballast[off] = 1  # touched: criu has to write every page
+conn = socket.create_connection(("127.0.0.1", port)) if port else None
+log = open(log, "a", buffering=1)
 i = 0
 while True:
     log.write(f"{i}\\n")
@@ -152,10 +156,12 @@ class Processes:
         kids = wait_for(lambda: procs.children(proc.pid), what="the shell's child")
         return proc, kids[0]
 
-    def counter(self, log: Path, port: int | None = None, min_lines: int = 5) -> subprocess.Popen:
+    def counter(self, log: Path, port: int = 0, mb: int = 0, min_lines: int = 5) -> subprocess.Popen:
+        """A process that appends 0, 1, 2, ... to ``log``, which it keeps open (and holds
+        ``mb`` MiB of touched memory, and a TCP connection to ``port`` if given)."""
         script = self.workdir / "counter.py"
         script.write_text(COUNTER)
-        argv = [sys.executable, str(script), str(log)] + ([str(port)] if port else [])
+        argv = [sys.executable, str(script), str(log), str(port), str(mb)]
         proc = self.start(argv, "counter")
         wait_for(lambda: len(counted(log)) >= min_lines or proc.poll() is not None,
                  what=f"{log} to grow")

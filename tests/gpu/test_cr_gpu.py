@@ -212,7 +212,7 @@ def test_criu_failure_after_gpu_checkpoint_puts_process_back(env, jobs, referenc
 
 
 def test_restore_checks_gpu_model_and_memory(env, jobs):
-    job = jobs("model", "infer")
+    job = jobs("model", "infer", steps=100000)
     job.wait_steps(5)
     gpuos(env, "checkpoint", str(job.pid), "--image", "model", "--leave-running")
     image = Path(env["GPUOS_HOME"]) / "images" / "model"

@@ -94,7 +94,9 @@ class CudaDriver:
         who = f" (pid {pid})" if pid is not None else ""
         if err == cu.CUresult.CUDA_ERROR_NO_DEVICE:
             raise NoGpu("no CUDA-capable GPU on this host")
-        if err == cu.CUresult.CUDA_ERROR_TIMEOUT:
+        # Seen on r580: a lock that times out on a busy GPU returns NOT_READY, not TIMEOUT.
+        if err == cu.CUresult.CUDA_ERROR_TIMEOUT or (
+                fn == "cuCheckpointProcessLock" and err == cu.CUresult.CUDA_ERROR_NOT_READY):
             raise LockTimeout(f"{fn}{who}: timed out waiting for the process's GPU work")
         if err == cu.CUresult.CUDA_ERROR_NOT_PERMITTED:
             raise NotPermitted(f"{fn}{who}: not permitted by the driver")

@@ -1,0 +1,87 @@
+"""Paths from the environment, finding criu, and reading criu's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuos.config import DEFAULT_HOME, Paths, find_criu
+from gpuos.criu import MIN_VERSION, Criu, dump_completed, first_error
+from gpuos.errors import CriuUnavailable, GpuosError
+
+
+def test_paths_from_env():
+    p = Paths.from_env(env={})
+    assert p.home == DEFAULT_HOME and p.store == DEFAULT_HOME / "images" and p.run == DEFAULT_HOME / "run"
+    p = Paths.from_env(env={"GPUOS_HOME": "/h"})
+    assert (p.home, p.store, p.run) == (Path("/h"), Path("/h/images"), Path("/h/run"))
+    assert Paths.from_env(env={"GPUOS_HOME": "/h", "GPUOS_STORE": "/s"}).store == Path("/s")
+    assert Paths.from_env(store="/x", env={"GPUOS_HOME": "/h", "GPUOS_STORE": "/s"}).store == Path("/x")
+
+
+def test_find_criu_explicit_and_env(tmp_path):
+    exe = tmp_path / "criu"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert find_criu(str(exe), env={}) == exe
+    assert find_criu(None, env={"GPUOS_CRIU": str(exe)}) == exe
+    with pytest.raises(CriuUnavailable, match="--criu"):
+        find_criu("/nonexistent/criu", env={"GPUOS_CRIU": str(exe)})
+    with pytest.raises(CriuUnavailable, match="GPUOS_CRIU"):
+        find_criu(None, env={"GPUOS_CRIU": "/nonexistent/criu"})
+    exe.chmod(0o644)  # no execute bit: not even root may run it
+    with pytest.raises(CriuUnavailable):
+        find_criu(str(exe), env={})
+    with pytest.raises(CriuUnavailable):
+        find_criu(str(tmp_path), env={})  # a directory
+
+
+def test_first_error_and_dump_completed(tmp_path):
+    log = tmp_path / "dump.log"
+    assert first_error(log) == "no log"
+    assert dump_completed(tmp_path) is False
+    log.write_text("(0.1) a\n(0.2) Error (x.c:1): first\n(0.3) b\n(0.4) Error (y.c:2): second\n")
+    assert first_error(log) == "(0.2) Error (x.c:1): first; (0.4) Error (y.c:2): second"
+    assert dump_completed(tmp_path) is False
+    log.write_text("one\ntwo\nthree\nfour\n")
+    assert first_error(log) == "two; three; four"
+    log.write_text("(0.9) Dumping finished successfully\n")
+    assert dump_completed(tmp_path) is True
+
+
+def _script(tmp_path: Path, output: str) -> Path:
+    exe = tmp_path / "criu-version"
+    exe.write_text(f"#!/bin/sh\necho '{output}'\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("output,ok", [("Version: 4.2.1", True), ("Version: 3.17", True),
+                                       ("Version: 3.16.1", False), ("Version: 2.9", False),
+                                       ("criu, no version here", False)])
+def test_version_check(tmp_path, output, ok):
+    criu = Criu(_script(tmp_path, output), tmp_path / "plugins")
+    if ok:
+        assert criu.check_version() == output.split()[1]
+    else:
+        with pytest.raises(CriuUnavailable):
+            criu.check_version()
+
+
+def test_unrunnable_criu(tmp_path):
+    with pytest.raises(CriuUnavailable):
+        Criu(tmp_path / "missing", tmp_path / "plugins").version()
+
+
+@pytest.mark.criu
+def test_real_criu_version_and_a_failing_dump(criu_bin, tmp_path):
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    version = tuple(int(x) for x in criu.check_version().split("."))
+    assert version[:2] >= MIN_VERSION
+    images = tmp_path / "img"
+    images.mkdir()
+    with pytest.raises(GpuosError, match=r"criu dump failed \(exit \d+\): .*Error \("):
+        criu.dump(999999 if not Path("/proc/999999").exists() else 2**22 + 1, images, False, [])
+    assert not dump_completed(images)
+    assert (tmp_path / "plugins").is_dir() and list((tmp_path / "plugins").iterdir()) == []

@@ -1,0 +1,167 @@
+"""Checkpoint and restore of real (non-GPU) processes with the real criu, through `gpuos`.
+
+The target counts into a log file it keeps open; after a restore the log must
+go on with the next number: no gap, no repeat.  Skipped without root or a
+working criu.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuos import procs
+from gpuos.config import Paths
+from gpuos.store import ImageStore
+
+from helpers import (Processes, assert_consecutive, counted, gpuos, gpuos_env, gpuos_json,
+                     hidden_entries, journals, tree_digest, wait_for)
+
+pytestmark = pytest.mark.criu
+
+
+@dataclass
+class CR:
+    env: dict[str, str]
+    paths: Paths
+    store: ImageStore
+    processes: Processes
+    tmp: Path
+
+    def restore_workdirs(self) -> list[Path]:
+        return sorted(self.paths.run.glob("restore-*")) if self.paths.run.is_dir() else []
+
+
+@pytest.fixture
+def cr(criu_bin, home, store, processes, tmp_path) -> CR:
+    return CR(gpuos_env(home.home, criu=criu_bin), home, store, processes, tmp_path)
+
+
+def error_line(res, code: int) -> str:
+    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.splitlines()
+    assert [ln for ln in lines if ln.startswith("gpuos:")] == lines[-1:], res.stderr
+    return lines[-1]
+
+
+def keeps_counting(log: Path, more: int = 20) -> list[int]:
+    start = len(counted(log))
+    wait_for(lambda: len(counted(log)) >= start + more, what=f"{log} to keep growing")
+    numbers = counted(log)
+    assert_consecutive(numbers)
+    return numbers
+
+
+def test_checkpoint_kill_restore_continues_counting(cr: CR):
+    log = cr.tmp / "count.log"
+    proc = cr.processes.counter(log)
+    pid, cmdline = proc.pid, procs.cmdline(proc.pid)
+
+    code, out = gpuos_json(cr.env, "checkpoint", str(pid), "--image", "job")
+    assert code == 0, out
+    assert out["pids"] == [pid] and out["gpu_pids"] == [] and out["left_running"] is False
+    assert out["stall"] is None and out["name"] == "job"
+    assert {"prepare", "criu-dump", "checksum", "publish"} <= set(out["timings"])
+    assert proc.wait(timeout=10) == -9  # criu killed it once the image was written
+    at_dump = counted(log)
+    assert_consecutive(at_dump)
+    assert len(at_dump) >= 5
+
+    res = gpuos(cr.env, "images", "verify", "job")
+    assert res.returncode == 0 and ": OK," in res.stdout, res.stderr
+    code, shown = gpuos_json(cr.env, "images", "show", "job")
+    assert code == 0
+    m = shown["manifest"]
+    assert m["root_pid"] == pid and m["processes"][0]["cmdline"] == cmdline
+    assert m["leave_running"] is False and m["driver"] is None
+    assert shown["size"] == out["size"] > 0
+    assert counted(log) == at_dump  # nothing runs until the restore
+
+    code, res = gpuos_json(cr.env, "restore", "job")
+    assert code == 0, res
+    cr.processes.adopt(res["pid"], cmdline[1])
+    assert res["pid"] == pid
+    assert {"verify", "checks", "criu-restore"} <= set(res["timings"])
+    assert procs.cmdline(pid) == cmdline
+    after = keeps_counting(log)
+    assert after[: len(at_dump)] == at_dump
+
+    # Restoring read the image and wrote nothing into it.
+    assert gpuos(cr.env, "images", "verify", "job").returncode == 0
+    assert journals(cr.paths.run) == [] and cr.restore_workdirs() == []
+    assert hidden_entries(cr.store.root) == []
+
+
+def test_leave_running_keeps_the_process_and_restore_while_taken_exits_14(cr: CR):
+    log = cr.tmp / "count.log"
+    proc = cr.processes.counter(log)
+    start = procs.stat(proc.pid).starttime
+
+    code, out = gpuos_json(cr.env, "checkpoint", str(proc.pid), "--image", "live", "--leave-running")
+    assert code == 0, out
+    assert out["left_running"] is True
+    assert isinstance(out["stall"], float) and out["stall"] > 0
+    assert proc.poll() is None
+    keeps_counting(log)
+    m = ImageStore.load(cr.store.root / "live")
+    ImageStore.verify(cr.store.root / "live", m)
+    assert m.leave_running is True and m.root_pid == proc.pid
+
+    line = error_line(gpuos(cr.env, "restore", "live"), 14)
+    assert f"pid {proc.pid}" in line
+    assert proc.poll() is None and procs.stat(proc.pid).starttime == start
+    keeps_counting(log)
+    assert journals(cr.paths.run) == [] and cr.restore_workdirs() == []
+    code, out = gpuos_json(cr.env, "restore", "live")
+    assert code == 14 and out["error"] == "pid-taken"
+
+
+def test_dump_refused_by_criu_exits_8_keeps_process_and_previous_image(cr: CR):
+    first = cr.processes.counter(cr.tmp / "first.log")
+    code, out = gpuos_json(cr.env, "checkpoint", str(first.pid), "--image", "job", "--leave-running")
+    assert code == 0, out
+    previous = tree_digest(cr.store.root / "job")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        log = cr.tmp / "tcp.log"
+        proc = cr.processes.counter(log, port=listener.getsockname()[1])
+        conn, _ = listener.accept()  # an established connection: criu refuses it by default
+        try:
+            line = error_line(gpuos(cr.env, "checkpoint", str(proc.pid), "--image", "job"), 8)
+            assert "left running" in line
+            assert "criu dump failed" in line
+            assert proc.poll() is None
+            keeps_counting(log)
+            code, out = gpuos_json(cr.env, "checkpoint", str(proc.pid), "--image", "job")
+            assert code == 8 and out["error"] == "checkpoint-failed" and out["ok"] is False
+            assert proc.poll() is None
+        finally:
+            conn.close()
+    finally:
+        listener.close()
+    assert tree_digest(cr.store.root / "job") == previous
+    assert hidden_entries(cr.store.root) == [] and journals(cr.paths.run) == []
+
+
+def test_corrupt_image_is_refused_before_anything_is_restored(cr: CR):
+    log = cr.tmp / "count.log"
+    proc = cr.processes.counter(log)
+    pid = proc.pid
+    code, out = gpuos_json(cr.env, "checkpoint", str(pid), "--image", "job")
+    assert code == 0, out
+    proc.wait(timeout=10)
+    pages = max((cr.store.root / "job" / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    pages.write_bytes(bytes(data))
+    at_dump = counted(log)
+
+    line = error_line(gpuos(cr.env, "restore", "job"), 10)
+    assert f"{pages.relative_to(cr.store.root / 'job')}: checksum mismatch" in line
+    assert not procs.exists(pid)
+    assert counted(log) == at_dump
+    assert journals(cr.paths.run) == [] and cr.restore_workdirs() == []

@@ -1,0 +1,69 @@
+"""What gpuos reads from /proc about real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from gpuos import procs
+from gpuos.errors import NoSuchProcess, NotPermitted
+
+from helpers import needs_root, wait_for, zombie
+
+
+def test_stat_of_a_name_with_parentheses(processes, tmp_path):
+    odd = tmp_path / "a) (b c"
+    odd.symlink_to("/bin/sleep")
+    proc = processes.start([str(odd), "1000"])
+    st = wait_for(lambda: procs.stat(proc.pid).comm == "a) (b c" and procs.stat(proc.pid),
+                  what="the exec")
+    assert st.ppid == os.getpid() and st.session == proc.pid and st.tty_nr == 0
+    assert st.state in "RS" and st.starttime > 0
+
+
+def test_tree_threads_and_cmdline(processes):
+    shell, child = processes.tree()
+    assert procs.tree(shell.pid) == [shell.pid, child]
+    assert procs.cmdline(shell.pid) == ["sh", "-c", "sleep 1000 & wait"]
+    code = ("import threading, time\n"
+            "for _ in range(2): threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n"
+            "print('ok', flush=True); time.sleep(1000)")
+    threaded = processes.start([sys.executable, "-c", code])
+    wait_for(lambda: len(procs.tids(threaded.pid)) == 3, what="three threads")
+    assert procs.tids(threaded.pid)[0] == threaded.pid
+    assert procs.uses_cuda(threaded.pid) is False
+
+
+def test_missing_process():
+    pid = 999999 if not procs.exists(999999) else pytest.skip("pid 999999 exists")
+    for fn in (procs.stat, procs.cmdline, procs.tids, procs.children, procs.uses_cuda):
+        with pytest.raises(NoSuchProcess):
+            fn(pid)
+    assert procs.alive(pid) is False and procs.tree(pid) == []
+
+
+def test_zombie_is_not_alive_and_not_a_target(processes):
+    z = zombie(processes)
+    assert procs.exists(z.pid) and not procs.alive(z.pid)
+    with pytest.raises(NoSuchProcess, match="zombie"):
+        procs.check_target(z.pid)
+
+
+@pytest.mark.parametrize("pid", [0, -1])
+def test_invalid_pid_is_no_target(pid):
+    with pytest.raises(NoSuchProcess):
+        procs.check_target(pid)
+
+
+@needs_root
+def test_self_is_no_target():
+    with pytest.raises(NotPermitted):
+        procs.check_target(os.getpid())
+
+
+@needs_root
+def test_live_process_is_a_target(processes):
+    proc = processes.sleeper()
+    assert procs.check_target(proc.pid).pid == proc.pid

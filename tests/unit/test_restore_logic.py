@@ -1,0 +1,179 @@
+"""restore(): the checks made before anything is restored (GPU plan, pids, driver)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuos.criu import Criu
+from gpuos.errors import GpuMismatch, ImageCorrupt, InsufficientGpuMemory, PidTaken
+from gpuos.manifest import DriverInfo, GpuInfo
+from gpuos.restore import check_pids_free, plan_gpus, restore
+
+from fakes import A100, GIB, H100, FakeDriver, device, gpu_uuid
+from helpers import build_image, journals, make_manifest, tree_digest, zombie
+
+
+def wanted(n: int, name: str = H100, used: int = 10 * GIB) -> GpuInfo:
+    return GpuInfo(uuid=gpu_uuid(n), name=name, memory_total=80 * GIB, memory_used_by_image=used)
+
+
+# -- plan_gpus ----------------------------------------------------------------------------
+
+def test_same_gpu_when_present():
+    assert plan_gpus([wanted(1)], [device(0), device(1)]) == {gpu_uuid(1): gpu_uuid(1)}
+
+
+def test_same_model_elsewhere_is_remapped():
+    assert plan_gpus([wanted(7)], [device(0, A100), device(3, H100)]) == {gpu_uuid(7): gpu_uuid(3)}
+
+
+def test_two_gpus_map_to_two_distinct_gpus():
+    plan = plan_gpus([wanted(7), wanted(8)], [device(0), device(1)])
+    assert sorted(plan) == [gpu_uuid(7), gpu_uuid(8)]
+    assert sorted(plan.values()) == [gpu_uuid(0), gpu_uuid(1)]
+
+
+def test_remap_does_not_take_a_gpu_the_image_uses_itself():
+    # GPU 1 is here and is the image's second GPU: the first (absent) must go elsewhere.
+    plan = plan_gpus([wanted(7), wanted(1)], [device(1), device(2)])
+    assert plan == {gpu_uuid(7): gpu_uuid(2), gpu_uuid(1): gpu_uuid(1)}
+
+
+def test_remap_picks_a_gpu_of_that_model_with_room():
+    """docs/image-format.md: 'else onto another GPU of the same name with at least
+    memory_used_by_image free'.  The first such GPU being full must not fail the restore."""
+    devices = [device(2, free=1 * GIB), device(3, free=70 * GIB)]
+    assert plan_gpus([wanted(7, used=10 * GIB)], devices) == {gpu_uuid(7): gpu_uuid(3)}
+
+
+def test_other_model_is_a_mismatch():
+    with pytest.raises(GpuMismatch) as exc:
+        plan_gpus([wanted(7, H100)], [device(0, A100)])
+    assert exc.value.exit_code == 12
+    assert H100 in exc.value.message and A100 in exc.value.message
+
+
+def test_no_gpu_at_all_is_a_mismatch():
+    with pytest.raises(GpuMismatch, match="none"):
+        plan_gpus([wanted(7)], [])
+
+
+def test_same_uuid_but_another_model_is_a_mismatch():
+    with pytest.raises(GpuMismatch):
+        plan_gpus([wanted(1, H100)], [device(1, A100)])
+
+
+def test_more_gpus_wanted_than_present_is_a_mismatch():
+    with pytest.raises(GpuMismatch):
+        plan_gpus([wanted(7), wanted(8)], [device(0)])
+
+
+def test_not_enough_free_memory_on_the_same_gpu():
+    with pytest.raises(InsufficientGpuMemory) as exc:
+        plan_gpus([wanted(1, used=20 * GIB)], [device(1, free=19 * GIB)])
+    assert exc.value.exit_code == 13
+    assert "19456 MiB free" in exc.value.message and "20480 MiB" in exc.value.message
+
+
+def test_not_enough_free_memory_on_any_gpu_of_the_model():
+    with pytest.raises(InsufficientGpuMemory):
+        plan_gpus([wanted(7, used=20 * GIB)], [device(0, free=1 * GIB), device(1, free=2 * GIB)])
+
+
+def test_exactly_enough_memory_is_enough():
+    assert plan_gpus([wanted(1, used=5 * GIB)], [device(1, free=5 * GIB)]) == {gpu_uuid(1): gpu_uuid(1)}
+
+
+# -- check_pids_free ------------------------------------------------------------------------
+
+def test_free_pids_pass(processes):
+    gone = processes.start(["true"])
+    gone.wait()
+    check_pids_free(make_manifest(pids=(gone.pid,)))
+
+
+def test_live_pid_is_taken(processes):
+    pid = processes.sleeper().pid
+    with pytest.raises(PidTaken) as exc:
+        check_pids_free(make_manifest(pids=(pid,)))
+    assert exc.value.exit_code == 14
+    assert f"pid {pid}" in exc.value.message and "sleep" in exc.value.message
+
+
+def test_taken_tid_counts(processes):
+    gone = processes.start(["true"])
+    gone.wait()
+    taken = processes.sleeper().pid
+    m = make_manifest(pids=(gone.pid,))
+    m.processes[0].tids = [gone.pid, taken]
+    with pytest.raises(PidTaken, match=f"pid {taken}"):
+        check_pids_free(m)
+
+
+def test_zombie_pid_is_taken_and_said_so(processes):
+    z = zombie(processes)
+    with pytest.raises(PidTaken) as exc:
+        check_pids_free(make_manifest(pids=(z.pid,)))
+    assert "zombie" in exc.value.message
+
+
+# -- restore() refuses before touching anything ------------------------------------------------
+
+NO_CRIU = Criu(binary=Path("/nonexistent/criu"), plugin_dir=Path("/nonexistent/plugins"))
+
+
+def gpu_image(store, driver_version: str = "570.86.15", gpu: GpuInfo | None = None, pids=(31000,)):
+    g = gpu or wanted(0, used=1 * GIB)
+    m = make_manifest("gpujob", pids=pids, gpu=True, gpus=[g],
+                      driver=DriverInfo(driver_version, 12080))
+    return build_image(store, "gpujob", manifest=m)
+
+
+def test_driver_version_mismatch_is_refused(home, store):
+    img = gpu_image(store, driver_version="570.86.15")
+    digest = tree_digest(img)
+    driver = FakeDriver(version="580.65.06")
+    with pytest.raises(GpuMismatch) as exc:
+        restore("gpujob", home.run, store, lambda: driver, NO_CRIU)
+    assert exc.value.exit_code == 12
+    assert "570.86.15" in exc.value.message and "580.65.06" in exc.value.message
+    assert driver.calls == []
+    assert journals(home.run) == [] and tree_digest(img) == digest
+
+
+def test_gpu_model_mismatch_is_refused(home, store):
+    gpu_image(store, driver_version="580.65.06")
+    driver = FakeDriver(devices=[device(5, A100)], version="580.65.06")
+    with pytest.raises(GpuMismatch):
+        restore("gpujob", home.run, store, lambda: driver, NO_CRIU)
+    assert driver.calls == [] and journals(home.run) == []
+
+
+def test_insufficient_memory_is_refused(home, store):
+    gpu_image(store, driver_version="580.65.06", gpu=wanted(0, used=50 * GIB))
+    driver = FakeDriver(devices=[device(0, free=10 * GIB)], version="580.65.06")
+    with pytest.raises(InsufficientGpuMemory):
+        restore("gpujob", home.run, store, lambda: driver, NO_CRIU)
+    assert journals(home.run) == []
+
+
+def test_pid_taken_is_refused(home, store, processes):
+    pid = processes.sleeper().pid
+    gpu_image(store, driver_version="580.65.06", pids=(pid,))
+    driver = FakeDriver(version="580.65.06")
+    with pytest.raises(PidTaken):
+        restore("gpujob", home.run, store, lambda: driver, NO_CRIU)
+    assert driver.calls == [] and journals(home.run) == []
+
+
+def test_corrupt_image_is_refused_before_the_driver_is_opened(home, store):
+    img = gpu_image(store)
+    (img / "criu" / "pages-1.img").write_bytes(b"x" * (img / "criu" / "pages-1.img").stat().st_size)
+
+    def no_driver():
+        raise AssertionError("driver opened for a corrupt image")
+    with pytest.raises(ImageCorrupt):
+        restore("gpujob", home.run, store, no_driver, NO_CRIU)
+    assert journals(home.run) == []
