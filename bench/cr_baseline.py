@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -141,14 +142,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,4,16")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--home", default="/var/tmp",
+                    help="Where the images go: a disk with room for the largest (not a tmpfs)")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpuos-bench-"))
+    home = Path(tempfile.mkdtemp(prefix="gpuos-bench-", dir=args.home))
     rt = Runtime(paths=Paths(home=home, store=home / "images"))
     drv = rt.driver()
     dev = drv.devices()[0]
     pcie = json.loads(subprocess.run([sys.executable, "-c", PCIE_PROBE], capture_output=True,
                                      text=True, check=True).stdout)
-    rows = [run_size(rt, float(s), home) for s in args.sizes.split(",")]
+    rows: list[dict] = []
     result = {
         "benchmark": "cr_baseline",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -163,8 +166,11 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = dev.name.replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"cr_baseline-{tag}-{result['date'][:10]}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    for size in args.sizes.split(","):
+        rows.append(run_size(rt, float(size), home))
+        path.write_text(json.dumps(result, indent=2) + "\n")  # what is measured survives a failure
+        print(f"{size} GiB done; wrote {path}", flush=True)
+    shutil.rmtree(home, ignore_errors=True)
     print(markdown(result))
 
 

@@ -8,7 +8,9 @@ the driver does:
     checkpointed --restore--> locked --unlock--> running
 
 and answers any other transition with a GpuosError, so code that calls the
-driver in the wrong order fails here as it would on a GPU.  Failures (a lock
+driver in the wrong order fails here as it would on a GPU.  A restore puts a
+process's GPU memory back on the GPU it was checkpointed on unless gpu_pairs
+maps that to another; the target GPU must be one of devices().  Failures (a lock
 timeout, a failed restore, ...) are injected per method and pid.
 
 ``FakeCriu`` is used only by the checkpoint orchestration tests, to exercise
@@ -92,8 +94,17 @@ class FakeDriver:
         self._transition("checkpoint", pid, LOCKED, CHECKPOINTED)
 
     def restore(self, pid: int, gpu_pairs: dict[str, str]) -> None:
+        # The process's GPU memory goes back to the GPU it was checkpointed on, or to the one
+        # gpu_pairs maps that to; that GPU has to be here.
+        uuid, used = self.usage.get(pid, ("", 0))
+        target = gpu_pairs.get(uuid, uuid)
+        if pid in self.states and target not in {d.uuid for d in self._devices}:
+            self.calls.append(("restore", pid))
+            raise GpuosError(f"cuCheckpointProcessRestore (pid {pid}) failed: CUDA_ERROR_INVALID_DEVICE "
+                             f"(no GPU {target} here)")
         self._transition("restore", pid, CHECKPOINTED, LOCKED)
         self.restore_pairs[pid] = dict(gpu_pairs)
+        self.usage[pid] = (target, used)
 
     def unlock(self, pid: int) -> None:
         self._transition("unlock", pid, LOCKED, RUNNING)

@@ -192,3 +192,21 @@ def test_recover_with_nothing_to_do(env):
     assert res.returncode == 0 and res.stdout.strip() == "nothing to recover"
     code, data = gpuos_json(env, "recover")
     assert code == 0 and data == {"ok": True, "actions": []}
+
+
+def test_images_rm_refuses_a_directory_that_is_not_an_image(env, tmp_path):
+    """`images rm` deletes images, broken ones too (a criu/ without a manifest), but not any
+    directory a path happens to name."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    res = gpuos(env, "images", "rm", str(precious))
+    assert res.returncode != 0, res.stdout
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+def test_images_rm_removes_a_broken_image(env, store):
+    write_criu_files(store.root / "half" / "criu")
+    res = gpuos(env, "images", "rm", "half")
+    assert res.returncode == 0, res.stderr
+    assert not (store.root / "half").exists()

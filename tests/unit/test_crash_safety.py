@@ -11,6 +11,7 @@ Skipped without root or a working criu.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -141,5 +142,62 @@ def test_kill_during_the_criu_dump_itself(criu_bin, home, store, processes, tmp_
     assert code == 0, res
     processes.adopt(res["pid"], cmdline[1])
     assert res["pid"] == pid
+    wait_for(lambda: len(counted(log)) > len(at_dump) + 10, what="the restored process to count")
+    assert_consecutive(counted(log))
+
+
+def test_kill_restore_onto_another_gpu_then_recover(criu_bin, home, store, processes, tmp_path,
+                                                    monkeypatch):
+    """A restore onto another GPU of the same model (gpuPairs remapping) killed after criu
+    restored the process, before the driver restored its GPU memory: recover() must put the
+    process back on the GPU the restore had chosen.  The GPU side is a FakeDriver; the
+    process, criu and the kill are real."""
+    import gpuos.checkpoint
+    from gpuos.checkpoint import CheckpointRequest, checkpoint
+    from gpuos.criu import Criu
+    from gpuos.cudadrv import CHECKPOINTED, RUNNING
+    from gpuos.journal import HOLD_ENV, HOLD_FILE_ENV, recover
+    from gpuos.restore import restore
+
+    from fakes import FakeDriver, device, gpu_uuid
+
+    criu = Criu(criu_bin, home.run / "criu-plugins")
+    log = tmp_path / "count.log"
+    proc = processes.counter(log)
+    pid, cmdline = proc.pid, procs.cmdline(proc.pid)
+    monkeypatch.setattr(gpuos.checkpoint.procs, "uses_cuda", lambda p: p == pid)
+    there = FakeDriver(devices=[device(7)])
+    there.add(pid, uuid=gpu_uuid(7))
+    checkpoint(CheckpointRequest(pid=pid, image="job"), home.run, store, lambda: there, criu)
+    assert proc.wait(timeout=10) == -9
+    at_dump = counted(log)
+
+    here = FakeDriver(devices=[device(3)])  # same model, another GPU
+    here.add(pid, uuid=gpu_uuid(7), state=CHECKPOINTED)  # how criu brings the process back
+    hold = tmp_path / "held"
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the gpuos that gets killed
+        try:
+            os.environ[HOLD_ENV], os.environ[HOLD_FILE_ENV] = "gpu-restore", str(hold)
+            restore("job", home.run, store, lambda: here, criu)
+        finally:
+            os._exit(3)
+    try:
+        wait_for(lambda: hold.exists() or os.waitpid(child, os.WNOHANG)[0] != 0,
+                 what="restore to reach gpu-restore")
+        assert hold.exists(), "restore() ended before gpu-restore"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    processes.adopt(pid, cmdline[1])
+    assert procs.alive(pid)  # criu restored it; its GPU side is still checkpointed
+    assert here.states[pid] == CHECKPOINTED
+
+    actions = recover(home.run, store, lambda: here)
+
+    assert all(a.ok for a in actions), actions
+    assert here.states[pid] == RUNNING
+    assert here.restore_pairs[pid] == {gpu_uuid(7): gpu_uuid(3)}
+    assert journals(home.run) == []
     wait_for(lambda: len(counted(log)) > len(at_dump) + 10, what="the restored process to count")
     assert_consecutive(counted(log))

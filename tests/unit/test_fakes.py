@@ -7,7 +7,7 @@ import pytest
 from gpuos.cudadrv import CHECKPOINTED, LOCKED, RUNNING, GpuDriver
 from gpuos.errors import GpuosError, LockTimeout
 
-from fakes import FakeDriver, device
+from fakes import FakeDriver, device, gpu_uuid
 
 
 def test_full_cycle():
@@ -63,3 +63,13 @@ def test_satisfies_the_protocol():
                  "unlock"):
         assert callable(getattr(d, name))
     assert [x.index for x in d.devices()] == [0, 1]
+
+
+def test_restore_needs_the_gpu_or_a_mapping():
+    d = FakeDriver(devices=[device(3)])
+    d.add(10, uuid=gpu_uuid(7), state=CHECKPOINTED)
+    with pytest.raises(GpuosError, match="INVALID_DEVICE"):
+        d.restore(10, {})
+    assert d.states[10] == CHECKPOINTED
+    d.restore(10, {gpu_uuid(7): gpu_uuid(3)})
+    assert d.states[10] == LOCKED and [p.uuid for p in d.processes()] == [gpu_uuid(3)]

@@ -33,7 +33,7 @@ from .criu import Criu
 from .cudadrv import RUNNING, GpuDriver
 from .errors import CheckpointFailed, GpuosError, NotPermitted, ProcessLeftStopped
 from .journal import Operation, _put_back, pid_lock
-from .manifest import CRIU_DIR, GpuInfo, Manifest, ProcessInfo
+from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo
 from .observe import Observer, Silent
 from .store import ImageStore, checksum_tree, tree_size
 
@@ -105,6 +105,8 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                                    "is another checkpoint under way? (`gpuos recover` puts it back)")
     criu_version = criu.check_version()
     final = store.resolve(req.image or default_name(st.comm, req.pid))
+    if final.exists() and not (final / MANIFEST_NAME).is_file():
+        raise GpuosError(f"{final} exists and is not a gpuos image; not replacing it")
     options = ["--file-locks"] + (["--shell-job"] if st.tty_nr else [])
 
     with pid_lock(run_dir, req.pid):

@@ -30,7 +30,7 @@ from .criu import dump_completed
 from .cudadrv import CHECKPOINTED, LOCKED, GpuDriver
 from .errors import Busy, GpuosError
 from .manifest import CRIU_DIR, Manifest
-from .store import ImageStore, checksum_tree
+from .store import STAGING_MARK, ImageStore, checksum_tree
 
 # Tests set this to a phase name: gpuos then writes GPUOS_TEST_HOLD_FILE and
 # waits there, so a test can SIGKILL it at a known point of an operation.
@@ -48,6 +48,7 @@ class JournalRecord:
     staging: str | None = None  # checkpoint: the image being built
     final: str | None = None  # checkpoint: where it will be published
     draft: dict | None = None  # checkpoint: the manifest, less files and timings
+    gpu_pairs: dict = field(default_factory=dict)  # restore: image GPU -> GPU here
 
 
 class Operation:
@@ -137,13 +138,13 @@ def _orphaned(run_dir: Path) -> Iterator[tuple[Path, int]]:
         yield jpath, fd
 
 
-def _put_back(driver: GpuDriver, pid: int) -> str:
+def _put_back(driver: GpuDriver, pid: int, pairs: dict[str, str] | None = None) -> str:
     """Restore and unlock a process left stopped on the GPU; say what was done."""
     if not procs.alive(pid):
         return f"pid {pid} is gone"
     state = driver.state(pid)
     if state == CHECKPOINTED:
-        driver.restore(pid, {})
+        driver.restore(pid, pairs or {})
         driver.unlock(pid)
         return f"restored and unlocked pid {pid} on the GPU"
     if state == LOCKED:
@@ -160,6 +161,14 @@ def _finish_image(rec: JournalRecord) -> str:
         shutil.rmtree(staging)
         return f"deleted incomplete image {staging}"
     draft = dict(rec.draft, files=[], timings={})
+    final = Path(rec.final)
+    try:
+        published = asdict(ImageStore.load(final))
+        if dict(published, files=[], timings={}) == draft:
+            shutil.rmtree(staging)  # killed after the exchange: staging holds the old image
+            return f"finished publishing {final}"
+    except GpuosError:
+        pass
     manifest = Manifest.from_json(json.dumps(draft))
     manifest.files = checksum_tree(staging)
     manifest.timings = {"recovered": 1.0}
@@ -172,14 +181,6 @@ def recover(run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver]) -> list[RecoveryAction]:
     """Finish or undo every operation whose gpuos died; see the module comment."""
     actions: list[RecoveryAction] = []
-    if not run_dir.is_dir():
-        return actions
-    live_staging: set[str] = set()
-    for jpath in run_dir.glob("op-*.json"):
-        try:
-            live_staging.add(json.loads(jpath.read_text()).get("staging") or "")
-        except (OSError, ValueError):
-            pass
     driver: GpuDriver | None = None
     for jpath, fd in _orphaned(run_dir):
         try:
@@ -196,10 +197,12 @@ def recover(run_dir: Path, store: ImageStore,
                 try:
                     if driver is None:
                         driver = driver_factory()
-                    msg = _put_back(driver, pid)
+                    msg = _put_back(driver, pid, rec.gpu_pairs)
                 except GpuosError as exc:
                     msg, ok = f"pid {pid}: {exc.message}", False
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
+            if rec.kind == "restore":
+                shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)
             if rec.kind == "checkpoint":
                 try:
                     actions.append(RecoveryAction(rec.op_id, _finish_image(rec), True))
@@ -213,7 +216,8 @@ def recover(run_dir: Path, store: ImageStore,
             os.close(fd)
     # Staging directories no journal speaks for (a crashed `images rm`, say).
     for staging in ImageStore.staging_dirs(store.root):
-        if str(staging) not in live_staging:
+        op_id = staging.name.rsplit(STAGING_MARK, 1)[1]
+        if not (run_dir / f"op-{op_id}.json").exists():  # checked now, not before the orphans
             shutil.rmtree(staging, ignore_errors=True)
             actions.append(RecoveryAction("-", f"deleted stale {staging}", True))
     return actions

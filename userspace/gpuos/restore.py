@@ -44,8 +44,10 @@ def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice]) -> dict[str, str]
     for g in wanted:
         here = by_uuid.get(g.uuid)
         if here is None:
-            here = next((d for d in devices if d.name == g.name and d.uuid not in taken
-                         and d.uuid not in {w.uuid for w in wanted}), None)
+            same = [d for d in devices if d.name == g.name and d.uuid not in taken
+                    and d.uuid not in {w.uuid for w in wanted}]
+            here = next((d for d in same if d.memory_free >= g.memory_used_by_image),
+                        same[0] if same else None)
         if here is None:
             have = ", ".join(sorted({d.name for d in devices})) or "none"
             raise GpuMismatch(f"the image needs a {g.name} (was {g.uuid}); GPUs here: {have}")
@@ -109,6 +111,7 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
 
     op = Operation(run_dir, "restore")
     op.record.gpu_pids = gpu_pids
+    op.record.gpu_pairs = gpu_map if any(o != n for o, n in gpu_map.items()) else {}
     op.timings.update(timings)
     workdir = run_dir / f"restore-{op.op_id}"
 

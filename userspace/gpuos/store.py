@@ -27,7 +27,7 @@ from .errors import GpuosError, ImageCorrupt, ImageNotFound
 from .manifest import MANIFEST_NAME, FileEntry, Manifest
 from .observe import Progress
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 STAGING_MARK = ".staging-"
 CHUNK = 8 << 20
 
@@ -106,7 +106,7 @@ class ImageStore:
         """An image reference is a name in the store, or a path (has a '/')."""
         if "/" in ref or ref in (".", ".."):
             return Path(ref).absolute()
-        if not NAME_RE.match(ref):
+        if not NAME_RE.fullmatch(ref):
             raise GpuosError(
                 f"bad image name {ref!r}: use letters, digits and ._+- (128 at most), "
                 "or a path with a '/'")

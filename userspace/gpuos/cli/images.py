@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import click
 
-from ..errors import ImageNotFound
+from ..errors import GpuosError, ImageNotFound
 from ..runtime import Runtime
 from .output import Reporter, emit_json, human_bytes, json_option, table
 
@@ -101,6 +101,8 @@ def rm_cmd(rt: Runtime, names: tuple[str, ...], as_json: bool) -> None:
         path = rt.store.resolve(name)
         if not path.is_dir():
             raise ImageNotFound(f"no image at {path}")
+        if not ((path / "manifest.json").is_file() or (path / "criu").is_dir()):
+            raise GpuosError(f"{path} is not a gpuos image; not deleting it")
         rt.store.remove(path)
         removed.append(str(path))
         if not as_json:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .. import __version__
+from .. import __version__, procs
 from ..checkpoint import CheckpointRequest, checkpoint
 from ..config import Paths
 from ..errors import GpuosError
@@ -38,17 +38,18 @@ class GpuosGroup(click.Group):
         try:
             return super().invoke(ctx)
         except GpuosError as exc:
-            as_json = "--json" in sys.argv[1:]
-            fail(exc, as_json)
+            fail(exc, bool(ctx.meta.get("gpuos.json")))
 
 
 @click.group(cls=GpuosGroup, epilog=EXIT_CODES_HELP,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuos")
-@click.option("--store", type=click.Path(file_okay=False), envvar="GPUOS_STORE",
-              help="Image store directory [default: $GPUOS_HOME/images, GPUOS_HOME=/var/lib/gpuos].")
-@click.option("--criu", "criu_path", type=click.Path(dir_okay=False), envvar="GPUOS_CRIU",
-              help="The criu binary [default: criu on PATH, else /opt/gpuos/bin/criu].")
+@click.option("--store", type=click.Path(file_okay=False),
+              help="Image store directory [default: $GPUOS_STORE, else $GPUOS_HOME/images; "
+                   "GPUOS_HOME defaults to /var/lib/gpuos].")
+@click.option("--criu", "criu_path", type=click.Path(dir_okay=False),
+              help="The criu binary [default: $GPUOS_CRIU, else criu on PATH, else "
+                   "/opt/gpuos/bin/criu].")
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, criu_path: str | None) -> None:
     """gpuos: OS services for Linux processes that use NVIDIA GPUs.
@@ -92,6 +93,7 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
     """
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
+    procs.check_target(pid)  # say "no such process" before anything about criu
     rep.say(f"checkpointing pid {pid}")
     res = checkpoint(CheckpointRequest(pid=pid, image=image, leave_running=leave_running,
                                        lock_timeout_ms=int(lock_timeout * 1000)),
@@ -126,6 +128,7 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, as_json: bool) -> None
     """
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
+    rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
                   observer=rep)
     if as_json:

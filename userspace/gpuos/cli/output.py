@@ -26,8 +26,14 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    ctx.meta["gpuos.json"] = value  # meta is shared by the whole context chain
+    return value
+
+
 def json_option(f):
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(f)
+    return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                        help="Print one JSON object on stdout.")(f)
 
 
 def emit_json(data: Any) -> None:
