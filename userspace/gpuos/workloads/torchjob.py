@@ -39,8 +39,12 @@ def tensor_hash(t: torch.Tensor) -> str:
 
 
 def exact_checksum(t: torch.Tensor) -> int:
-    """An order-independent, exact checksum computed on the GPU (integer sum of the bits)."""
-    return int(t.view(torch.int32).to(torch.int64).sum().item())
+    """An exact checksum computed on the GPU (integer sum of the bits), in slices so that
+    no large temporary grows the process's GPU footprint beyond the data itself."""
+    total = 0
+    for part in t.view(torch.int32).split(1 << 24):
+        total += int(part.to(torch.int64).sum().item())
+    return total
 
 
 class Net(nn.Module):
