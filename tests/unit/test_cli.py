@@ -210,3 +210,31 @@ def test_images_rm_removes_a_broken_image(env, store):
     res = gpuos(env, "images", "rm", "half")
     assert res.returncode == 0, res.stderr
     assert not (store.root / "half").exists()
+
+
+def _host_has_gpu() -> bool:
+    try:
+        from gpuos.cudadrv import CudaDriver
+        CudaDriver()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means no usable GPU
+        return False
+
+
+@pytest.mark.skipif(_host_has_gpu(), reason="this host has a GPU: tests/gpu runs the demo")
+def test_demo_without_a_gpu_says_so_in_one_line(env):
+    res = gpuos(env, "demo")
+    one_error_line(res, 16)
+
+
+def test_checkpoint_as_non_root_exits_4(home, processes, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpuos.cli.main import cli
+    target = processes.counter(tmp_path / "count.log")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as an ordinary user sees it
+    res = CliRunner().invoke(cli, ["--criu", ANY_EXECUTABLE, "checkpoint", str(target.pid), "--json"])
+    assert res.exit_code == 4, res.output
+    out = json.loads(res.output)
+    assert out["error"] == "not-permitted" and "root" in out["message"]
+    assert procs.alive(target.pid)
