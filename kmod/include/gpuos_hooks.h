@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * gpuos_hooks.h - how a GPU driver (the patched nvidia-uvm, or the test
+ * driver) plugs into gpuos.ko.
+ *
+ * The driver registers one ops table.  gpuos calls its ops from process
+ * context (they may sleep); the driver calls gpuos from its fault-servicing
+ * path (process context in nvidia-uvm: the bottom half is a work item) and
+ * from wherever it completes migrations.
+ *
+ *   gpuos_register_driver(ops)    0, -EBUSY if another driver is registered,
+ *                                 -EINVAL if ops lacks a name.  The driver
+ *                                 must unregister before it unloads (in its
+ *                                 module exit at the latest).
+ *   gpuos_unregister_driver(ops)  returns only when no gpuos call into ops is
+ *                                 still running (SRCU), so the caller may
+ *                                 then free ops or unload.  Batches the driver
+ *                                 had not completed are completed with
+ *                                 -ENODEV.
+ *   gpuos_report_fault(report)    a fault the driver cannot service (no valid
+ *                                 mapping): gpuos looks up the client's
+ *                                 policy (pid, then its cgroup and ancestors),
+ *                                 emits events and tracepoints, and returns
+ *                                 the decision (enum gpuos_decision).  With
+ *                                 KILL_CLIENT gpuos also stops the client
+ *                                 (ops->stop_client, else SIGKILL) from a work
+ *                                 item.  Never sleeps; safe in atomic context.
+ *   gpuos_batch_done(id, status, nr)
+ *                                 the driver finished batch `id`; status[i] is
+ *                                 range i's result (0 or -errno).  Unknown
+ *                                 ids and a wrong nr are ignored (counted as
+ *                                 rejected).
+ *
+ * Without a registered driver every migration request fails with -ENODEV and
+ * the rest of gpuos (policies, events, info) still works.
+ */
+#ifndef _GPUOS_HOOKS_H
+#define _GPUOS_HOOKS_H
+
+#include <linux/types.h>
+
+#include "../uapi/gpuos.h"
+
+struct module;
+
+struct gpuos_fault_report {
+	u32 pid;		/* the client's process, as the driver knows it */
+	u32 veid;		/* subcontext (MPS client) within its channel group */
+	u64 as_id;		/* the client's address space (e.g. its va_space) */
+	u64 addr;		/* faulting GPU virtual address */
+	u32 access;		/* enum gpuos_fault_access */
+	u32 type;		/* enum gpuos_fault_type */
+	u32 gpu;		/* GPU index */
+};
+
+/* A validated batch, as gpuos hands it to ops->submit. */
+struct gpuos_batch_req {
+	u64 id;
+	u64 as_id;
+	u32 op;			/* enum gpuos_op */
+	u32 nr_ranges;
+	const struct gpuos_range *ranges;	/* valid until gpuos_batch_done */
+};
+
+struct gpuos_driver_ops {
+	const char *name;	/* < 32 bytes */
+	struct module *owner;
+	u32 caps;		/* enum gpuos_driver_caps */
+	/* Start a batch; 0 if accepted (complete it later with gpuos_batch_done). */
+	int (*submit)(const struct gpuos_batch_req *req);
+	/* Stop one client after a KILL_CLIENT decision; may be NULL. */
+	int (*stop_client)(u64 as_id, u32 pid);
+};
+
+int gpuos_register_driver(const struct gpuos_driver_ops *ops);
+void gpuos_unregister_driver(const struct gpuos_driver_ops *ops);
+u32 gpuos_report_fault(const struct gpuos_fault_report *report);
+void gpuos_batch_done(u64 batch_id, const s32 *status, u32 nr);
+
+#endif /* _GPUOS_HOOKS_H */

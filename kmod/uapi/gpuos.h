@@ -1,0 +1,293 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * gpuos.h - the user-space interface of gpuos.ko.
+ *
+ * gpuos.ko is where a patched NVIDIA driver reports GPU memory faults and asks
+ * for policy decisions, and where user space sets those policies, submits
+ * batched migrations and listens to events.  Two interfaces:
+ *
+ *   generic netlink family "gpuos"   control, policies, events (this header)
+ *   character device /dev/gpuos      the high-rate path: batches of ranges
+ *
+ * Compatibility: GPUOS_GENL_VERSION is the family's version (genlmsghdr.version
+ * of every reply and event, and GPUOS_A_GENL_VERSION in GET_INFO);
+ * GPUOS_ABI_VERSION is the version of the ioctl structures below
+ * (GPUOS_IOC_ABI_VERSION).  Either changes when an existing command, attribute,
+ * ioctl or struct changes meaning; user space refuses a version it does not know.
+ *
+ * ========================================================================
+ * Generic netlink family "gpuos", multicast group "events"
+ * ========================================================================
+ *
+ * Every attribute lives in one space, enum gpuos_attr; nested attributes
+ * (GPUOS_A_COUNTERS, GPUOS_A_POLICY, GPUOS_A_RANGES, GPUOS_A_RANGE,
+ * GPUOS_A_FAULT) contain attributes of that same space.  Unknown attributes
+ * are rejected (strict validation); every length is checked by the policy.
+ *
+ * Commands.  "admin" means the caller needs CAP_NET_ADMIN in the initial user
+ * namespace (GENL_ADMIN_PERM); others fail with EPERM.
+ *
+ *   GPUOS_CMD_GET_INFO (doit; anyone)
+ *     request:  no attributes
+ *     reply:    GPUOS_A_GENL_VERSION u32, GPUOS_A_ABI_VERSION u32,
+ *               GPUOS_A_MODULE_VERSION string, GPUOS_A_DRIVER_NAME string
+ *               (only while a driver is registered), GPUOS_A_DRIVER_CAPS u32
+ *               (enum gpuos_driver_caps bits; 0 without a driver),
+ *               GPUOS_A_EVENT_SEQ u64 (sequence number of the last event),
+ *               GPUOS_A_COUNTERS nested { GPUOS_CTR_* u64 }.
+ *
+ *   GPUOS_CMD_SET_POLICY (doit; admin)
+ *     request:  exactly one client: GPUOS_A_CLIENT_PID u32 (> 0) or
+ *               GPUOS_A_CLIENT_CGROUP u64 (a cgroup v2 id, > 0);
+ *               GPUOS_A_FAULT_POLICY u32 (enum gpuos_fault_policy).
+ *     Replaces the client's policy.  At most GPUOS_MAX_POLICIES policies
+ *     (ENOSPC past that).  Emits GPUOS_EVENT_POLICY_SET.
+ *
+ *   GPUOS_CMD_GET_POLICY (doit; anyone)
+ *     request:  one client as above.
+ *     reply:    GPUOS_A_POLICY nested { client, GPUOS_A_FAULT_POLICY }.
+ *     ENOENT if the client has no policy of its own.
+ *
+ *   GPUOS_CMD_DEL_POLICY (doit; admin)
+ *     request:  one client as above.  ENOENT if it had none.
+ *
+ *   GPUOS_CMD_LIST_POLICIES (dumpit; anyone)
+ *     one message per policy: GPUOS_A_POLICY nested { client, GPUOS_A_FAULT_POLICY }.
+ *
+ *   GPUOS_CMD_MIGRATE (doit; admin)
+ *     request:  GPUOS_A_AS_ID u64 (the address space, as the driver names it),
+ *               GPUOS_A_OP u32 (enum gpuos_op),
+ *               GPUOS_A_RANGES nested, containing 1..GPUOS_MAX_RANGES
+ *               GPUOS_A_RANGE nested { GPUOS_A_RANGE_BASE u64,
+ *               GPUOS_A_RANGE_LEN u64, GPUOS_A_RANGE_DEST u32,
+ *               GPUOS_A_RANGE_PRIO u32, GPUOS_A_RANGE_FLAGS u32 (optional, 0) }.
+ *     Each range is validated as struct gpuos_range below.
+ *     reply:    GPUOS_A_BATCH_ID u64.  The driver completes the batch later:
+ *               GPUOS_EVENT_MIGRATION_DONE carries the per-range status.
+ *     ENODEV without a registered driver, EOPNOTSUPP if the driver lacks the
+ *     operation, EINVAL for a malformed batch.
+ *
+ *   GPUOS_CMD_EVENT (multicast only, group "events")
+ *     GPUOS_A_EVENT_TYPE u32 (enum gpuos_event_type), GPUOS_A_EVENT_SEQ u64,
+ *     GPUOS_A_EVENT_TIME_NS u64 (CLOCK_MONOTONIC), then by type:
+ *       FAULT, CLIENT_ISOLATED:  GPUOS_A_FAULT nested { GPUOS_A_CLIENT_PID,
+ *           GPUOS_A_CLIENT_CGROUP, GPUOS_A_AS_ID, GPUOS_A_FAULT_VEID u32,
+ *           GPUOS_A_FAULT_ADDR u64, GPUOS_A_FAULT_ACCESS u32,
+ *           GPUOS_A_FAULT_TYPE u32, GPUOS_A_FAULT_GPU u32,
+ *           GPUOS_A_DECISION u32 (enum gpuos_decision) }
+ *       MIGRATION_DONE:  GPUOS_A_BATCH_ID, GPUOS_A_AS_ID, GPUOS_A_RANGES
+ *           nested { GPUOS_A_RANGE nested { GPUOS_A_RANGE_STATUS s32 } ... }
+ *           (one per range, in the order submitted; 0 or a negative errno)
+ *       DRIVER_REGISTERED, DRIVER_UNREGISTERED:  GPUOS_A_DRIVER_NAME
+ *       POLICY_SET, POLICY_DELETED:  GPUOS_A_POLICY nested { client, policy }
+ *     Every event takes the next sequence number, sent or not: a listener
+ *     that sees a gap has missed events (its socket overflowed, or it
+ *     subscribed late); GPUOS_CTR_EVENTS_UNSENT counts events no one received.
+ *
+ * ========================================================================
+ * Character device /dev/gpuos (mode 0666; ioctls check privileges)
+ * ========================================================================
+ *
+ *   GPUOS_IOC_ABI_VERSION   _IOR('G', 0x00, __u32): writes GPUOS_ABI_VERSION.
+ *                           Anyone.
+ *   GPUOS_IOC_SUBMIT        _IOWR('G', 0x01, struct gpuos_batch): submits a
+ *                           batch of ranges.  CAP_SYS_ADMIN, else EPERM.
+ *     struct gpuos_batch:
+ *       size        in   sizeof(struct gpuos_batch); anything else: EINVAL
+ *       op          in   enum gpuos_op
+ *       as_id       in   address space, as the driver names it
+ *       nr_ranges   in   1..GPUOS_MAX_RANGES, else EINVAL (E2BIG above the max)
+ *       flags       in   must be 0
+ *       ranges      in   user pointer to nr_ranges struct gpuos_range; EFAULT
+ *                        if unreadable
+ *       batch_id    out  the batch's id, as in GPUOS_EVENT_MIGRATION_DONE
+ *     struct gpuos_range (32 bytes; every field checked, EINVAL on any error):
+ *       base        in   page-aligned (4096), base + len must not overflow
+ *       len         in   > 0, page-aligned
+ *       dest        in   GPUOS_DEST_CPU (0) or GPUOS_DEST_GPU(i) = i + 1,
+ *                        i < GPUOS_MAX_GPUS
+ *       prio        in   0..GPUOS_MAX_PRIO (0 most urgent)
+ *       flags       in   GPUOS_OP_MIGRATE: 0; GPUOS_OP_HINT: exactly one of
+ *                        GPUOS_RANGE_EVICT_FIRST, GPUOS_RANGE_EVICT_LAST
+ *       status      out  0 when accepted; the driver's result arrives in
+ *                        GPUOS_EVENT_MIGRATION_DONE
+ *     ENODEV without a registered driver; EOPNOTSUPP if it lacks the op.
+ *
+ * ========================================================================
+ * Limits
+ * ========================================================================
+ *   GPUOS_MAX_RANGES    ranges per batch
+ *   GPUOS_MAX_POLICIES  policies at once
+ *   GPUOS_MAX_GPUS      GPU indices a destination may name
+ */
+#ifndef _UAPI_LINUX_GPUOS_H
+#define _UAPI_LINUX_GPUOS_H
+
+#include <linux/types.h>
+#include <linux/ioctl.h>
+
+#define GPUOS_GENL_NAME		"gpuos"
+#define GPUOS_GENL_VERSION	1
+#define GPUOS_MCGRP_EVENTS	"events"
+#define GPUOS_ABI_VERSION	1
+
+#define GPUOS_MAX_RANGES	4096
+#define GPUOS_MAX_POLICIES	4096
+#define GPUOS_MAX_GPUS		32
+#define GPUOS_MAX_PRIO		7
+#define GPUOS_PAGE_SIZE		4096
+
+enum gpuos_cmd {
+	GPUOS_CMD_UNSPEC,
+	GPUOS_CMD_GET_INFO,
+	GPUOS_CMD_SET_POLICY,
+	GPUOS_CMD_GET_POLICY,
+	GPUOS_CMD_DEL_POLICY,
+	GPUOS_CMD_LIST_POLICIES,
+	GPUOS_CMD_MIGRATE,
+	GPUOS_CMD_EVENT,
+	__GPUOS_CMD_MAX,
+};
+#define GPUOS_CMD_MAX (__GPUOS_CMD_MAX - 1)
+
+enum gpuos_attr {
+	GPUOS_A_UNSPEC,
+	GPUOS_A_PAD,			/* alignment padding for u64 attributes */
+	GPUOS_A_GENL_VERSION,		/* u32 */
+	GPUOS_A_ABI_VERSION,		/* u32 */
+	GPUOS_A_MODULE_VERSION,		/* string, < 32 bytes */
+	GPUOS_A_DRIVER_NAME,		/* string, < 32 bytes */
+	GPUOS_A_DRIVER_CAPS,		/* u32, enum gpuos_driver_caps bits */
+	GPUOS_A_COUNTERS,		/* nested: GPUOS_CTR_* u64 */
+	GPUOS_A_CLIENT_PID,		/* u32, > 0 */
+	GPUOS_A_CLIENT_CGROUP,		/* u64, cgroup v2 id, > 0 */
+	GPUOS_A_FAULT_POLICY,		/* u32, enum gpuos_fault_policy */
+	GPUOS_A_POLICY,			/* nested: client + GPUOS_A_FAULT_POLICY */
+	GPUOS_A_AS_ID,			/* u64 */
+	GPUOS_A_OP,			/* u32, enum gpuos_op */
+	GPUOS_A_RANGES,			/* nested: GPUOS_A_RANGE ... */
+	GPUOS_A_RANGE,			/* nested: GPUOS_A_RANGE_* */
+	GPUOS_A_RANGE_BASE,		/* u64 */
+	GPUOS_A_RANGE_LEN,		/* u64 */
+	GPUOS_A_RANGE_DEST,		/* u32 */
+	GPUOS_A_RANGE_PRIO,		/* u32 */
+	GPUOS_A_RANGE_FLAGS,		/* u32 */
+	GPUOS_A_RANGE_STATUS,		/* s32 */
+	GPUOS_A_BATCH_ID,		/* u64 */
+	GPUOS_A_EVENT_TYPE,		/* u32, enum gpuos_event_type */
+	GPUOS_A_EVENT_SEQ,		/* u64 */
+	GPUOS_A_EVENT_TIME_NS,		/* u64 */
+	GPUOS_A_FAULT,			/* nested: GPUOS_A_FAULT_*, client, decision */
+	GPUOS_A_FAULT_VEID,		/* u32 */
+	GPUOS_A_FAULT_ADDR,		/* u64 */
+	GPUOS_A_FAULT_ACCESS,		/* u32, enum gpuos_fault_access */
+	GPUOS_A_FAULT_TYPE,		/* u32, enum gpuos_fault_type */
+	GPUOS_A_FAULT_GPU,		/* u32, GPU index */
+	GPUOS_A_DECISION,		/* u32, enum gpuos_decision */
+	__GPUOS_A_MAX,
+};
+#define GPUOS_A_MAX (__GPUOS_A_MAX - 1)
+
+/* Counters in GPUOS_A_COUNTERS (all u64, since the module was loaded). */
+enum gpuos_counter {
+	GPUOS_CTR_UNSPEC,
+	GPUOS_CTR_PAD,
+	GPUOS_CTR_FAULTS,		/* fault reports from the driver */
+	GPUOS_CTR_DECISIONS_DEFAULT,	/* ... answered "driver's default" */
+	GPUOS_CTR_DECISIONS_ISOLATE,	/* ... answered "isolate the client" */
+	GPUOS_CTR_DECISIONS_KILL,	/* ... answered "kill the client" */
+	GPUOS_CTR_BATCHES,		/* batches handed to the driver */
+	GPUOS_CTR_RANGES,		/* ranges in those batches */
+	GPUOS_CTR_BATCHES_DONE,		/* batches the driver completed */
+	GPUOS_CTR_REJECTED,		/* requests refused for bad input */
+	GPUOS_CTR_EVENTS,		/* events generated */
+	GPUOS_CTR_EVENTS_UNSENT,	/* events no listener received */
+	GPUOS_CTR_POLICIES,		/* policies now set */
+	GPUOS_CTR_OBJECTS,		/* live allocations of the module (leak check) */
+	__GPUOS_CTR_MAX,
+};
+#define GPUOS_CTR_MAX (__GPUOS_CTR_MAX - 1)
+
+enum gpuos_fault_policy {
+	GPUOS_FAULT_DEFAULT = 0,	/* the driver does what it always did */
+	GPUOS_FAULT_ISOLATE = 1,	/* stop only the faulting client; others go on */
+	GPUOS_FAULT_KILL_CLIENT = 2,	/* isolate, then kill the client process */
+	__GPUOS_FAULT_POLICY_MAX,
+};
+
+enum gpuos_decision {
+	GPUOS_DECISION_DEFAULT = 0,
+	GPUOS_DECISION_ISOLATE = 1,
+	GPUOS_DECISION_KILL_CLIENT = 2,
+};
+
+enum gpuos_fault_access {
+	GPUOS_ACCESS_READ = 0,
+	GPUOS_ACCESS_WRITE = 1,
+	GPUOS_ACCESS_ATOMIC = 2,
+	GPUOS_ACCESS_PREFETCH = 3,
+	__GPUOS_ACCESS_MAX,
+};
+
+enum gpuos_fault_type {
+	GPUOS_FAULT_TYPE_INVALID_PDE = 0,	/* no mapping (the fatal kind) */
+	GPUOS_FAULT_TYPE_INVALID_PTE = 1,
+	GPUOS_FAULT_TYPE_WRITE = 2,		/* write to read-only */
+	GPUOS_FAULT_TYPE_ATOMIC = 3,
+	GPUOS_FAULT_TYPE_OTHER = 4,
+	__GPUOS_FAULT_TYPE_MAX,
+};
+
+enum gpuos_op {
+	GPUOS_OP_MIGRATE = 0,		/* move ranges to dest, by priority */
+	GPUOS_OP_HINT = 1,		/* move ranges on the eviction list */
+	__GPUOS_OP_MAX,
+};
+
+enum gpuos_event_type {
+	GPUOS_EVENT_FAULT = 1,
+	GPUOS_EVENT_CLIENT_ISOLATED = 2,
+	GPUOS_EVENT_MIGRATION_DONE = 3,
+	GPUOS_EVENT_DRIVER_REGISTERED = 4,
+	GPUOS_EVENT_DRIVER_UNREGISTERED = 5,
+	GPUOS_EVENT_POLICY_SET = 6,
+	GPUOS_EVENT_POLICY_DELETED = 7,
+	__GPUOS_EVENT_MAX,
+};
+
+enum gpuos_driver_caps {
+	GPUOS_CAP_FAULT_REPORTS = 1 << 0,	/* reports faults, obeys decisions */
+	GPUOS_CAP_MIGRATE = 1 << 1,		/* GPUOS_OP_MIGRATE */
+	GPUOS_CAP_HINT = 1 << 2,		/* GPUOS_OP_HINT */
+	GPUOS_CAP_STOP_CLIENT = 1 << 3,		/* can stop one client */
+};
+
+#define GPUOS_DEST_CPU		0
+#define GPUOS_DEST_GPU(i)	((i) + 1)
+#define GPUOS_RANGE_EVICT_FIRST	(1U << 0)	/* GPUOS_OP_HINT: head of the eviction list */
+#define GPUOS_RANGE_EVICT_LAST	(1U << 1)	/* GPUOS_OP_HINT: tail of the eviction list */
+
+struct gpuos_range {
+	__u64 base;
+	__u64 len;
+	__u32 dest;
+	__u32 prio;
+	__u32 flags;
+	__s32 status;
+};
+
+struct gpuos_batch {
+	__u32 size;
+	__u32 op;
+	__u64 as_id;
+	__u32 nr_ranges;
+	__u32 flags;
+	__u64 ranges;		/* user pointer to struct gpuos_range[nr_ranges] */
+	__u64 batch_id;
+};
+
+#define GPUOS_IOC_MAGIC		'G'
+#define GPUOS_IOC_ABI_VERSION	_IOR(GPUOS_IOC_MAGIC, 0x00, __u32)
+#define GPUOS_IOC_SUBMIT	_IOWR(GPUOS_IOC_MAGIC, 0x01, struct gpuos_batch)
+
+#endif /* _UAPI_LINUX_GPUOS_H */
