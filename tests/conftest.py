@@ -1,4 +1,4 @@
-"""Fixtures for the host tests; fakes live in fakes.py, helpers in helpers.py."""
+"""Fixtures for the host tests; fakes in fakes.py, helpers in helpers.py, tests/vm in vmproxy.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpuos.errors import CriuUnavailable
 from gpuos.store import ImageStore
 
 from helpers import Processes
+from vmproxy import pytest_collection_modifyitems, pytest_pycollect_makemodule  # noqa: F401  (tests/vm)
 
 
 @pytest.fixture

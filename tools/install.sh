@@ -12,7 +12,9 @@
 #   --prefix DIR  where CRIU goes (default /opt/gpuos)
 #   --dev         instead of the gpuos wheel, install this checkout editable with the test
 #                 extras: python3 -m pip install -e '.[test]' (python3 must not be externally
-#                 managed: use a pyenv or an activated venv)
+#                 managed: use a pyenv or an activated venv); on Debian also the VM that runs
+#                 the kernel-facing tests (docs/vm-testing.md): QEMU, the Debian kernel's
+#                 headers and what builds the guest, with apt, then tools/vmtest/vmtest.py prepare
 #   --force       with --dev: refetch and reinstall CRIU even if PREFIX/bin/criu already works
 #                 (without --force, --dev keeps a working one)
 set -euo pipefail
@@ -68,4 +70,21 @@ fi
 if [ "$dev" = 1 ]; then
   PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e "${repo}[test]"
   echo "install.sh: installed $repo editable (with test extras) for $(python3 -c 'import sys; print(sys.executable)')"
+fi
+
+# The VM for tests/vm: linux-headers-amd64 names the guest's kernel (not the host's).
+vm_debs=(qemu-system-x86 linux-headers-amd64 busybox-static mmdebstrap cpio kmod gcc make libc6-dev)
+if [ "$dev" = 1 ] && ! grep -qx 'ID=debian' /etc/os-release; then
+  echo "install.sh: not Debian, so no VM for the kernel tests (GPUOS_SKIP_VM=1 skips them)"
+elif [ "$dev" = 1 ]; then
+  missing=()
+  for p in "${vm_debs[@]}"; do
+    dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; run as root or install them"
+    echo "install.sh: apt-get install ${missing[*]}"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+  "$here/vmtest/vmtest.py" prepare
 fi

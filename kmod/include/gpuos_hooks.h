@@ -9,14 +9,19 @@
  * from wherever it completes migrations.
  *
  *   gpuos_register_driver(ops)    0, -EBUSY if another driver is registered,
- *                                 -EINVAL if ops lacks a name.  The driver
- *                                 must unregister before it unloads (in its
- *                                 module exit at the latest).
+ *                                 -EINVAL if ops lacks a name (1..31 bytes)
+ *                                 or claims GPUOS_CAP_MIGRATE/HINT without
+ *                                 submit.  The driver must unregister before
+ *                                 it unloads (in its module exit at the
+ *                                 latest).  Process context.
  *   gpuos_unregister_driver(ops)  returns only when no gpuos call into ops is
  *                                 still running (SRCU), so the caller may
  *                                 then free ops or unload.  Batches the driver
  *                                 had not completed are completed with
- *                                 -ENODEV.
+ *                                 -ENODEV (their MIGRATION_DONE events are
+ *                                 out when it returns); the driver must not
+ *                                 touch their ranges any more.  Process
+ *                                 context; never from inside an op.
  *   gpuos_report_fault(report)    a fault the driver cannot service (no valid
  *                                 mapping): gpuos looks up the client's
  *                                 policy (pid, then its cgroup and ancestors),
@@ -24,12 +29,23 @@
  *                                 the decision (enum gpuos_decision).  With
  *                                 KILL_CLIENT gpuos also stops the client
  *                                 (ops->stop_client, else SIGKILL) from a work
- *                                 item.  Never sleeps; safe in atomic context.
+ *                                 item (if stop_client fails, SIGKILL; never
+ *                                 to init or a kernel thread).  pid is in the
+ *                                 initial pid namespace.  A malformed report
+ *                                 (access, type unknown, gpu >=
+ *                                 GPUOS_MAX_GPUS) is counted as rejected and
+ *                                 answered DEFAULT.  Never sleeps; safe in
+ *                                 atomic context (with interrupts disabled
+ *                                 its events are counted unsent, not sent:
+ *                                 netlink delivery needs them enabled).
  *   gpuos_batch_done(id, status, nr)
  *                                 the driver finished batch `id`; status[i] is
- *                                 range i's result (0 or -errno).  Unknown
- *                                 ids and a wrong nr are ignored (counted as
- *                                 rejected).
+ *                                 range i's result (0 or -errno; anything
+ *                                 else is reported as -EIO).  Unknown ids
+ *                                 and a wrong nr are ignored (counted as
+ *                                 rejected; the batch stays pending).  Any
+ *                                 context, also from inside ops->submit; it
+ *                                 copies the statuses and returns.
  *
  * Without a registered driver every migration request fails with -ENODEV and
  * the rest of gpuos (policies, events, info) still works.
@@ -59,16 +75,23 @@ struct gpuos_batch_req {
 	u64 as_id;
 	u32 op;			/* enum gpuos_op */
 	u32 nr_ranges;
-	const struct gpuos_range *ranges;	/* valid until gpuos_batch_done */
+	const struct gpuos_range *ranges;	/* valid until gpuos_batch_done, or
+						 * until unregistering returns */
 };
 
 struct gpuos_driver_ops {
 	const char *name;	/* < 32 bytes */
 	struct module *owner;
 	u32 caps;		/* enum gpuos_driver_caps */
-	/* Start a batch; 0 if accepted (complete it later with gpuos_batch_done). */
+	/*
+	 * Start a batch; 0 if accepted (complete it later with gpuos_batch_done,
+	 * possibly before returning), else -errno (the batch is then dropped).
+	 */
 	int (*submit)(const struct gpuos_batch_req *req);
-	/* Stop one client after a KILL_CLIENT decision; may be NULL. */
+	/*
+	 * Stop one client after a KILL_CLIENT decision (with GPUOS_CAP_STOP_CLIENT;
+	 * may be NULL); 0 if stopped, else gpuos sends SIGKILL instead.
+	 */
 	int (*stop_client)(u64 as_id, u32 pid);
 };
 

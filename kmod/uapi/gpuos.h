@@ -20,9 +20,16 @@
  * ========================================================================
  *
  * Every attribute lives in one space, enum gpuos_attr; nested attributes
- * (GPUOS_A_COUNTERS, GPUOS_A_POLICY, GPUOS_A_RANGES, GPUOS_A_RANGE,
- * GPUOS_A_FAULT) contain attributes of that same space.  Unknown attributes
- * are rejected (strict validation); every length is checked by the policy.
+ * (GPUOS_A_POLICY, GPUOS_A_RANGES, GPUOS_A_RANGE, GPUOS_A_FAULT) contain
+ * attributes of that same space.  The one exception is GPUOS_A_COUNTERS
+ * (replies only): its attribute types are enum gpuos_counter, padded with
+ * GPUOS_CTR_PAD.  Unknown attributes are rejected (strict validation: nested
+ * attributes must carry NLA_F_NESTED, genlmsghdr.reserved must be 0, and a
+ * command that takes no attributes rejects any); every length is checked by
+ * the policy.  Values outside the range an attribute's policy declares (the
+ * bounds below; CTRL_CMD_GETPOLICY shows them) are refused by the netlink
+ * core with ERANGE, a flags attribute with unknown bits with EINVAL, before
+ * gpuos sees the request; the extended ack names the attribute.
  *
  * Commands.  "admin" means the caller needs CAP_NET_ADMIN in the initial user
  * namespace (GENL_ADMIN_PERM); others fail with EPERM.
@@ -42,6 +49,10 @@
  *               GPUOS_A_FAULT_POLICY u32 (enum gpuos_fault_policy).
  *     Replaces the client's policy.  At most GPUOS_MAX_POLICIES policies
  *     (ENOSPC past that).  Emits GPUOS_EVENT_POLICY_SET.
+ *     Pids are those of the initial pid namespace.  A pid policy set while
+ *     that process exists applies to it alone: once it has exited, the
+ *     policy no longer matches a new process that reuses the number (it
+ *     stays listed until deleted).  Cgroups need not exist yet.
  *
  *   GPUOS_CMD_GET_POLICY (doit; anyone)
  *     request:  one client as above.
@@ -57,7 +68,9 @@
  *   GPUOS_CMD_MIGRATE (doit; admin)
  *     request:  GPUOS_A_AS_ID u64 (the address space, as the driver names it),
  *               GPUOS_A_OP u32 (enum gpuos_op),
- *               GPUOS_A_RANGES nested, containing 1..GPUOS_MAX_RANGES
+ *               GPUOS_A_RANGES nested, containing 1..GPUOS_MAX_NL_RANGES
+ *               (E2BIG above; a netlink attribute is at most 64 KiB, too
+ *               small for GPUOS_MAX_RANGES ranges: use the ioctl for more)
  *               GPUOS_A_RANGE nested { GPUOS_A_RANGE_BASE u64,
  *               GPUOS_A_RANGE_LEN u64, GPUOS_A_RANGE_DEST u32,
  *               GPUOS_A_RANGE_PRIO u32, GPUOS_A_RANGE_FLAGS u32 (optional, 0) }.
@@ -65,24 +78,31 @@
  *     reply:    GPUOS_A_BATCH_ID u64.  The driver completes the batch later:
  *               GPUOS_EVENT_MIGRATION_DONE carries the per-range status.
  *     ENODEV without a registered driver, EOPNOTSUPP if the driver lacks the
- *     operation, EINVAL for a malformed batch.
+ *     operation, EINVAL (or ERANGE, see above) for a malformed batch (checked
+ *     first, with or without a driver), EAGAIN while GPUOS_MAX_PENDING
+ *     batches await the driver.  The MIGRATION_DONE event can arrive before
+ *     the reply (a driver may complete a batch at once): subscribe first.
  *
  *   GPUOS_CMD_EVENT (multicast only, group "events")
  *     GPUOS_A_EVENT_TYPE u32 (enum gpuos_event_type), GPUOS_A_EVENT_SEQ u64,
  *     GPUOS_A_EVENT_TIME_NS u64 (CLOCK_MONOTONIC), then by type:
  *       FAULT, CLIENT_ISOLATED:  GPUOS_A_FAULT nested { GPUOS_A_CLIENT_PID,
- *           GPUOS_A_CLIENT_CGROUP, GPUOS_A_AS_ID, GPUOS_A_FAULT_VEID u32,
+ *           GPUOS_A_CLIENT_CGROUP (the process's own cgroup; absent when
+ *           the pid names no live process), GPUOS_A_AS_ID,
+ *           GPUOS_A_FAULT_VEID u32,
  *           GPUOS_A_FAULT_ADDR u64, GPUOS_A_FAULT_ACCESS u32,
  *           GPUOS_A_FAULT_TYPE u32, GPUOS_A_FAULT_GPU u32,
  *           GPUOS_A_DECISION u32 (enum gpuos_decision) }
  *       MIGRATION_DONE:  GPUOS_A_BATCH_ID, GPUOS_A_AS_ID, GPUOS_A_RANGES
  *           nested { GPUOS_A_RANGE nested { GPUOS_A_RANGE_STATUS s32 } ... }
- *           (one per range, in the order submitted; 0 or a negative errno)
+ *           (one per range, in the order submitted; 0 or a negative errno;
+ *           -ENODEV for every range when the driver unregistered first)
  *       DRIVER_REGISTERED, DRIVER_UNREGISTERED:  GPUOS_A_DRIVER_NAME
  *       POLICY_SET, POLICY_DELETED:  GPUOS_A_POLICY nested { client, policy }
  *     Every event takes the next sequence number, sent or not: a listener
  *     that sees a gap has missed events (its socket overflowed, or it
  *     subscribed late); GPUOS_CTR_EVENTS_UNSENT counts events no one received.
+ *     Events reach a listener in sequence order.  Anyone may subscribe.
  *
  * ========================================================================
  * Character device /dev/gpuos (mode 0666; ioctls check privileges)
@@ -111,12 +131,19 @@
  *                        GPUOS_RANGE_EVICT_FIRST, GPUOS_RANGE_EVICT_LAST
  *       status      out  0 when accepted; the driver's result arrives in
  *                        GPUOS_EVENT_MIGRATION_DONE
- *     ENODEV without a registered driver; EOPNOTSUPP if it lacks the op.
+ *     ENODEV without a registered driver; EOPNOTSUPP if it lacks the op;
+ *     EAGAIN while GPUOS_MAX_PENDING batches await the driver.  Checked in
+ *     this order: EPERM, then the struct (EFAULT, EINVAL, E2BIG), then the
+ *     ranges (EFAULT; EINVAL with each range's status set to 0 or -EINVAL
+ *     and copied back), then ENODEV, EOPNOTSUPP, EAGAIN.  Other ioctls:
+ *     ENOTTY.
  *
  * ========================================================================
  * Limits
  * ========================================================================
- *   GPUOS_MAX_RANGES    ranges per batch
+ *   GPUOS_MAX_RANGES    ranges per batch (ioctl)
+ *   GPUOS_MAX_NL_RANGES ranges per GPUOS_CMD_MIGRATE (netlink)
+ *   GPUOS_MAX_PENDING   batches submitted and not yet completed by the driver
  *   GPUOS_MAX_POLICIES  policies at once
  *   GPUOS_MAX_GPUS      GPU indices a destination may name
  */
@@ -132,6 +159,8 @@
 #define GPUOS_ABI_VERSION	1
 
 #define GPUOS_MAX_RANGES	4096
+#define GPUOS_MAX_NL_RANGES	1024
+#define GPUOS_MAX_PENDING	1024
 #define GPUOS_MAX_POLICIES	4096
 #define GPUOS_MAX_GPUS		32
 #define GPUOS_MAX_PRIO		7
@@ -198,8 +227,12 @@ enum gpuos_counter {
 	GPUOS_CTR_DECISIONS_KILL,	/* ... answered "kill the client" */
 	GPUOS_CTR_BATCHES,		/* batches handed to the driver */
 	GPUOS_CTR_RANGES,		/* ranges in those batches */
-	GPUOS_CTR_BATCHES_DONE,		/* batches the driver completed */
-	GPUOS_CTR_REJECTED,		/* requests refused for bad input */
+	GPUOS_CTR_BATCHES_DONE,		/* batches the driver completed (not those
+					 * completed with -ENODEV at unregister) */
+	GPUOS_CTR_REJECTED,		/* requests refused for bad input (by gpuos's own
+					 * checks: messages the netlink policy refuses are
+					 * not counted), malformed fault reports, and
+					 * gpuos_batch_done calls it ignored */
 	GPUOS_CTR_EVENTS,		/* events generated */
 	GPUOS_CTR_EVENTS_UNSENT,	/* events no listener received */
 	GPUOS_CTR_POLICIES,		/* policies now set */

@@ -126,6 +126,72 @@ class ProcessLeftStopped(GpuosError):
     kind = "process-left-stopped"
 
 
+# -- gpuos.ko (userspace/gpuos/kernel) -------------------------------------------
+
+
+class KmodNotLoaded(GpuosError):
+    """gpuos.ko is not loaded: no netlink family "gpuos", no /dev/gpuos, no tracepoints."""
+
+    exit_code = 20
+    kind = "kmod-not-loaded"
+
+
+class KmodVersionMismatch(GpuosError):
+    """gpuos.ko speaks another version of its protocol (netlink family or ioctl ABI)."""
+
+    exit_code = 21
+    kind = "kmod-version-mismatch"
+
+
+class NoDriverRegistered(GpuosError):
+    """No GPU driver is registered with gpuos.ko (ENODEV)."""
+
+    exit_code = 22
+    kind = "no-driver-registered"
+
+
+class NotSupported(GpuosError):
+    """The registered GPU driver lacks the operation (EOPNOTSUPP)."""
+
+    exit_code = 23
+    kind = "not-supported"
+
+
+class InvalidRequest(GpuosError):
+    """gpuos.ko refused a malformed request (EINVAL, E2BIG, EFAULT)."""
+
+    exit_code = 24
+    kind = "invalid-request"
+
+
+class NoSuchPolicy(GpuosError):
+    """The client has no fault policy of its own (ENOENT)."""
+
+    exit_code = 25
+    kind = "no-such-policy"
+
+
+class LimitReached(GpuosError):
+    """A limit of gpuos.ko was reached: GPUOS_MAX_POLICIES (ENOSPC), GPUOS_MAX_PENDING (EAGAIN)."""
+
+    exit_code = 26
+    kind = "limit-reached"
+
+
+class BccUnavailable(GpuosError):
+    """bcc (python3-bpfcc) is not installed, so nothing can be traced."""
+
+    exit_code = 27
+    kind = "bcc-unavailable"
+
+
+class Timeout(GpuosError):
+    """Waiting ended before what was asked for arrived (e.g. `events --count N --timeout S`)."""
+
+    exit_code = 28
+    kind = "timeout"
+
+
 ALL_ERRORS: tuple[type[GpuosError], ...] = (
     GpuosError,
     NoSuchProcess,
@@ -145,4 +211,13 @@ ALL_ERRORS: tuple[type[GpuosError], ...] = (
     DemoMismatch,
     Busy,
     ProcessLeftStopped,
+    KmodNotLoaded,
+    KmodVersionMismatch,
+    NoDriverRegistered,
+    NotSupported,
+    InvalidRequest,
+    NoSuchPolicy,
+    LimitReached,
+    BccUnavailable,
+    Timeout,
 )

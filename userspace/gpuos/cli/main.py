@@ -13,8 +13,12 @@ from ..config import Paths
 from ..errors import GpuosError
 from ..restore import restore
 from ..runtime import Runtime
+from .events import events
 from .images import images
+from .kmod import kmod
 from .output import Reporter, emit_json, fail, human_bytes, json_option, table
+from .policy import policy
+from .trace import trace
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -28,6 +32,11 @@ Exit codes:
    7 GPU lock timed out               17 demo: results differ
    8 checkpoint failed, process runs  18 busy: another gpuos operation
    9 image not found                  19 process left stopped: `gpuos recover`
+  20 gpuos.ko not loaded              25 no such policy
+  21 gpuos.ko of another version      26 a gpuos.ko limit reached
+  22 no GPU driver in gpuos.ko        27 bcc missing (gpuos trace)
+  23 GPU driver lacks the operation   28 timed out (gpuos events)
+  24 gpuos.ko rejected the request
 """
 
 
@@ -57,7 +66,8 @@ def cli(ctx: click.Context, store: str | None, criu_path: str | None) -> None:
     Checkpoint a running GPU process to an image and restore it later, on this
     host or another with the same GPU model and driver, without any help from
     the process: GPU state through the CUDA driver's checkpoint API, the rest
-    through CRIU.
+    through CRIU. With gpuos.ko and a patched driver: fault policies that
+    keep one client's GPU fault from killing the others, events and tracing.
     """
     ctx.obj = Runtime(paths=Paths.from_env(store=store), criu_path=criu_path)
 
@@ -219,6 +229,10 @@ def demo_cmd(rt: Runtime, steps: int, keep: bool, as_json: bool) -> None:
 
 
 cli.add_command(images)
+cli.add_command(kmod)
+cli.add_command(policy)
+cli.add_command(events)
+cli.add_command(trace)
 
 
 def main() -> None:

@@ -31,9 +31,12 @@ def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> b
     return value
 
 
-def json_option(f):
-    return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
-                        help="Print one JSON object on stdout.")(f)
+def json_option(f=None, *, help: str = "Print one JSON object on stdout."):
+    """The --json flag; ``@json_option`` or ``@json_option(help=...)``."""
+    def decorate(f):
+        return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                            help=help)(f)
+    return decorate(f) if f is not None else decorate
 
 
 def emit_json(data: Any) -> None:
