@@ -14,7 +14,8 @@
 #                 extras: python3 -m pip install -e '.[test]' (python3 must not be externally
 #                 managed: use a pyenv or an activated venv); on Debian also the VM that runs
 #                 the kernel-facing tests (docs/vm-testing.md): QEMU, the Debian kernel's
-#                 headers and what builds the guest, with apt, then tools/vmtest/vmtest.py prepare
+#                 headers and what builds the guest, with apt, then tools/vmtest/vmtest.py prepare;
+#                 and NVIDIA's open kernel module source with patches/ applied (tools/nvidia-src.sh)
 #   --force       with --dev: refetch and reinstall CRIU even if PREFIX/bin/criu already works
 #                 (without --force, --dev keeps a working one)
 set -euo pipefail
@@ -87,4 +88,7 @@ elif [ "$dev" = 1 ]; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
   "$here/vmtest/vmtest.py" prepare
+  # NVIDIA's open kernel module source, pinned and patched (patches/): its presence
+  # is what makes the test suite build the patched driver (tests/unit/test_nvidia_patches.py).
+  "$here/nvidia-src.sh" >/dev/null
 fi
