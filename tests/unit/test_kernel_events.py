@@ -9,7 +9,7 @@ from collections import deque
 
 import pytest
 
-from gpuos.errors import GpuosError
+from gpuos.errors import GpuosError, KmodNotLoaded
 from gpuos.kernel.model import Event, Gap, GapDetector
 from gpuos.kernel.uapi import EventType
 
@@ -139,6 +139,34 @@ def test_stream_read_errors_are_gpuos_errors():
     sub = subscription([OSError(errno.EBADF, "Bad file descriptor")])
     try:
         with pytest.raises(GpuosError, match="reading events"):
+            sub.next(timeout=1)
+    finally:
+        sub._sock.close()
+
+
+def _ctrl_msg(cmd: int, family_id: int, name: str):
+    from pyroute2.netlink import GENL_ID_CTRL, ctrlmsg
+    msg = ctrlmsg()
+    msg["cmd"], msg["version"] = cmd, 2
+    msg["attrs"] = [["CTRL_ATTR_FAMILY_NAME", name], ["CTRL_ATTR_FAMILY_ID", family_id]]
+    msg["header"]["type"] = GENL_ID_CTRL
+    msg.encode()
+    out = ctrlmsg(msg.data)
+    out.decode()
+    return out
+
+
+def test_stream_ends_when_the_family_is_unregistered():
+    """rmmod gpuos drops the socket from the group silently: nlctrl's DELFAMILY ends the
+    stream (KmodNotLoaded) instead of a recv that never returns."""
+    from pyroute2.netlink import CTRL_CMD_DELFAMILY, CTRL_CMD_NEWFAMILY
+    other = _ctrl_msg(CTRL_CMD_DELFAMILY, FAMILY + 1, "other")  # another family: ignored
+    born = _ctrl_msg(CTRL_CMD_NEWFAMILY, FAMILY + 2, "newcomer")
+    sub = subscription([[_event_msg(1), other, born], [_ctrl_msg(CTRL_CMD_DELFAMILY, FAMILY,
+                                                                 "gpuos")]], last=0)
+    try:
+        assert sub.next(timeout=1).seq == 1
+        with pytest.raises(KmodNotLoaded, match="unloaded"):
             sub.next(timeout=1)
     finally:
         sub._sock.close()

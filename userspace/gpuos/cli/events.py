@@ -50,7 +50,8 @@ def _hex(key: str, value: object) -> object:
 def events(count: int | None, timeout: float | None, as_json: bool) -> None:
     """Print gpuos.ko's events as they happen, one per line.
 
-    Runs until Ctrl-C, --count or --timeout.
+    Runs until Ctrl-C, --count or --timeout; exits 20 if gpuos.ko is unloaded
+    meanwhile.
 
     \b
     Each line: SEQ TIME TYPE then key=value pairs, TIME being CLOCK_MONOTONIC

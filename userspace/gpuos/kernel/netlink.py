@@ -25,8 +25,9 @@ import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Sequence
 
-from pyroute2.netlink import (CTRL_CMD_GETFAMILY, GENL_ID_CTRL, NLA_F_NESTED, NLM_F_ACK,
-                              NLM_F_DUMP, NLM_F_REQUEST, ctrlmsg, genlmsg, nla)
+from pyroute2.netlink import (CTRL_CMD_DELFAMILY, CTRL_CMD_DELMCAST_GRP, CTRL_CMD_GETFAMILY,
+                              GENL_ID_CTRL, NETLINK_ADD_MEMBERSHIP, NLA_F_NESTED, NLM_F_ACK,
+                              NLM_F_DUMP, NLM_F_REQUEST, SOL_NETLINK, ctrlmsg, genlmsg, nla)
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
@@ -412,7 +413,13 @@ class EventSubscription:
     """A socket joined to the multicast group "events"; a context manager and an iterator.
 
     ``next(timeout)`` returns the next Event (its ``gap`` set when events were
-    missed just before it) or None on timeout.  Iterating yields events forever.
+    missed just before it) or None on timeout.  Iterating yields events until
+    gpuos.ko is unloaded.
+
+    Unloading the module drops the socket from the group without a word (the
+    kernel neither closes nor wakes it), so the subscription also listens to
+    nlctrl's "notify" group: when the family goes away, ``next`` raises
+    KmodNotLoaded instead of waiting forever.
     """
 
     def __init__(self) -> None:
@@ -423,6 +430,9 @@ class EventSubscription:
                 raise KmodVersionMismatch(f'gpuos.ko has no multicast group "{MCGRP_EVENTS}" '
                                           f'(another version of the module?)')
             self._sock.add_membership(MCGRP_EVENTS)
+            # nlctrl's "notify" group (its id is GENL_ID_CTRL): CTRL_CMD_DELFAMILY says the
+            # family, and with it this subscription, is gone.  Anyone may join it.
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, GENL_ID_CTRL)
         except BaseException:
             self._sock.close()
             raise
@@ -458,6 +468,11 @@ class EventSubscription:
         while True:
             while self._pending:
                 msg = self._pending.popleft()
+                if msg["header"]["type"] == GENL_ID_CTRL:
+                    if msg.get("cmd") in (CTRL_CMD_DELFAMILY, CTRL_CMD_DELMCAST_GRP) and \
+                            msg.get_attr("CTRL_ATTR_FAMILY_ID") == family:
+                        raise KmodNotLoaded("gpuos.ko was unloaded: no more events")
+                    continue  # another family's news
                 if msg["header"]["type"] != family:
                     continue
                 err = msg["header"].get("error")

@@ -1,0 +1,169 @@
+"""The whole fault path: policies set with the CLI, faults injected through the test
+driver, the decisions, the events (a subscriber and `gpuos events` as a user runs it),
+the counters (`gpuos kmod info`), and KILL_CLIENT with and without STOP_CLIENT."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+import vmlib
+from vmlib import gpuos_cli, inject, wait_subscribed
+from gpuos.kernel.model import Client, Policy
+from gpuos.kernel.uapi import (Decision, DriverCaps, EventType, FaultAccess, FaultPolicy,
+                               FaultType)
+
+pytestmark = pytest.mark.vm
+
+
+def own_cgroup(pid: int) -> int:
+    """The id of a process's cgroup v2 (its directory's inode)."""
+    path = open(f"/proc/{pid}/cgroup").read().strip().split("::", 1)[1]
+    return os.stat(vmlib.CGROUP2 / path.lstrip("/")).st_ino
+
+
+def collect(sub, n, timeout=20):
+    out = []
+    for _ in range(n):
+        ev = sub.next(timeout=timeout)
+        assert ev is not None, f"{len(out)} of {n} events: {[e.to_json() for e in out]}"
+        assert ev.gap is None, ev.gap
+        out.append(ev)
+    return out
+
+
+def test_fault_path_with_pid_and_cgroup_policies(testdrv, nl, sleepers, cgroups):
+    p, q, r = sleepers(), sleepers(), sleepers()  # p: pid policy; q: its cgroup's; r: none
+    cg = cgroups()
+    cg.add(q.pid)
+    faults = [  # (process, veid, as_id, addr, access, type, gpu), expected decision
+        ((p, 0, 0xA1, 0x7F0000001000, FaultAccess.READ, FaultType.INVALID_PDE, 0), 1),
+        ((q, 3, 0xB2, 0x2000, FaultAccess.ATOMIC, FaultType.INVALID_PTE, 5), 1),
+        ((r, 1, 0xC3, 0x3000, FaultAccess.WRITE, FaultType.WRITE, 31), 0),
+        ((p, 2, 0xA1, 0x4000, FaultAccess.PREFETCH, FaultType.OTHER, 1), 1),
+        ((q, 0, 0xB2, 0x5000, FaultAccess.WRITE, FaultType.ATOMIC, 2), 1),
+    ]
+    n_events = 2 + sum(2 if d else 1 for _, d in faults)  # POLICY_SETs, FAULT (+ ISOLATED)
+    before = nl.get_info()
+    # `gpuos events` as a user runs it, listening before anything happens
+    listener = gpuos_cli("events", "--json", "--count", str(n_events), "--timeout", "90",
+                         popen=True)
+    try:
+        with nl.subscribe() as sub:
+            wait_subscribed(listener, nl.mcast_groups["events"])
+            # the pid's policy as a user sets it; the cgroup's with the client (a second
+            # CLI would only cost time)
+            setter = gpuos_cli("policy", "set", "--pid", str(p.pid), "isolate")
+            assert setter.returncode == 0, setter
+            assert setter.stdout.strip() == f"pid {p.pid}: isolate"
+            nl.set_policy(Client(cgroup=cg.id), FaultPolicy.ISOLATE)
+            assert nl.get_policy(Client(pid=p.pid)).policy == FaultPolicy.ISOLATE
+            assert nl.get_policy(Client(cgroup=cg.id)).policy == FaultPolicy.ISOLATE
+            for (proc, *rest), want in faults:
+                assert inject(proc.pid, *rest) == want  # last_decision
+                assert int(vmlib.dbg_read("last_decision")) == want
+            info_cli = gpuos_cli("kmod", "info", "--json", popen=True)
+            evs = collect(sub, n_events)
+        out, err = listener.communicate(timeout=90)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+    assert listener.returncode == 0, (listener.returncode, out, err)
+    assert err == ""  # no "missed N events"
+    # the subscriber: consecutive numbers from the last one before, in order
+    assert [e.seq for e in evs] == list(range(before.event_seq + 1, before.event_seq + 1 + n_events))
+    sets, rest = evs[:2], evs[2:]
+    assert [(e.type, e.policy) for e in sets] == [
+        (EventType.POLICY_SET, Policy(Client(pid=p.pid), FaultPolicy.ISOLATE)),
+        (EventType.POLICY_SET, Policy(Client(cgroup=cg.id), FaultPolicy.ISOLATE))]
+    i = 0
+    for (proc, veid, as_id, addr, access, ftype, gpu), want in faults:
+        types = [EventType.FAULT] + ([EventType.CLIENT_ISOLATED] if want else [])
+        for t in types:
+            ev = rest[i]
+            i += 1
+            f = ev.fault
+            assert ev.type == t, ev
+            assert (f.pid, f.veid, f.as_id, f.addr, f.access, f.type, f.gpu) == \
+                (proc.pid, veid, as_id, addr, access, ftype, gpu), f
+            assert f.cgroup == own_cgroup(proc.pid)
+            assert f.decision == Decision(want)
+    assert i == len(rest)
+    assert rest[2].fault.cgroup == cg.id  # q's own cgroup: the fresh one
+    # the CLI printed the same events, as JSON lines
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines == [e.to_json() for e in evs]
+    # the counters moved, as `gpuos kmod info --json` shows them
+    out, err = info_cli.communicate(timeout=60)
+    assert info_cli.returncode == 0, err
+    info = json.loads(out)
+    assert info["ok"] and info["driver"]["name"] == "gpuos-testdrv"
+    d = {k: v - before.counters[k] for k, v in info["counters"].items()}
+    assert d["faults"] == 5 and d["decisions_isolate"] == 4 and d["decisions_default"] == 1
+    assert d["decisions_kill"] == 0 and d["rejected"] == 0
+    assert d["policies"] == 2 and d["objects"] == 2
+    assert d["events"] == n_events and d["events_unsent"] == 0
+    assert info["event_seq"] == before.event_seq + n_events
+
+
+def test_malformed_fault_reports_get_default(testdrv, nl, sleepers):
+    p = sleepers()
+    nl.set_policy(Client(pid=p.pid), FaultPolicy.KILL_CLIENT)
+    before = nl.get_info()
+    for kw in ({"access": 4}, {"ftype": 5}, {"gpu": 32}, {"access": 0xFFFFFFFF}):
+        assert inject(p.pid, **kw) == Decision.DEFAULT, kw
+    after = nl.get_info()
+    assert after.counters["rejected"] - before.counters["rejected"] == 4
+    assert after.counters["faults"] == before.counters["faults"]
+    assert after.event_seq == before.event_seq  # no events either
+    assert p.alive()
+    for text in ("1 2 3", "1 2 3 4 5 6 7 8", "x 0 0 0 0 0 0", ""):
+        assert vmlib.dbg_write("inject_fault", text) != 0, text
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_kill_client_with_stop_client_cap_stops_it(testdrv, nl, sleepers):
+    p = sleepers()
+    nl.set_policy(Client(pid=p.pid), FaultPolicy.KILL_CLIENT)
+    before = nl.get_info().counters
+    with nl.subscribe() as sub:
+        assert inject(p.pid, as_id=0x99) == Decision.KILL_CLIENT
+        fault, isolated = collect(sub, 2)
+    assert (fault.type, isolated.type) == (EventType.FAULT, EventType.CLIENT_ISOLATED)
+    assert fault.fault.decision == isolated.fault.decision == Decision.KILL_CLIENT
+    assert wait_for(lambda: (0x99, p.pid) in vmlib.stopped()), vmlib.dbg_read("stopped")
+    time.sleep(0.5)
+    assert p.alive()  # the driver stopped it: no signal
+    after = nl.get_info().counters
+    assert after["decisions_kill"] - before["decisions_kill"] == 1
+    assert wait_for(lambda: nl.get_info().counters["objects"] == 1)  # the policy; the work item is freed
+
+
+def test_kill_client_without_stop_client_cap_is_sigkill(gpuos, nl, sleepers, cgroups):
+    gpuos.load_testdrv(caps=int(DriverCaps.FAULT_REPORTS | DriverCaps.MIGRATE |
+                                DriverCaps.HINT))
+    stopped_before = vmlib.stopped()
+    p = sleepers()
+    nl.set_policy(Client(pid=p.pid), FaultPolicy.KILL_CLIENT)
+    assert inject(p.pid) == Decision.KILL_CLIENT
+    assert p.proc.wait(timeout=10) == -9  # SIGKILL
+    # a cgroup's KILL_CLIENT reaches its member the same way
+    q = sleepers()
+    cg = cgroups()
+    cg.add(q.pid)
+    nl.set_policy(Client(cgroup=cg.id), FaultPolicy.KILL_CLIENT)
+    assert inject(q.pid, as_id=0x5) == Decision.KILL_CLIENT
+    assert q.proc.wait(timeout=10) == -9
+    assert vmlib.stopped() == stopped_before  # stop_client was never called
+    assert wait_for(lambda: nl.get_info().counters["objects"] == 2)  # two policies
