@@ -160,6 +160,65 @@ void gpuos_event_fault(u32 type, const struct gpuos_fault_report *r,
 	gpuos_ev_send(&ev);
 }
 
+void gpuos_event_fault_batch(const struct gpuos_fault_batch_report *r,
+			     u64 cgroup)
+{
+	static const int access_attr[__GPUOS_ACCESS_MAX] = {
+		[GPUOS_ACCESS_READ] = GPUOS_A_FAULT_NR_READ,
+		[GPUOS_ACCESS_WRITE] = GPUOS_A_FAULT_NR_WRITE,
+		[GPUOS_ACCESS_ATOMIC] = GPUOS_A_FAULT_NR_ATOMIC,
+		[GPUOS_ACCESS_PREFETCH] = GPUOS_A_FAULT_NR_PREFETCH,
+	};
+	struct nlattr *nest, *addrs;
+	struct gpuos_ev ev;
+	u32 i;
+
+	if (!gpuos_ev_begin(&ev, GPUOS_EVENT_FAULT_BATCH,
+			    2 * nla_total_size(0) +
+			    (7 + __GPUOS_ACCESS_MAX) * nla_total_size(sizeof(u32)) +
+			    (5 + GPUOS_FAULT_BATCH_ADDRS) *
+			    nla_total_size_64bit(sizeof(u64)), GFP_ATOMIC))
+		return;
+
+	nest = nla_nest_start(ev.skb, GPUOS_A_FAULT);
+	if (!nest ||
+	    nla_put_u32(ev.skb, GPUOS_A_CLIENT_PID, r->pid) ||
+	    (cgroup && nla_put_u64_64bit(ev.skb, GPUOS_A_CLIENT_CGROUP, cgroup,
+					 GPUOS_A_PAD)) ||
+	    nla_put_u64_64bit(ev.skb, GPUOS_A_AS_ID, r->as_id, GPUOS_A_PAD) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_GPU, r->gpu) ||
+	    nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_BATCH_ID, r->batch_id,
+			      GPUOS_A_PAD) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_NR, r->nr_faults) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_NR_INSTANCES, r->nr_instances) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_NR_FATAL, r->nr_fatal) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_NR_THROTTLED, r->nr_throttled) ||
+	    nla_put_u32(ev.skb, GPUOS_A_FAULT_NR_SKIPPED, r->nr_skipped))
+		goto cancel;
+	for (i = 0; i < __GPUOS_ACCESS_MAX; i++)
+		if (nla_put_u32(ev.skb, access_attr[i], r->nr_by_access[i]))
+			goto cancel;
+	if (nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_ADDR_MIN, r->addr_min,
+			      GPUOS_A_PAD) ||
+	    nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_ADDR_MAX, r->addr_max,
+			      GPUOS_A_PAD))
+		goto cancel;
+	addrs = nla_nest_start(ev.skb, GPUOS_A_FAULT_ADDRS);
+	if (!addrs)
+		goto cancel;
+	for (i = 0; i < r->nr_addrs; i++)
+		if (nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_ADDR, r->addrs[i],
+				      GPUOS_A_PAD))
+			goto cancel;
+	nla_nest_end(ev.skb, addrs);
+	nla_nest_end(ev.skb, nest);
+	gpuos_ev_send(&ev);
+	return;
+
+cancel:
+	gpuos_ev_cancel(&ev);
+}
+
 void gpuos_event_batch_done_prepare(struct gpuos_ev *ev,
 				    const struct gpuos_kbatch *b)
 {

@@ -10,6 +10,7 @@
 #include <linux/gfp.h>
 
 struct gpuos_fault_report;
+struct gpuos_fault_batch_report;
 struct nlattr;
 struct sk_buff;
 struct gpuos_kbatch;
@@ -21,6 +22,9 @@ struct gpuos_client;
  */
 void gpuos_event_fault(u32 type, const struct gpuos_fault_report *r,
 		       u64 cgroup, u32 decision);
+/* FAULT_BATCH, from a well-formed report; the same contexts as above. */
+void gpuos_event_fault_batch(const struct gpuos_fault_batch_report *r,
+			     u64 cgroup);
 /*
  * The rest: process context.  MIGRATION_DONE comes in two steps, so that
  * the batch can be freed between them: once a listener has the event, the

@@ -11,6 +11,7 @@
  * gpuos_report_fault() runs in the driver's fault path, possibly atomic: it
  * takes no lock that sleeps and allocates only with GFP_ATOMIC.  Killing a
  * client can sleep (stop_client), so it happens later, from a work item.
+ * gpuos_report_fault_batch() runs there too, under the same rules.
  */
 #include <linux/module.h>
 #include <linux/mutex.h>
@@ -22,6 +23,7 @@
 #include <linux/srcu.h>
 #include <linux/string.h>
 #include <linux/threads.h>
+#include <linux/kernel.h>
 #include <linux/ktime.h>
 #include <linux/workqueue.h>
 
@@ -248,6 +250,59 @@ u32 gpuos_report_fault(const struct gpuos_fault_report *r)
 	return decision;
 }
 EXPORT_SYMBOL_GPL(gpuos_report_fault);
+
+static bool gpuos_fault_batch_report_valid(const struct gpuos_fault_batch_report *r)
+{
+	u64 sum = 0;
+	u32 i;
+
+	if (!r || r->gpu >= GPUOS_MAX_GPUS ||
+	    !r->nr_faults || r->nr_faults > GPUOS_FAULT_BATCH_MAX_FAULTS ||
+	    r->nr_instances < r->nr_faults ||
+	    r->nr_instances > GPUOS_FAULT_BATCH_MAX_FAULTS ||
+	    r->nr_fatal > r->nr_faults || r->nr_throttled > r->nr_faults ||
+	    !r->nr_addrs || r->nr_addrs > GPUOS_FAULT_BATCH_ADDRS ||
+	    r->nr_addrs > r->nr_faults ||
+	    r->addr_min > r->addr_max ||
+	    !IS_ALIGNED(r->addr_min, GPUOS_PAGE_SIZE) ||
+	    !IS_ALIGNED(r->addr_max, GPUOS_PAGE_SIZE))
+		return false;
+	for (i = 0; i < ARRAY_SIZE(r->nr_by_access); i++)
+		sum += r->nr_by_access[i];
+	if (sum != r->nr_faults)
+		return false;
+	for (i = 0; i < r->nr_addrs; i++) {
+		if (r->addrs[i] < r->addr_min || r->addrs[i] > r->addr_max ||
+		    !IS_ALIGNED(r->addrs[i], GPUOS_PAGE_SIZE) ||
+		    (i && r->addrs[i] <= r->addrs[i - 1]))
+			return false;
+	}
+	return true;
+}
+
+void gpuos_report_fault_batch(const struct gpuos_fault_batch_report *r)
+{
+	struct task_struct *task = NULL;
+	u64 cgroup;
+
+	/* A report we cannot describe is dropped, not half-reported. */
+	if (!gpuos_fault_batch_report_valid(r)) {
+		gpuos_reject(0);
+		return;
+	}
+	gpuos_ctr_inc(GPUOS_CTR_FAULT_BATCHES);
+
+	rcu_read_lock();
+	if (r->pid && r->pid <= PID_MAX_LIMIT)
+		task = pid_task(find_pid_ns((pid_t)r->pid, &init_pid_ns),
+				PIDTYPE_PID);
+	cgroup = gpuos_task_cgroup_rcu(task);
+	rcu_read_unlock();
+
+	trace_fault_batch(r, cgroup);
+	gpuos_event_fault_batch(r, cgroup);
+}
+EXPORT_SYMBOL_GPL(gpuos_report_fault_batch);
 
 int gpuos_hooks_init(void)
 {

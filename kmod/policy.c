@@ -214,6 +214,17 @@ out:
 	return err;
 }
 
+u64 gpuos_task_cgroup_rcu(struct task_struct *task)
+{
+#ifdef CONFIG_CGROUPS
+	struct cgroup *cg = task ? task_dfl_cgroup(task) : NULL;
+
+	return cg ? cgroup_id(cg) : 0;
+#else
+	return 0;
+#endif
+}
+
 u32 gpuos_policy_lookup_rcu(u32 pid_nr, struct pid *spid,
 			    struct task_struct *task, u64 *cgroup,
 			    enum gpuos_policy_source *src)

@@ -59,6 +59,9 @@ u32 gpuos_policy_lookup_rcu(u32 pid_nr, struct pid *spid,
 			    struct task_struct *task, u64 *cgroup,
 			    enum gpuos_policy_source *src);
 
+/* The task's own cgroup v2 id; 0 without a task.  Caller holds rcu_read_lock(). */
+u64 gpuos_task_cgroup_rcu(struct task_struct *task);
+
 int gpuos_policy_init(void);
 void gpuos_policy_exit(void);
 

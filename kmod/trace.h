@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 OR MIT */
 /*
  * Tracepoints: /sys/kernel/tracing/events/gpuos/{fault,decision,migrate,
- * batch_done,policy}.  CREATE_TRACE_POINTS is defined in trace.c only.
+ * batch_done,policy,fault_batch}.  CREATE_TRACE_POINTS is defined in trace.c only.
  */
 #undef TRACE_SYSTEM
 #define TRACE_SYSTEM gpuos
@@ -160,6 +160,57 @@ TRACE_EVENT(policy,
 	TP_printk("pid=%u cgroup=%llu policy=%u %s",
 		  __entry->pid, __entry->cgroup, __entry->policy,
 		  __entry->set ? "set" : "deleted")
+);
+
+/* A (well-formed) fault batch report: one client's serviced faults in one batch. */
+TRACE_EVENT(fault_batch,
+	TP_PROTO(const struct gpuos_fault_batch_report *r, u64 cgroup),
+	TP_ARGS(r, cgroup),
+	TP_STRUCT__entry(
+		__field(u32, pid)
+		__field(u64, cgroup)
+		__field(u64, as_id)
+		__field(u32, gpu)
+		__field(u64, batch_id)
+		__field(u32, nr_faults)
+		__field(u32, nr_instances)
+		__field(u32, nr_fatal)
+		__field(u32, nr_throttled)
+		__field(u32, nr_skipped)
+		__field(u32, nr_read)
+		__field(u32, nr_write)
+		__field(u32, nr_atomic)
+		__field(u32, nr_prefetch)
+		__field(u64, addr_min)
+		__field(u64, addr_max)
+		__field(u32, nr_addrs)
+	),
+	TP_fast_assign(
+		__entry->pid = r->pid;
+		__entry->cgroup = cgroup;
+		__entry->as_id = r->as_id;
+		__entry->gpu = r->gpu;
+		__entry->batch_id = r->batch_id;
+		__entry->nr_faults = r->nr_faults;
+		__entry->nr_instances = r->nr_instances;
+		__entry->nr_fatal = r->nr_fatal;
+		__entry->nr_throttled = r->nr_throttled;
+		__entry->nr_skipped = r->nr_skipped;
+		__entry->nr_read = r->nr_by_access[GPUOS_ACCESS_READ];
+		__entry->nr_write = r->nr_by_access[GPUOS_ACCESS_WRITE];
+		__entry->nr_atomic = r->nr_by_access[GPUOS_ACCESS_ATOMIC];
+		__entry->nr_prefetch = r->nr_by_access[GPUOS_ACCESS_PREFETCH];
+		__entry->addr_min = r->addr_min;
+		__entry->addr_max = r->addr_max;
+		__entry->nr_addrs = r->nr_addrs;
+	),
+	TP_printk("pid=%u cgroup=%llu as_id=0x%llx gpu=%u batch_id=%llu faults=%u instances=%u fatal=%u throttled=%u skipped=%u read=%u write=%u atomic=%u prefetch=%u addr_min=0x%llx addr_max=0x%llx nr_addrs=%u",
+		  __entry->pid, __entry->cgroup, __entry->as_id, __entry->gpu,
+		  __entry->batch_id, __entry->nr_faults, __entry->nr_instances,
+		  __entry->nr_fatal, __entry->nr_throttled, __entry->nr_skipped,
+		  __entry->nr_read, __entry->nr_write, __entry->nr_atomic,
+		  __entry->nr_prefetch, __entry->addr_min, __entry->addr_max,
+		  __entry->nr_addrs)
 );
 
 #endif /* _GPUOS_TRACE_H */

@@ -187,11 +187,10 @@ unpack_pristine() {
 }
 
 # Files copied into the patched tree next to the patches: the gpuos interface the
-# patches compile against (one source of truth: kmod/), and the proposed additions.
+# patches compile against (one source of truth: kmod/).
 GPUOS_HEADERS=(
     "kmod/include/gpuos_hooks.h:nvidia-uvm/gpuos/include/gpuos_hooks.h"
     "kmod/uapi/gpuos.h:nvidia-uvm/gpuos/uapi/gpuos.h"
-    "patches/gpuos_hooks_ext.h:nvidia-uvm/gpuos/include/gpuos_hooks_ext.h"
 )
 
 series() { sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$PATCHES/series" | awk '{ print $1 }'; }

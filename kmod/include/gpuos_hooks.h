@@ -38,6 +38,44 @@
  *                                 atomic context (with interrupts disabled
  *                                 its events are counted unsent, not sent:
  *                                 netlink delivery needs them enabled).
+ *   gpuos_report_fault_batch(report)
+ *                                 serviced replayable faults of one client
+ *                                 in one fault batch of one GPU: counts by
+ *                                 access type, the address span, the first
+ *                                 few distinct pages.  gpuos emits a
+ *                                 GPUOS_EVENT_FAULT_BATCH event and the
+ *                                 gpuos:fault_batch tracepoint, and counts
+ *                                 it (GPUOS_CTR_FAULT_BATCHES); nothing is
+ *                                 decided.  Called from the driver's fault
+ *                                 servicing (it may hold the GPU's fault
+ *                                 lock, so every other fault on that GPU
+ *                                 waits): never sleeps, allocates only with
+ *                                 GFP_ATOMIC; safe in atomic context (with
+ *                                 interrupts disabled the event is counted
+ *                                 unsent).  Not called for a batch without
+ *                                 faults of that client.  The driver
+ *                                 rate-limits the calls (nvidia-uvm: at most
+ *                                 one batch per GPU per
+ *                                 uvm_gpuos_batch_notify_us, default 1000 us;
+ *                                 one call per client of that batch), so
+ *                                 gpuos sees a sample of batches; nr_skipped
+ *                                 says how many batches of that GPU were not
+ *                                 reported since the last report.  The
+ *                                 report is read only during the call.  A
+ *                                 malformed report is counted as rejected
+ *                                 and dropped: gpu >= GPUOS_MAX_GPUS;
+ *                                 nr_faults 0 or past
+ *                                 GPUOS_FAULT_BATCH_MAX_FAULTS; nr_instances
+ *                                 below nr_faults or past the same bound;
+ *                                 nr_fatal or nr_throttled past nr_faults;
+ *                                 nr_by_access[] not adding up to nr_faults;
+ *                                 nr_addrs 0, past GPUOS_FAULT_BATCH_ADDRS
+ *                                 or past nr_faults; addr_min > addr_max;
+ *                                 addrs[0..nr_addrs) not strictly ascending
+ *                                 or outside [addr_min, addr_max]; an
+ *                                 address (min, max or addrs[]) not
+ *                                 GPUOS_PAGE_SIZE-aligned.  Entries of
+ *                                 addrs past nr_addrs are ignored.
  *   gpuos_batch_done(id, status, nr)
  *                                 the driver finished batch `id`; status[i] is
  *                                 range i's result (0 or -errno; anything
@@ -67,6 +105,24 @@ struct gpuos_fault_report {
 	u32 access;		/* enum gpuos_fault_access */
 	u32 type;		/* enum gpuos_fault_type */
 	u32 gpu;		/* GPU index */
+};
+
+/* Serviced faults of one client in one fault batch (gpuos_report_fault_batch). */
+struct gpuos_fault_batch_report {
+	u64 batch_id;		/* the driver's fault batch number on this GPU */
+	u64 as_id;		/* the client's address space, as in fault reports */
+	u32 pid;		/* the client's process (initial pid namespace) */
+	u32 gpu;		/* GPU index, as in fault reports */
+	u32 nr_faults;		/* this client's distinct faults in the batch */
+	u32 nr_instances;	/* ... counting duplicates the hardware merged */
+	u32 nr_fatal;		/* ... of them not serviceable */
+	u32 nr_throttled;	/* ... of them throttled (thrashing) */
+	u32 nr_skipped;		/* batches on this GPU not reported since the last report */
+	u32 nr_by_access[__GPUOS_ACCESS_MAX];	/* enum gpuos_fault_access */
+	u32 nr_addrs;		/* entries used in addrs */
+	u64 addr_min;		/* lowest faulting address (page aligned) */
+	u64 addr_max;		/* highest faulting address (page aligned) */
+	u64 addrs[GPUOS_FAULT_BATCH_ADDRS];	/* first distinct pages, ascending */
 };
 
 /* A validated batch, as gpuos hands it to ops->submit. */
@@ -99,5 +155,6 @@ int gpuos_register_driver(const struct gpuos_driver_ops *ops);
 void gpuos_unregister_driver(const struct gpuos_driver_ops *ops);
 u32 gpuos_report_fault(const struct gpuos_fault_report *report);
 void gpuos_batch_done(u64 batch_id, const s32 *status, u32 nr);
+void gpuos_report_fault_batch(const struct gpuos_fault_batch_report *report);
 
 #endif /* _GPUOS_HOOKS_H */

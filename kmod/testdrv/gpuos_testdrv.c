@@ -9,6 +9,13 @@
  *                       for hex) -> gpuos_report_fault(); values are passed
  *                       as given, so malformed reports can be tested too
  *   last_decision  r    the decision for the last injected fault
+ *   inject_fault_batch
+ *                  w    "pid as_id gpu batch_id faults instances fatal
+ *                       throttled skipped read write atomic prefetch
+ *                       addr_min addr_max nr_addrs [addr ...]" (at most
+ *                       GPUOS_FAULT_BATCH_ADDRS addresses; those not given
+ *                       are 0) -> gpuos_report_fault_batch(); nr_addrs is
+ *                       passed as given, whatever the number of addresses
  *   mode           r/w  "async" (keep batches pending; default), "sync"
  *                       (complete each at once, status 0), "fail" (submit
  *                       returns -EIO)
@@ -42,7 +49,8 @@
 
 #define TESTDRV_NAME		"gpuos-testdrv"
 #define TESTDRV_MAX_STOPPED	4096
-#define TESTDRV_MAX_WRITE	256		/* every file but complete */
+#define TESTDRV_MAX_WRITE	256		/* every file but the two below */
+#define TESTDRV_MAX_BATCH_WRITE	1024		/* inject_fault_batch */
 #define TESTDRV_MAX_COMPLETE	(64 * 1024)	/* "id" + 4096 statuses */
 
 static uint caps = GPUOS_CAP_FAULT_REPORTS | GPUOS_CAP_MIGRATE |
@@ -307,6 +315,56 @@ static const struct file_operations testdrv_inject_fops = {
 	.llseek = default_llseek,
 };
 
+/* inject_fault_batch */
+
+static ssize_t testdrv_inject_batch_write(struct file *file,
+					  const char __user *ubuf, size_t len,
+					  loff_t *ppos)
+{
+	struct gpuos_fault_batch_report r = {};
+	char *buf, *s, *tok;
+	u32 i, n = 0;
+	int err;
+
+	buf = testdrv_get_write(ubuf, len, ppos, TESTDRV_MAX_BATCH_WRITE);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	s = buf;
+	err = testdrv_next_u32(&s, &r.pid) ?:
+	      testdrv_next_u64(&s, &r.as_id) ?:
+	      testdrv_next_u32(&s, &r.gpu) ?:
+	      testdrv_next_u64(&s, &r.batch_id) ?:
+	      testdrv_next_u32(&s, &r.nr_faults) ?:
+	      testdrv_next_u32(&s, &r.nr_instances) ?:
+	      testdrv_next_u32(&s, &r.nr_fatal) ?:
+	      testdrv_next_u32(&s, &r.nr_throttled) ?:
+	      testdrv_next_u32(&s, &r.nr_skipped);
+	for (i = 0; !err && i < ARRAY_SIZE(r.nr_by_access); i++)
+		err = testdrv_next_u32(&s, &r.nr_by_access[i]);
+	err = err ?:
+	      testdrv_next_u64(&s, &r.addr_min) ?:
+	      testdrv_next_u64(&s, &r.addr_max) ?:
+	      testdrv_next_u32(&s, &r.nr_addrs);
+	while (!err && (tok = testdrv_next_token(&s))) {
+		if (n >= ARRAY_SIZE(r.addrs))
+			err = -EINVAL;	/* more addresses than a report holds */
+		else
+			err = kstrtou64(tok, 0, &r.addrs[n++]);
+	}
+	kvfree(buf);
+	if (err)
+		return -EINVAL;
+
+	gpuos_report_fault_batch(&r);
+	return len;
+}
+
+static const struct file_operations testdrv_inject_batch_fops = {
+	.owner = THIS_MODULE,
+	.write = testdrv_inject_batch_write,
+	.llseek = default_llseek,
+};
+
 /* mode */
 
 static ssize_t testdrv_mode_read(struct file *file, char __user *ubuf,
@@ -468,6 +526,8 @@ static int __init testdrv_init(void)
 			    &testdrv_inject_fops);
 	debugfs_create_u32("last_decision", 0400, testdrv_dir,
 			   &testdrv_last_decision);
+	debugfs_create_file("inject_fault_batch", 0200, testdrv_dir, NULL,
+			    &testdrv_inject_batch_fops);
 	debugfs_create_file("mode", 0600, testdrv_dir, NULL, &testdrv_mode_fops);
 	debugfs_create_file("pending", 0400, testdrv_dir, NULL,
 			    &testdrv_pending_fops);

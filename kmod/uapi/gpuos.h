@@ -20,8 +20,8 @@
  * ========================================================================
  *
  * Every attribute lives in one space, enum gpuos_attr; nested attributes
- * (GPUOS_A_POLICY, GPUOS_A_RANGES, GPUOS_A_RANGE, GPUOS_A_FAULT) contain
- * attributes of that same space.  The one exception is GPUOS_A_COUNTERS
+ * (GPUOS_A_POLICY, GPUOS_A_RANGES, GPUOS_A_RANGE, GPUOS_A_FAULT,
+ * GPUOS_A_FAULT_ADDRS) contain attributes of that same space.  The one exception is GPUOS_A_COUNTERS
  * (replies only): its attribute types are enum gpuos_counter, padded with
  * GPUOS_CTR_PAD.  Unknown attributes are rejected (strict validation: nested
  * attributes must carry NLA_F_NESTED, genlmsghdr.reserved must be 0, and a
@@ -97,6 +97,25 @@
  *           nested { GPUOS_A_RANGE nested { GPUOS_A_RANGE_STATUS s32 } ... }
  *           (one per range, in the order submitted; 0 or a negative errno;
  *           -ENODEV for every range when the driver unregistered first)
+ *       FAULT_BATCH:  GPUOS_A_FAULT nested { GPUOS_A_CLIENT_PID,
+ *           GPUOS_A_CLIENT_CGROUP (as in FAULT), GPUOS_A_AS_ID,
+ *           GPUOS_A_FAULT_GPU, GPUOS_A_FAULT_BATCH_ID u64 (the driver's
+ *           fault batch number on that GPU), GPUOS_A_FAULT_NR u32 (the
+ *           client's distinct faults in the batch,
+ *           1..GPUOS_FAULT_BATCH_MAX_FAULTS), GPUOS_A_FAULT_NR_INSTANCES u32
+ *           (counting the duplicates the hardware merged; >= NR),
+ *           GPUOS_A_FAULT_NR_FATAL u32, GPUOS_A_FAULT_NR_THROTTLED u32
+ *           (each <= NR), GPUOS_A_FAULT_NR_SKIPPED u32 (batches of that GPU
+ *           the driver did not report since its previous report),
+ *           GPUOS_A_FAULT_NR_READ, _NR_WRITE, _NR_ATOMIC, _NR_PREFETCH u32
+ *           (faults by access type; they add up to NR),
+ *           GPUOS_A_FAULT_ADDR_MIN u64, GPUOS_A_FAULT_ADDR_MAX u64 (the
+ *           lowest and highest faulting page), GPUOS_A_FAULT_ADDRS nested
+ *           { GPUOS_A_FAULT_ADDR u64 ... } (1..GPUOS_FAULT_BATCH_ADDRS
+ *           distinct pages in ascending order, each in [MIN, MAX]) }.
+ *           Pages are GPUOS_PAGE_SIZE-aligned.  A sample, not every batch:
+ *           the driver reports serviced replayable fault batches,
+ *           rate-limited, one event per client of a batch; no decision.
  *       DRIVER_REGISTERED, DRIVER_UNREGISTERED:  GPUOS_A_DRIVER_NAME
  *       POLICY_SET, POLICY_DELETED:  GPUOS_A_POLICY nested { client, policy }
  *     Every event takes the next sequence number, sent or not: a listener
@@ -146,6 +165,11 @@
  *   GPUOS_MAX_PENDING   batches submitted and not yet completed by the driver
  *   GPUOS_MAX_POLICIES  policies at once
  *   GPUOS_MAX_GPUS      GPU indices a destination may name
+ *   GPUOS_FAULT_BATCH_ADDRS       addresses in one FAULT_BATCH event
+ *   GPUOS_FAULT_BATCH_MAX_FAULTS  faults of one client in one fault batch
+ *                                 (nvidia-uvm fetches at most
+ *                                 uvm_perf_fault_batch_count, default 256,
+ *                                 per batch; more is a malformed report)
  */
 #ifndef _UAPI_LINUX_GPUOS_H
 #define _UAPI_LINUX_GPUOS_H
@@ -165,6 +189,8 @@
 #define GPUOS_MAX_GPUS		32
 #define GPUOS_MAX_PRIO		7
 #define GPUOS_PAGE_SIZE		4096
+#define GPUOS_FAULT_BATCH_ADDRS	8
+#define GPUOS_FAULT_BATCH_MAX_FAULTS	65536
 
 enum gpuos_cmd {
 	GPUOS_CMD_UNSPEC,
@@ -213,6 +239,19 @@ enum gpuos_attr {
 	GPUOS_A_FAULT_TYPE,		/* u32, enum gpuos_fault_type */
 	GPUOS_A_FAULT_GPU,		/* u32, GPU index */
 	GPUOS_A_DECISION,		/* u32, enum gpuos_decision */
+	GPUOS_A_FAULT_BATCH_ID,		/* u64, the driver's fault batch number */
+	GPUOS_A_FAULT_NR,		/* u32, distinct faults */
+	GPUOS_A_FAULT_NR_INSTANCES,	/* u32, faults with merged duplicates */
+	GPUOS_A_FAULT_NR_FATAL,		/* u32 */
+	GPUOS_A_FAULT_NR_THROTTLED,	/* u32 */
+	GPUOS_A_FAULT_NR_SKIPPED,	/* u32, batches not reported */
+	GPUOS_A_FAULT_NR_READ,		/* u32 */
+	GPUOS_A_FAULT_NR_WRITE,		/* u32 */
+	GPUOS_A_FAULT_NR_ATOMIC,	/* u32 */
+	GPUOS_A_FAULT_NR_PREFETCH,	/* u32 */
+	GPUOS_A_FAULT_ADDR_MIN,		/* u64 */
+	GPUOS_A_FAULT_ADDR_MAX,		/* u64 */
+	GPUOS_A_FAULT_ADDRS,		/* nested: GPUOS_A_FAULT_ADDR ... */
 	__GPUOS_A_MAX,
 };
 #define GPUOS_A_MAX (__GPUOS_A_MAX - 1)
@@ -231,12 +270,15 @@ enum gpuos_counter {
 					 * completed with -ENODEV at unregister) */
 	GPUOS_CTR_REJECTED,		/* requests refused for bad input (by gpuos's own
 					 * checks: messages the netlink policy refuses are
-					 * not counted), malformed fault reports, and
+					 * not counted), malformed fault reports and
+					 * fault batch reports, and
 					 * gpuos_batch_done calls it ignored */
 	GPUOS_CTR_EVENTS,		/* events generated */
 	GPUOS_CTR_EVENTS_UNSENT,	/* events no listener received */
 	GPUOS_CTR_POLICIES,		/* policies now set */
 	GPUOS_CTR_OBJECTS,		/* live allocations of the module (leak check) */
+	GPUOS_CTR_FAULT_BATCHES,	/* fault batch reports from the driver
+					 * (well-formed ones; one per client and batch) */
 	__GPUOS_CTR_MAX,
 };
 #define GPUOS_CTR_MAX (__GPUOS_CTR_MAX - 1)
@@ -285,6 +327,7 @@ enum gpuos_event_type {
 	GPUOS_EVENT_DRIVER_UNREGISTERED = 5,
 	GPUOS_EVENT_POLICY_SET = 6,
 	GPUOS_EVENT_POLICY_DELETED = 7,
+	GPUOS_EVENT_FAULT_BATCH = 8,
 	__GPUOS_EVENT_MAX,
 };
 

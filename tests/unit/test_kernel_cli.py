@@ -18,7 +18,7 @@ from gpuos.cli.main import cli
 from gpuos.cli.policy import POLICIES
 from gpuos.errors import BccUnavailable, KmodNotLoaded, Timeout
 from gpuos.kernel.cgroups import cgroup_id
-from gpuos.kernel.model import Client, Event, Fault, Gap, Policy
+from gpuos.kernel.model import Client, Event, Fault, FaultBatch, Gap, Policy
 from gpuos.kernel.uapi import Decision, EventType, FaultAccess, FaultPolicy, FaultType
 
 from helpers import gpuos, gpuos_env
@@ -88,7 +88,8 @@ def one_line(res, code: int) -> str:
 @pytest.mark.parametrize("args", [["kmod", "info"], ["policy", "list"],
                                   ["policy", "set", "--pid", "1", "isolate"],
                                   ["policy", "get", "--cgroup", "12345"],
-                                  ["policy", "del", "--pid", "1"], ["events", "--count", "1"]])
+                                  ["policy", "del", "--pid", "1"], ["events", "--count", "1"],
+                                  ["driver", "status"]])
 def test_without_the_module(env, no_module, args):
     line = one_line(gpuos(env, *args), KmodNotLoaded.exit_code)
     assert line == 'gpuos: gpuos.ko is not loaded: no generic netlink family "gpuos" ' \
@@ -181,6 +182,20 @@ def test_events_lines_and_gap_warning(monkeypatch):
                         "access=write type=invalid-pde gpu=0 decision=isolate")
     assert lines[1] == "7 2.000000 policy-set pid=77 policy=kill-client"
     assert res.stderr == "gpuos: missed 3 events (seq 4..6)\n"
+
+
+def test_events_fault_batch_line(monkeypatch):
+    fb = FaultBatch(pid=77, cgroup=None, as_id=0x10, gpu=1, batch_id=42, faults=3, instances=4,
+                    fatal=0, throttled=1, skipped=2,
+                    by_access={"read": 1, "write": 2, "atomic": 0, "prefetch": 0},
+                    addr_min=0x1000, addr_max=0x5000, addrs=[0x1000, 0x5000])
+    res = run_events(monkeypatch, [Event(seq=4, time_ns=0, type=EventType.FAULT_BATCH,
+                                         fault_batch=fb)], "--count", "1")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ("4 0.000000 fault-batch pid=77 as_id=0x10 gpu=1 fault_batch=42 "
+                          "faults=3 instances=4 fatal=0 throttled=1 skipped=2 read=1 write=2 "
+                          "atomic=0 prefetch=0 addr_min=0x1000 addr_max=0x5000 "
+                          "addrs=0x1000,0x5000\n")
 
 
 def test_events_json_lines(monkeypatch):

@@ -15,7 +15,7 @@ pytest.importorskip("pyroute2")
 
 from gpuos.errors import GpuosError, KmodVersionMismatch  # noqa: E402
 from gpuos.kernel import netlink as nlk  # noqa: E402
-from gpuos.kernel.model import Client, Event, Fault, Range  # noqa: E402
+from gpuos.kernel.model import Client, Event, Fault, FaultBatch, Range  # noqa: E402
 from gpuos.kernel.uapi import (GENL_VERSION, Attr, Cmd, Decision, EventType,  # noqa: E402
                                FaultAccess, FaultPolicy, FaultType, Op, DEST_GPU,
                                RANGE_EVICT_LAST)
@@ -145,6 +145,28 @@ def test_fault_event():
     assert js["type"] == "client-isolated"
     assert js["fault"]["access"] == "write" and js["fault"]["type"] == "invalid-pde"
     assert js["fault"]["decision"] == "isolate"
+
+
+def test_fault_batch_event():
+    fault = nest(Attr.FAULT, u32(Attr.CLIENT_PID, 4321), u64(Attr.CLIENT_CGROUP, 9),
+                 u64(Attr.AS_ID, 7), u32(Attr.FAULT_GPU, 3), u64(Attr.FAULT_BATCH_ID, 1 << 40),
+                 u32(Attr.FAULT_NR, 5), u32(Attr.FAULT_NR_INSTANCES, 9),
+                 u32(Attr.FAULT_NR_FATAL, 1), u32(Attr.FAULT_NR_THROTTLED, 0),
+                 u32(Attr.FAULT_NR_SKIPPED, 12), u32(Attr.FAULT_NR_READ, 2),
+                 u32(Attr.FAULT_NR_WRITE, 1), u32(Attr.FAULT_NR_ATOMIC, 0),
+                 u32(Attr.FAULT_NR_PREFETCH, 2), u64(Attr.FAULT_ADDR_MIN, 0x1000),
+                 u64(Attr.FAULT_ADDR_MAX, 0x9000),
+                 nest(Attr.FAULT_ADDRS, u64(Attr.FAULT_ADDR, 0x1000),
+                      u64(Attr.FAULT_ADDR, 0x3000), u64(Attr.FAULT_ADDR, 0x9000)))
+    ev = nlk.parse_event(nlk.decode(event(EventType.FAULT_BATCH, 8, fault)))
+    assert ev.fault is None and ev.type_name == "fault-batch"
+    assert ev.fault_batch == FaultBatch(
+        pid=4321, cgroup=9, as_id=7, gpu=3, batch_id=1 << 40, faults=5, instances=9, fatal=1,
+        throttled=0, skipped=12, by_access={"read": 2, "write": 1, "atomic": 0, "prefetch": 2},
+        addr_min=0x1000, addr_max=0x9000, addrs=[0x1000, 0x3000, 0x9000])
+    js = ev.to_json()
+    assert js["fault_batch"]["addrs"] == [0x1000, 0x3000, 0x9000]
+    assert js["fault_batch"]["by_access"]["prefetch"] == 2 and "fault" not in js
 
 
 def test_migration_done_event_with_nested_ranges():

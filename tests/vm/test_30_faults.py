@@ -1,6 +1,7 @@
 """The whole fault path: policies set with the CLI, faults injected through the test
 driver, the decisions, the events (a subscriber and `gpuos events` as a user runs it),
-the counters (`gpuos kmod info`), and KILL_CLIENT with and without STOP_CLIENT."""
+the counters (`gpuos kmod info`), and KILL_CLIENT with and without STOP_CLIENT; fault
+batch reports (gpuos_report_fault_batch) to FAULT_BATCH events, and malformed ones."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import time
 import pytest
 
 import vmlib
-from vmlib import gpuos_cli, inject, wait_subscribed
-from gpuos.kernel.model import Client, Policy
-from gpuos.kernel.uapi import (Decision, DriverCaps, EventType, FaultAccess, FaultPolicy,
-                               FaultType)
+from vmlib import gpuos_cli, inject, inject_batch, wait_subscribed
+from gpuos.kernel.model import Client, FaultBatch, Policy
+from gpuos.kernel.uapi import (FAULT_BATCH_ADDRS, FAULT_BATCH_MAX_FAULTS, Decision, DriverCaps,
+                               EventType, FaultAccess, FaultPolicy, FaultType)
 
 pytestmark = pytest.mark.vm
 
@@ -167,3 +168,99 @@ def test_kill_client_without_stop_client_cap_is_sigkill(gpuos, nl, sleepers, cgr
     assert q.proc.wait(timeout=10) == -9
     assert vmlib.stopped() == stopped_before  # stop_client was never called
     assert wait_for(lambda: nl.get_info().counters["objects"] == 2)  # two policies
+
+
+def test_fault_batch_reports_become_events(testdrv, nl, sleepers):
+    p = sleepers()
+    addrs = [0x7F0000000000 + i * 0x3000 for i in range(FAULT_BATCH_ADDRS)]
+    full = dict(as_id=0xA1, gpu=31, batch_id=1 << 40, faults=10, instances=14, fatal=1,
+                throttled=2, skipped=5, by_access=(4, 3, 2, 1), addr_min=addrs[0],
+                addr_max=0x7F00000F0000, addrs=addrs)
+    before = nl.get_info()
+    # `gpuos events` as a user runs it: the text lines
+    listener = gpuos_cli("events", "--count", "2", "--timeout", "90", popen=True)
+    try:
+        with nl.subscribe() as sub:
+            wait_subscribed(listener, nl.mcast_groups["events"])
+            assert inject_batch(p.pid, **full) == 0
+            # pid 0 (no such process: no cgroup), one fault at the lowest page
+            assert inject_batch(0, gpu=0, batch_id=0, addrs=[0]) == 0
+            evs = collect(sub, 2)
+        out, err = listener.communicate(timeout=90)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+    assert [e.type for e in evs] == [EventType.FAULT_BATCH] * 2
+    assert [e.seq for e in evs] == [before.event_seq + 1, before.event_seq + 2]
+    assert evs[0].fault is None
+    assert evs[0].fault_batch == FaultBatch(
+        pid=p.pid, cgroup=own_cgroup(p.pid), as_id=0xA1, gpu=31, batch_id=1 << 40, faults=10,
+        instances=14, fatal=1, throttled=2, skipped=5,
+        by_access={"read": 4, "write": 3, "atomic": 2, "prefetch": 1},
+        addr_min=addrs[0], addr_max=0x7F00000F0000, addrs=addrs)
+    assert evs[1].fault_batch == FaultBatch(
+        pid=0, cgroup=None, as_id=0x77, gpu=0, batch_id=0, faults=1, instances=1, fatal=0,
+        throttled=0, skipped=0, by_access={"read": 1, "write": 0, "atomic": 0, "prefetch": 0},
+        addr_min=0, addr_max=0, addrs=[0])
+    assert listener.returncode == 0, (out, err)
+    lines = out.splitlines()
+    assert len(lines) == 2 and err == ""
+    assert lines[0].split(" ", 2)[2] == (
+        f"fault-batch pid={p.pid} cgroup={own_cgroup(p.pid)} as_id=0xa1 gpu=31 "
+        f"fault_batch={1 << 40} faults=10 instances=14 fatal=1 throttled=2 skipped=5 read=4 "
+        f"write=3 atomic=2 prefetch=1 addr_min={addrs[0]:#x} addr_max=0x7f00000f0000 "
+        f"addrs={','.join(f'{a:#x}' for a in addrs)}")
+    after = nl.get_info()
+    d = {k: v - before.counters[k] for k, v in after.counters.items()}
+    assert d["fault_batches"] == 2 and d["events"] == 2 and d["events_unsent"] == 0
+    assert d["rejected"] == 0 and d["faults"] == 0 and d["objects"] == 0
+    # nobody listening: counted, numbered, unsent
+    assert inject_batch(p.pid) == 0
+    final = nl.get_info()
+    assert final.counters["fault_batches"] - after.counters["fault_batches"] == 1
+    assert final.counters["events_unsent"] - after.counters["events_unsent"] == 1
+    assert final.event_seq == after.event_seq + 1
+
+
+def test_malformed_fault_batch_reports_are_rejected(testdrv, nl, sleepers):
+    p = sleepers()
+    nmax = FAULT_BATCH_MAX_FAULTS
+    bad = [  # each against the well-formed default: 3 faults, reads, pages 0x1000..0x3000
+        {"gpu": 32}, {"gpu": 0xFFFFFFFF},
+        {"faults": 0, "by_access": (0, 0, 0, 0), "nr_addrs": 0, "addrs": []},
+        {"faults": 0, "by_access": (0, 0, 0, 0)},
+        {"faults": nmax + 1, "by_access": (nmax + 1, 0, 0, 0)},
+        {"instances": 2}, {"instances": nmax + 1},
+        {"fatal": 4}, {"throttled": 4},
+        {"by_access": (1, 1, 0, 0)}, {"by_access": (0, 0, 0, 4)},
+        {"by_access": (0xFFFFFFFF, 4, 0, 0)},  # adds up to 3 in 32 bits
+        {"nr_addrs": 0}, {"nr_addrs": FAULT_BATCH_ADDRS + 1}, {"nr_addrs": 0xFFFFFFFF},
+        {"faults": 2, "by_access": (2, 0, 0, 0)},  # 3 distinct pages of 2 faults
+        {"addr_min": 0x3000, "addr_max": 0x1000},
+        {"addr_min": 0x800}, {"addr_max": 0x3800},
+        {"addrs": [0x1000, 0x3000, 0x2000]}, {"addrs": [0x1000, 0x1000, 0x3000]},
+        {"addrs": [0x1000, 0x2000, 0x2800], "addr_max": 0x3000},
+        {"addrs": [0x1000, 0x2000, 0x5000], "addr_max": 0x3000},
+        {"addrs": [0x1000, 0x2000, 0x3000], "addr_min": 0x2000},
+    ]
+    before = nl.get_info()
+    for kw in bad:
+        assert inject_batch(p.pid, **kw) == 0, kw  # the driver passes it on as is
+    after = nl.get_info()
+    assert after.counters["rejected"] - before.counters["rejected"] == len(bad)
+    assert after.counters["fault_batches"] == before.counters["fault_batches"]
+    assert after.event_seq == before.event_seq  # no events
+    # the well-formed default is accepted; entries past nr_addrs are ignored
+    assert inject_batch(p.pid) == 0
+    assert inject_batch(p.pid, nr_addrs=1, addrs=[0x1000, 0x1000, 0]) == 0
+    final = nl.get_info()
+    assert final.counters["fault_batches"] - after.counters["fault_batches"] == 2
+    assert final.counters["rejected"] == after.counters["rejected"]
+    # what the test driver cannot parse never reaches gpuos
+    ok = "1 0x77 0 1 1 1 0 0 0 1 0 0 0 0x1000 0x1000 1 0x1000"
+    too_many = ok + " 0x2000" * FAULT_BATCH_ADDRS
+    for text in ("", "1 2 3", ok.rsplit(" ", 2)[0], ok + " x", too_many, ok + " -1",
+                 ok.replace("0x77", "0x1" + "0" * 16)):
+        assert vmlib.dbg_write("inject_fault_batch", text) != 0, text
+    assert vmlib.dbg_write("inject_fault_batch", ok + "\n") == 0
+    assert nl.get_info().counters["rejected"] == after.counters["rejected"]

@@ -1,5 +1,5 @@
-"""The tracepoints, and `gpuos trace faults` (bcc on gpuos:fault and gpuos:decision) while
-faults are injected."""
+"""The tracepoints (gpuos:fault_batch firing, read from the ftrace buffer), and `gpuos trace
+faults` (bcc on gpuos:fault and gpuos:decision) while faults are injected."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 import vmlib
-from vmlib import gpuos_cli, inject
+from vmlib import gpuos_cli, inject, inject_batch
 from gpuos.kernel.model import Client
 from gpuos.kernel.uapi import FaultPolicy
 
@@ -20,6 +20,9 @@ FIELDS = {  # trace.h's TP_STRUCT__entry of each tracepoint
     "migrate": ["batch_id", "as_id", "op", "nr_ranges", "result"],
     "batch_done": ["batch_id", "nr", "first_error"],
     "policy": ["pid", "cgroup", "policy", "set"],
+    "fault_batch": ["pid", "cgroup", "as_id", "gpu", "batch_id", "nr_faults", "nr_instances",
+                    "nr_fatal", "nr_throttled", "nr_skipped", "nr_read", "nr_write", "nr_atomic",
+                    "nr_prefetch", "addr_min", "addr_max", "nr_addrs"],
 }
 
 
@@ -30,6 +33,26 @@ def test_tracepoints_in_tracefs(gpuos):
         fmt = (vmlib.TRACEFS / tp / "format").read_text()
         for f in fields:
             assert f" {f};" in fmt, (tp, f, fmt)
+
+
+def test_fault_batch_tracepoint_fires(testdrv):
+    tracing = vmlib.TRACEFS.parent.parent  # /sys/kernel/tracing
+    enable = vmlib.TRACEFS / "fault_batch" / "enable"
+    (tracing / "trace").write_text("")  # clear the buffer
+    enable.write_text("1")
+    try:
+        assert inject_batch(4000000, as_id=0xAB, gpu=3, batch_id=77, skipped=9,
+                            by_access=(1, 1, 1, 0)) == 0
+        assert inject_batch(4000000, gpu=99) == 0  # malformed: no tracepoint
+    finally:
+        enable.write_text("0")
+    lines = [ln for ln in (tracing / "trace").read_text().splitlines()
+             if "fault_batch:" in ln]
+    assert len(lines) == 1, lines
+    assert lines[0].split("fault_batch: ", 1)[1] == (
+        "pid=4000000 cgroup=0 as_id=0xab gpu=3 batch_id=77 faults=3 instances=3 fatal=0 "
+        "throttled=0 skipped=9 read=1 write=1 atomic=1 prefetch=0 addr_min=0x1000 "
+        "addr_max=0x3000 nr_addrs=3")
 
 
 def test_trace_faults_counts_and_latency(testdrv, nl, sleepers):

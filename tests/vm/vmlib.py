@@ -390,6 +390,27 @@ def inject(pid: int, veid: int = 0, as_id: int = 0x77, addr: int = 0xDEAD000, ac
     return int(dbg_read("last_decision"))
 
 
+def inject_batch(pid: int, as_id: int = 0x77, gpu: int = 0, batch_id: int = 1,
+                 faults: int | None = None, instances: int | None = None, fatal: int = 0,
+                 throttled: int = 0, skipped: int = 0,
+                 by_access: tuple[int, int, int, int] | None = None,
+                 addr_min: int | None = None, addr_max: int | None = None,
+                 addrs: list[int] = (0x1000, 0x2000, 0x3000),
+                 nr_addrs: int | None = None) -> int:
+    """A fault batch report through the test driver (inject_fault_batch): 0, or the
+    write's errno. Left out, the counts make a well-formed report: one fault per address,
+    all reads, the span of the addresses. gpuos's verdict shows in its counters."""
+    faults = len(addrs) if faults is None else faults
+    instances = faults if instances is None else instances
+    by_access = (faults, 0, 0, 0) if by_access is None else by_access
+    addr_min = min(addrs, default=0) if addr_min is None else addr_min
+    addr_max = max(addrs, default=0) if addr_max is None else addr_max
+    nr_addrs = len(addrs) if nr_addrs is None else nr_addrs
+    fields = [pid, as_id, gpu, batch_id, faults, instances, fatal, throttled, skipped,
+              *by_access, addr_min, addr_max, nr_addrs, *addrs]
+    return dbg_write("inject_fault_batch", " ".join(f"{v:#x}" for v in fields) + "\n")
+
+
 def pending() -> list[tuple[int, int, int, int]]:
     """The test driver's pending batches: (id, as_id, op, nr_ranges)."""
     return [tuple(int(x) for x in line.split()) for line in dbg_read("pending").splitlines()]

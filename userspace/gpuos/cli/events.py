@@ -20,6 +20,15 @@ def event_line(ev: Event) -> str:
     if ev.fault is not None:
         f = ev.fault.to_json()
         parts += [f"{k}={_hex(k, v)}" for k, v in f.items() if v is not None]
+    if ev.fault_batch is not None:
+        fb = ev.fault_batch.to_json()
+        fb["fault_batch"] = fb.pop("batch_id")
+        keys = ("pid", "cgroup", "as_id", "gpu", "fault_batch", "faults", "instances", "fatal",
+                "throttled", "skipped")
+        parts += [f"{k}={_hex(k, fb[k])}" for k in keys if fb[k] is not None]
+        parts += [f"{k}={v}" for k, v in fb["by_access"].items()]
+        parts += [f"{k}={_hex(k, fb[k])}" for k in ("addr_min", "addr_max") if fb[k] is not None]
+        parts.append("addrs=" + ",".join(f"{a:#x}" for a in fb["addrs"]))
     if ev.batch_id is not None:
         parts.append(f"batch={ev.batch_id}")
     if ev.as_id is not None:
@@ -37,7 +46,8 @@ def event_line(ev: Event) -> str:
 
 
 def _hex(key: str, value: object) -> object:
-    return f"{value:#x}" if key in ("addr", "as_id") and isinstance(value, int) else value
+    return f"{value:#x}" if key in ("addr", "as_id", "addr_min", "addr_max") and \
+        isinstance(value, int) else value
 
 
 @click.command("events")
@@ -57,6 +67,10 @@ def events(count: int | None, timeout: float | None, as_json: bool) -> None:
     Each line: SEQ TIME TYPE then key=value pairs, TIME being CLOCK_MONOTONIC
     seconds. TYPE is one of:
       fault, client-isolated   pid cgroup as_id veid addr access type gpu decision
+      fault-batch              pid cgroup as_id gpu fault_batch faults instances
+                               fatal throttled skipped read write atomic prefetch
+                               addr_min addr_max addrs (a rate-limited sample of
+                               one client's serviced faults in one fault batch)
       migration-done           batch as_id status (per range: 0 or -errno)
       driver-registered, driver-unregistered   driver
       policy-set, policy-deleted               pid or cgroup, policy

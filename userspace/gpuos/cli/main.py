@@ -13,6 +13,7 @@ from ..config import Paths
 from ..errors import GpuosError
 from ..restore import restore
 from ..runtime import Runtime
+from .driver import driver
 from .events import events
 from .images import images
 from .kmod import kmod
@@ -230,6 +231,7 @@ def demo_cmd(rt: Runtime, steps: int, keep: bool, as_json: bool) -> None:
 
 cli.add_command(images)
 cli.add_command(kmod)
+cli.add_command(driver)
 cli.add_command(policy)
 cli.add_command(events)
 cli.add_command(trace)

@@ -119,6 +119,33 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class FaultBatch:
+    """GPUOS_A_FAULT of a FAULT_BATCH event: one client's serviced faults in one fault
+    batch of one GPU, as the driver summarized them (a rate-limited sample)."""
+    pid: int | None
+    cgroup: int | None
+    as_id: int | None
+    gpu: int | None
+    batch_id: int | None  # the driver's fault batch number on that GPU
+    faults: int | None  # distinct faults
+    instances: int | None  # counting the duplicates the hardware merged
+    fatal: int | None
+    throttled: int | None
+    skipped: int | None  # batches of that GPU not reported since the previous report
+    by_access: dict[str, int]  # "read" / "write" / "atomic" / "prefetch" -> faults
+    addr_min: int | None
+    addr_max: int | None
+    addrs: list[int]  # the first distinct pages, ascending
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "cgroup": self.cgroup, "as_id": self.as_id, "gpu": self.gpu,
+                "batch_id": self.batch_id, "faults": self.faults, "instances": self.instances,
+                "fatal": self.fatal, "throttled": self.throttled, "skipped": self.skipped,
+                "by_access": dict(self.by_access), "addr_min": self.addr_min,
+                "addr_max": self.addr_max, "addrs": list(self.addrs)}
+
+
+@dataclass(frozen=True)
 class Gap:
     """Events first..last (inclusive) were generated but never reached this listener."""
     first: int
@@ -140,6 +167,7 @@ class Event:
     time_ns: int
     type: EventType | int
     fault: Fault | None = None
+    fault_batch: FaultBatch | None = None
     batch_id: int | None = None
     as_id: int | None = None
     statuses: list[int] | None = None  # MIGRATION_DONE: per range, 0 or -errno
@@ -155,6 +183,8 @@ class Event:
         out: dict[str, Any] = {"seq": self.seq, "time_ns": self.time_ns, "type": self.type_name}
         if self.fault is not None:
             out["fault"] = self.fault.to_json()
+        if self.fault_batch is not None:
+            out["fault_batch"] = self.fault_batch.to_json()
         for key in ("batch_id", "as_id", "statuses", "driver_name"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)

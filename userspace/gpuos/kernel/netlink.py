@@ -33,7 +33,7 @@ from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from ..errors import GpuosError, KmodNotLoaded, KmodVersionMismatch
 from .errnos import kernel_error
-from .model import (Client, Event, Fault, GapDetector, KmodInfo, Policy, Range, as_enum,
+from .model import (Client, Event, Fault, FaultBatch, GapDetector, KmodInfo, Policy, Range, as_enum,
                     counter_name)
 from .uapi import (GENL_NAME, GENL_VERSION, MAX_NL_RANGES, MCGRP_EVENTS, Attr, Cmd, Counter, Decision,
                    EventType, FaultAccess, FaultPolicy, FaultType, Op)
@@ -41,7 +41,7 @@ from .uapi import (GENL_NAME, GENL_VERSION, MAX_NL_RANGES, MCGRP_EVENTS, Attr, C
 # -- message classes ------------------------------------------------------------
 
 _NESTED = {Attr.COUNTERS: "counters", Attr.POLICY: "N", Attr.RANGES: "N", Attr.RANGE: "N",
-           Attr.FAULT: "N"}
+           Attr.FAULT: "N", Attr.FAULT_ADDRS: "N"}
 _TYPES = {
     Attr.UNSPEC: "none", Attr.PAD: "none",
     Attr.GENL_VERSION: "uint32", Attr.ABI_VERSION: "uint32",
@@ -54,7 +54,17 @@ _TYPES = {
     Attr.EVENT_TIME_NS: "uint64",
     Attr.FAULT_VEID: "uint32", Attr.FAULT_ADDR: "uint64", Attr.FAULT_ACCESS: "uint32",
     Attr.FAULT_TYPE: "uint32", Attr.FAULT_GPU: "uint32", Attr.DECISION: "uint32",
+    Attr.FAULT_BATCH_ID: "uint64", Attr.FAULT_NR: "uint32", Attr.FAULT_NR_INSTANCES: "uint32",
+    Attr.FAULT_NR_FATAL: "uint32", Attr.FAULT_NR_THROTTLED: "uint32",
+    Attr.FAULT_NR_SKIPPED: "uint32", Attr.FAULT_NR_READ: "uint32",
+    Attr.FAULT_NR_WRITE: "uint32", Attr.FAULT_NR_ATOMIC: "uint32",
+    Attr.FAULT_NR_PREFETCH: "uint32", Attr.FAULT_ADDR_MIN: "uint64",
+    Attr.FAULT_ADDR_MAX: "uint64",
 }
+# GPUOS_A_FAULT_NR_<access> of a FAULT_BATCH event, by enum gpuos_fault_access.
+_NR_BY_ACCESS = {FaultAccess.READ: Attr.FAULT_NR_READ, FaultAccess.WRITE: Attr.FAULT_NR_WRITE,
+                 FaultAccess.ATOMIC: Attr.FAULT_NR_ATOMIC,
+                 FaultAccess.PREFETCH: Attr.FAULT_NR_PREFETCH}
 
 
 def attr_name(attr: Attr) -> str:
@@ -215,6 +225,25 @@ def parse_fault(node: Any) -> Fault:
                  decision=enum_or_none(Decision, Attr.DECISION))
 
 
+def parse_fault_batch(node: Any) -> FaultBatch:
+    """The GPUOS_A_FAULT nest of a FAULT_BATCH event."""
+    by_access = {}
+    for access, attr in _NR_BY_ACCESS.items():
+        value = _get(node, attr)
+        if value is not None:
+            by_access[access.name.lower()] = value
+    return FaultBatch(pid=_get(node, Attr.CLIENT_PID), cgroup=_get(node, Attr.CLIENT_CGROUP),
+                      as_id=_get(node, Attr.AS_ID), gpu=_get(node, Attr.FAULT_GPU),
+                      batch_id=_get(node, Attr.FAULT_BATCH_ID), faults=_get(node, Attr.FAULT_NR),
+                      instances=_get(node, Attr.FAULT_NR_INSTANCES),
+                      fatal=_get(node, Attr.FAULT_NR_FATAL),
+                      throttled=_get(node, Attr.FAULT_NR_THROTTLED),
+                      skipped=_get(node, Attr.FAULT_NR_SKIPPED), by_access=by_access,
+                      addr_min=_get(node, Attr.FAULT_ADDR_MIN),
+                      addr_max=_get(node, Attr.FAULT_ADDR_MAX),
+                      addrs=[a for a in _all(_get(node, Attr.FAULT_ADDRS), Attr.FAULT_ADDR)])
+
+
 def parse_event(msg: Any) -> Event:
     """A GPUOS_CMD_EVENT message as an Event (gap not set)."""
     check_version(msg)
@@ -225,6 +254,8 @@ def parse_event(msg: Any) -> Event:
                type=etype)
     if etype in (EventType.FAULT, EventType.CLIENT_ISOLATED):
         ev.fault = parse_fault(_get(msg, Attr.FAULT))
+    elif etype == EventType.FAULT_BATCH:
+        ev.fault_batch = parse_fault_batch(_get(msg, Attr.FAULT))
     elif etype == EventType.MIGRATION_DONE:
         ev.batch_id = _get(msg, Attr.BATCH_ID)
         ev.as_id = _get(msg, Attr.AS_ID)

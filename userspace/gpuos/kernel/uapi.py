@@ -23,6 +23,8 @@ MAX_POLICIES = 4096
 MAX_GPUS = 32
 MAX_PRIO = 7
 PAGE_SIZE = 4096
+FAULT_BATCH_ADDRS = 8  # addresses in one FAULT_BATCH event
+FAULT_BATCH_MAX_FAULTS = 65536  # faults of one client in one fault batch
 
 
 class Cmd(IntEnum):
@@ -76,10 +78,23 @@ class Attr(IntEnum):
     FAULT_TYPE = 30
     FAULT_GPU = 31
     DECISION = 32
+    FAULT_BATCH_ID = 33
+    FAULT_NR = 34
+    FAULT_NR_INSTANCES = 35
+    FAULT_NR_FATAL = 36
+    FAULT_NR_THROTTLED = 37
+    FAULT_NR_SKIPPED = 38
+    FAULT_NR_READ = 39
+    FAULT_NR_WRITE = 40
+    FAULT_NR_ATOMIC = 41
+    FAULT_NR_PREFETCH = 42
+    FAULT_ADDR_MIN = 43
+    FAULT_ADDR_MAX = 44
+    FAULT_ADDRS = 45
 
 
-ATTR_END = 33  # __GPUOS_A_MAX
-ATTR_MAX = 32  # GPUOS_A_MAX
+ATTR_END = 46  # __GPUOS_A_MAX
+ATTR_MAX = 45  # GPUOS_A_MAX
 
 
 class Counter(IntEnum):
@@ -98,10 +113,11 @@ class Counter(IntEnum):
     EVENTS_UNSENT = 11
     POLICIES = 12
     OBJECTS = 13
+    FAULT_BATCHES = 14
 
 
-CTR_END = 14  # __GPUOS_CTR_MAX
-CTR_MAX = 13  # GPUOS_CTR_MAX
+CTR_END = 15  # __GPUOS_CTR_MAX
+CTR_MAX = 14  # GPUOS_CTR_MAX
 
 
 class FaultPolicy(IntEnum):
@@ -162,9 +178,10 @@ class EventType(IntEnum):
     DRIVER_UNREGISTERED = 5
     POLICY_SET = 6
     POLICY_DELETED = 7
+    FAULT_BATCH = 8
 
 
-EVENT_END = 8  # __GPUOS_EVENT_MAX
+EVENT_END = 9  # __GPUOS_EVENT_MAX
 
 
 class DriverCaps(IntFlag):
@@ -289,6 +306,8 @@ def c_names() -> dict[str, int | str]:
         "GPUOS_MAX_GPUS": MAX_GPUS,
         "GPUOS_MAX_PRIO": MAX_PRIO,
         "GPUOS_PAGE_SIZE": PAGE_SIZE,
+        "GPUOS_FAULT_BATCH_ADDRS": FAULT_BATCH_ADDRS,
+        "GPUOS_FAULT_BATCH_MAX_FAULTS": FAULT_BATCH_MAX_FAULTS,
         "GPUOS_DEST_CPU": DEST_CPU,
         "GPUOS_RANGE_EVICT_FIRST": RANGE_EVICT_FIRST,
         "GPUOS_RANGE_EVICT_LAST": RANGE_EVICT_LAST,
