@@ -6,7 +6,7 @@
  * listens to events through uapi/gpuos.h.
  *
  * Init order goes from what depends on nothing to what user space reaches:
- * policies, the driver registry (and its workqueue), the netlink family,
+ * policies, prefetch ranges, the driver registry (and its workqueue), the netlink family,
  * the device node.  Exit is the reverse, and safe at every step: the device
  * and netlink go first so no request can arrive; events stop before the
  * family goes; the registry drains its workqueue; policies are freed last,
@@ -19,6 +19,7 @@
 #include "hooks.h"
 #include "netlink.h"
 #include "policy.h"
+#include "prefetch.h"
 #include "version.h"
 
 static int __init gpuos_init(void)
@@ -28,9 +29,12 @@ static int __init gpuos_init(void)
 	err = gpuos_policy_init();
 	if (err)
 		return err;
-	err = gpuos_hooks_init();
+	err = gpuos_prefetch_init();
 	if (err)
 		goto err_policy;
+	err = gpuos_hooks_init();
+	if (err)
+		goto err_prefetch;
 	err = gpuos_netlink_init();
 	if (err)
 		goto err_hooks;
@@ -45,6 +49,8 @@ err_netlink:
 	gpuos_netlink_exit();
 err_hooks:
 	gpuos_hooks_exit();
+err_prefetch:
+	gpuos_prefetch_exit();
 err_policy:
 	gpuos_policy_exit();
 	return err;
@@ -55,6 +61,7 @@ static void __exit gpuos_exit(void)
 	gpuos_chardev_exit();
 	gpuos_netlink_exit();
 	gpuos_hooks_exit();
+	gpuos_prefetch_exit();
 	gpuos_policy_exit();
 	pr_info("gpuos: unloaded\n");
 }

@@ -15,6 +15,7 @@
 #include <linux/module.h>
 #include <net/genetlink.h>
 #include <net/netlink.h>
+#include <linux/mm.h>
 
 #include "batch.h"
 #include "counters.h"
@@ -22,6 +23,7 @@
 #include "hooks.h"
 #include "netlink.h"
 #include "policy.h"
+#include "prefetch.h"
 #include "version.h"
 
 /* Commands without attributes: everything is NLA_UNSPEC, so rejected. */
@@ -55,6 +57,21 @@ static const struct nla_policy gpuos_nl_migrate_policy[GPUOS_A_MAX + 1] = {
 	[GPUOS_A_AS_ID]		= { .type = NLA_U64 },
 	[GPUOS_A_OP]		= NLA_POLICY_MAX(NLA_U32, __GPUOS_OP_MAX - 1),
 	[GPUOS_A_RANGES]	= NLA_POLICY_NESTED(gpuos_nl_ranges_policy),
+};
+
+/* Prefetch ranges: base and len only. */
+static const struct nla_policy gpuos_nl_pf_range_policy[GPUOS_A_MAX + 1] = {
+	[GPUOS_A_RANGE_BASE]	= { .type = NLA_U64 },
+	[GPUOS_A_RANGE_LEN]	= NLA_POLICY_MIN(NLA_U64, 1),
+};
+
+static const struct nla_policy gpuos_nl_pf_ranges_policy[GPUOS_A_MAX + 1] = {
+	[GPUOS_A_RANGE]		= NLA_POLICY_NESTED(gpuos_nl_pf_range_policy),
+};
+
+static const struct nla_policy gpuos_nl_set_prefetch_policy[GPUOS_A_MAX + 1] = {
+	[GPUOS_A_AS_ID]		= { .type = NLA_U64 },
+	[GPUOS_A_RANGES]	= NLA_POLICY_NESTED(gpuos_nl_pf_ranges_policy),
 };
 
 static const struct genl_multicast_group gpuos_nl_mcgrps[] = {
@@ -393,6 +410,61 @@ free:
 	return err;
 }
 
+static int gpuos_nl_set_prefetch(struct sk_buff *skb, struct genl_info *info)
+{
+	struct nlattr *tb[GPUOS_A_MAX + 1];
+	struct gpuos_prefetch_range *r = NULL;
+	struct nlattr *ranges, *a;
+	u32 nr = 0, i = 0;
+	int rem, err;
+
+	if (GENL_REQ_ATTR_CHECK(info, GPUOS_A_AS_ID))
+		return gpuos_reject(-EINVAL);
+	ranges = info->attrs[GPUOS_A_RANGES];
+
+	if (ranges) {
+		/* The policy let only GPUOS_A_RANGE nests in. */
+		nla_for_each_nested(a, ranges, rem)
+			nr++;
+		if (nr > GPUOS_MAX_NL_RANGES) {
+			NL_SET_ERR_MSG_ATTR(info->extack, ranges, "too many ranges");
+			return gpuos_reject(-E2BIG);
+		}
+	}
+	if (nr) {
+		r = kvmalloc_array(nr, sizeof(*r), GFP_KERNEL);	/* freed below */
+		if (!r)
+			return -ENOMEM;
+		nla_for_each_nested(a, ranges, rem) {
+			err = nla_parse_nested(tb, GPUOS_A_MAX, a,
+					       gpuos_nl_pf_range_policy,
+					       info->extack);
+			if (err)
+				goto out;
+			if (NL_REQ_ATTR_CHECK(info->extack, a, tb, GPUOS_A_RANGE_BASE) ||
+			    NL_REQ_ATTR_CHECK(info->extack, a, tb, GPUOS_A_RANGE_LEN)) {
+				err = gpuos_reject(-EINVAL);
+				goto out;
+			}
+			r[i].base = nla_get_u64(tb[GPUOS_A_RANGE_BASE]);
+			r[i].len = nla_get_u64(tb[GPUOS_A_RANGE_LEN]);
+			i++;
+		}
+	}
+
+	err = gpuos_prefetch_set(nla_get_u64(info->attrs[GPUOS_A_AS_ID]), r, nr);
+	if (err == -ENOSPC)
+		NL_SET_ERR_MSG(info->extack, "too many address spaces with prefetch ranges");
+	else if (err == -EINVAL) {
+		NL_SET_ERR_MSG_ATTR(info->extack, ranges,
+				    "ranges must be page-aligned, non-empty, not overflowing, disjoint");
+		gpuos_reject(0);
+	}
+out:
+	kvfree(r);
+	return err;
+}
+
 static const struct genl_ops gpuos_nl_ops[] = {
 	{
 		.cmd = GPUOS_CMD_GET_INFO,
@@ -430,6 +502,13 @@ static const struct genl_ops gpuos_nl_ops[] = {
 		.cmd = GPUOS_CMD_MIGRATE,
 		.doit = gpuos_nl_migrate,
 		.policy = gpuos_nl_migrate_policy,
+		.maxattr = GPUOS_A_MAX,
+		.flags = GENL_ADMIN_PERM,
+	},
+	{
+		.cmd = GPUOS_CMD_SET_PREFETCH,
+		.doit = gpuos_nl_set_prefetch,
+		.policy = gpuos_nl_set_prefetch_policy,
 		.maxattr = GPUOS_A_MAX,
 		.flags = GENL_ADMIN_PERM,
 	},

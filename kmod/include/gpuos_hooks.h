@@ -76,6 +76,29 @@
  *                                 address (min, max or addrs[]) not
  *                                 GPUOS_PAGE_SIZE-aligned.  Entries of
  *                                 addrs past nr_addrs are ignored.
+ *   gpuos_prefetch_lookup(as_id, addr, out, max)
+ *                                 the prefetch ranges user space stored for
+ *                                 address space as_id (GPUOS_CMD_SET_PREFETCH)
+ *                                 near a fault at addr, for the driver to
+ *                                 service along with the fault.  The rule:
+ *                                 the window is the GPUOS_PREFETCH_WINDOW
+ *                                 (2 MiB) aligned block that contains addr;
+ *                                 every stored range that meets the window
+ *                                 (contains addr, lies within the window or
+ *                                 overlaps it) is written to out, clipped to
+ *                                 the window, in ascending order of base, at
+ *                                 most max of them (the lowest ones); returns
+ *                                 how many were written (0 without ranges,
+ *                                 with max 0 or out NULL).  Ranges are
+ *                                 page-aligned and disjoint; they need not
+ *                                 contain addr.  Lock-free (RCU): never
+ *                                 sleeps, never allocates, takes no lock;
+ *                                 safe in any context, including with
+ *                                 interrupts disabled.  Not counted, no
+ *                                 event: it is on every fault's path.  The
+ *                                 driver decides what to do with the
+ *                                 ranges (nvidia-uvm clips them to the
+ *                                 faulting va_block).
  *   gpuos_batch_done(id, status, nr)
  *                                 the driver finished batch `id`; status[i] is
  *                                 range i's result (0 or -errno; anything
@@ -125,6 +148,12 @@ struct gpuos_fault_batch_report {
 	u64 addrs[GPUOS_FAULT_BATCH_ADDRS];	/* first distinct pages, ascending */
 };
 
+/* One prefetch range (gpuos_prefetch_lookup): [base, base + len). */
+struct gpuos_prefetch_range {
+	u64 base;
+	u64 len;
+};
+
 /* A validated batch, as gpuos hands it to ops->submit. */
 struct gpuos_batch_req {
 	u64 id;
@@ -156,5 +185,7 @@ void gpuos_unregister_driver(const struct gpuos_driver_ops *ops);
 u32 gpuos_report_fault(const struct gpuos_fault_report *report);
 void gpuos_batch_done(u64 batch_id, const s32 *status, u32 nr);
 void gpuos_report_fault_batch(const struct gpuos_fault_batch_report *report);
+u32 gpuos_prefetch_lookup(u64 as_id, u64 addr, struct gpuos_prefetch_range *out,
+			  u32 max);
 
 #endif /* _GPUOS_HOOKS_H */

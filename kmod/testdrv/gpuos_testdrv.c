@@ -26,6 +26,11 @@
  *                       (it must ignore it) and the batch stays pending.
  *   stopped        r    one line "as_id pid" per stop_client call (the
  *                       last TESTDRV_MAX_STOPPED)
+ *   prefetch_lookup
+ *                  r/w  write "as_id addr [max]" (max defaults to, and is
+ *                       at most, TESTDRV_MAX_PREFETCH) ->
+ *                       gpuos_prefetch_lookup(); read: one line "base len"
+ *                       (hex) per range the last lookup returned
  *
  * Every write is one write(2) from offset 0, bounded, NUL-free, parsed with
  * kstrto*; anything else is -EINVAL.  Module parameters: caps (the caps it
@@ -365,6 +370,70 @@ static const struct file_operations testdrv_inject_batch_fops = {
 	.llseek = default_llseek,
 };
 
+/* prefetch_lookup */
+
+#define TESTDRV_MAX_PREFETCH	16
+
+static DEFINE_MUTEX(testdrv_pf_mutex);
+static struct gpuos_prefetch_range testdrv_pf[TESTDRV_MAX_PREFETCH];
+static u32 testdrv_pf_nr;		/* under testdrv_pf_mutex */
+
+static ssize_t testdrv_pf_write(struct file *file, const char __user *ubuf,
+				size_t len, loff_t *ppos)
+{
+	u32 max = TESTDRV_MAX_PREFETCH;
+	char *buf, *s, *tok;
+	u64 as_id, addr;
+	int err;
+
+	buf = testdrv_get_write(ubuf, len, ppos, TESTDRV_MAX_WRITE);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	s = buf;
+	err = testdrv_next_u64(&s, &as_id) ?:
+	      testdrv_next_u64(&s, &addr);
+	tok = err ? NULL : testdrv_next_token(&s);	/* optional max */
+	if (tok)
+		err = kstrtou32(tok, 0, &max);
+	if (!err && ((tok && testdrv_next_token(&s)) ||
+		     max > TESTDRV_MAX_PREFETCH))
+		err = -EINVAL;
+	kvfree(buf);
+	if (err)
+		return -EINVAL;
+
+	mutex_lock(&testdrv_pf_mutex);
+	testdrv_pf_nr = gpuos_prefetch_lookup(as_id, addr, testdrv_pf, max);
+	mutex_unlock(&testdrv_pf_mutex);
+	return len;
+}
+
+static int testdrv_pf_show(struct seq_file *m, void *v)
+{
+	u32 i;
+
+	mutex_lock(&testdrv_pf_mutex);
+	for (i = 0; i < testdrv_pf_nr; i++)
+		seq_printf(m, "%#llx %#llx\n", testdrv_pf[i].base,
+			   testdrv_pf[i].len);
+	mutex_unlock(&testdrv_pf_mutex);
+	return 0;
+}
+
+static int testdrv_pf_open(struct inode *inode, struct file *file)
+{
+	return single_open(file, testdrv_pf_show, NULL);
+}
+
+static const struct file_operations testdrv_pf_fops = {
+	.owner = THIS_MODULE,
+	.open = testdrv_pf_open,
+	.read = seq_read,
+	.write = testdrv_pf_write,
+	.llseek = seq_lseek,
+	.release = single_release,
+};
+
 /* mode */
 
 static ssize_t testdrv_mode_read(struct file *file, char __user *ubuf,
@@ -535,6 +604,8 @@ static int __init testdrv_init(void)
 			    &testdrv_complete_fops);
 	debugfs_create_file("stopped", 0400, testdrv_dir, NULL,
 			    &testdrv_stopped_fops);
+	debugfs_create_file("prefetch_lookup", 0600, testdrv_dir, NULL,
+			    &testdrv_pf_fops);
 
 	if (autoregister) {
 		err = testdrv_set_registered(true);

@@ -83,6 +83,25 @@
  *     batches await the driver.  The MIGRATION_DONE event can arrive before
  *     the reply (a driver may complete a batch at once): subscribe first.
  *
+ *   GPUOS_CMD_SET_PREFETCH (doit; admin)
+ *     request:  GPUOS_A_AS_ID u64 (the address space, as the driver names
+ *               it), GPUOS_A_RANGES nested (optional), containing
+ *               0..GPUOS_MAX_NL_RANGES (E2BIG above) GPUOS_A_RANGE nested
+ *               { GPUOS_A_RANGE_BASE u64, GPUOS_A_RANGE_LEN u64 } (no other
+ *               range attribute).  Each range: base and len page-aligned,
+ *               len > 0, base + len must not overflow; ranges must not
+ *               overlap (any order); EINVAL otherwise.
+ *     Replaces the address space's prefetch ranges; absent or empty
+ *     GPUOS_A_RANGES clears them (no error if there were none).  At most
+ *     GPUOS_MAX_PREFETCH_AS address spaces have ranges at once (ENOSPC for
+ *     one more).  No event.  The driver reads these ranges, without waiting
+ *     for gpuos, while it services a fault of that address space
+ *     (gpuos_prefetch_lookup in gpuos_hooks.h: the stored ranges that meet
+ *     the GPUOS_PREFETCH_WINDOW-aligned window around the fault) and
+ *     services them with the fault; a patched nvidia-uvm clips them to the
+ *     faulting va_block.  They stay set until replaced, cleared or the
+ *     module unloads; gpuos does not know when an address space goes away.
+ *
  *   GPUOS_CMD_EVENT (multicast only, group "events")
  *     GPUOS_A_EVENT_TYPE u32 (enum gpuos_event_type), GPUOS_A_EVENT_SEQ u64,
  *     GPUOS_A_EVENT_TIME_NS u64 (CLOCK_MONOTONIC), then by type:
@@ -166,6 +185,9 @@
  *   GPUOS_MAX_POLICIES  policies at once
  *   GPUOS_MAX_GPUS      GPU indices a destination may name
  *   GPUOS_FAULT_BATCH_ADDRS       addresses in one FAULT_BATCH event
+ *   GPUOS_MAX_PREFETCH_AS  address spaces with prefetch ranges at once
+ *   GPUOS_PREFETCH_WINDOW  size and alignment of the window that
+ *                          gpuos_prefetch_lookup searches around a fault
  *   GPUOS_FAULT_BATCH_MAX_FAULTS  faults of one client in one fault batch
  *                                 (nvidia-uvm fetches at most
  *                                 uvm_perf_fault_batch_count, default 256,
@@ -191,6 +213,8 @@
 #define GPUOS_PAGE_SIZE		4096
 #define GPUOS_FAULT_BATCH_ADDRS	8
 #define GPUOS_FAULT_BATCH_MAX_FAULTS	65536
+#define GPUOS_MAX_PREFETCH_AS	256
+#define GPUOS_PREFETCH_WINDOW	(2U << 20)
 
 enum gpuos_cmd {
 	GPUOS_CMD_UNSPEC,
@@ -201,6 +225,7 @@ enum gpuos_cmd {
 	GPUOS_CMD_LIST_POLICIES,
 	GPUOS_CMD_MIGRATE,
 	GPUOS_CMD_EVENT,
+	GPUOS_CMD_SET_PREFETCH,
 	__GPUOS_CMD_MAX,
 };
 #define GPUOS_CMD_MAX (__GPUOS_CMD_MAX - 1)

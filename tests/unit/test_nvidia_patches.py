@@ -129,11 +129,13 @@ def test_uvm_has_the_hooks(built: Path):
     defined = subprocess.run(["nm", "--defined-only", str(uvm)], capture_output=True,
                              text=True, check=True).stdout
     for sym in ("uvm_gpuos_fatal_faults", "uvm_gpuos_fault_batch_serviced",
-                "uvm_api_gpuos_migrate_ranges", "uvm_pmm_gpu_mark_root_chunk_evict_first"):
+                "uvm_api_gpuos_migrate_ranges", "uvm_pmm_gpu_mark_root_chunk_evict_first",
+                "uvm_gpuos_prefetch_pages"):
         assert re.search(rf"\s{sym}$", defined, re.M), sym
     params = subprocess.run(["modinfo", "-F", "parm", str(uvm)], capture_output=True,
                             text=True, check=True).stdout
-    for param in ("uvm_gpuos_attach", "uvm_gpuos_isolate", "uvm_gpuos_batch_notify_us"):
+    for param in ("uvm_gpuos_attach", "uvm_gpuos_isolate", "uvm_gpuos_batch_notify_us",
+                  "uvm_gpuos_prefetch"):
         assert re.search(rf"^{param}:", params, re.M), param
 
 

@@ -264,3 +264,97 @@ def test_malformed_fault_batch_reports_are_rejected(testdrv, nl, sleepers):
         assert vmlib.dbg_write("inject_fault_batch", text) != 0, text
     assert vmlib.dbg_write("inject_fault_batch", ok + "\n") == 0
     assert nl.get_info().counters["rejected"] == after.counters["rejected"]
+
+
+# -- prefetch ranges (GPUOS_CMD_SET_PREFETCH, gpuos_prefetch_lookup) ---------------------
+
+def lookup(as_id: int, addr: int, max_: int | None = None) -> list[tuple[int, int]]:
+    """gpuos_prefetch_lookup through the test driver: [(base, len), ...]."""
+    text = f"{as_id:#x} {addr:#x}" + ("" if max_ is None else f" {max_}")
+    assert vmlib.dbg_write("prefetch_lookup", text + "\n") == 0
+    return [tuple(int(x, 16) for x in line.split())
+            for line in vmlib.dbg_read("prefetch_lookup").splitlines()]
+
+
+def test_prefetch_ranges(testdrv, nl, raw):
+    import errno
+    from gpuos.kernel.uapi import MAX_NL_RANGES, MAX_PREFETCH_AS, PREFETCH_WINDOW, Attr, Cmd
+    from vmlib import nest, u32, u64
+
+    W, M = PREFETCH_WINDOW, 1 << 20
+    base_objects = nl.get_info().counters["objects"]
+    assert lookup(0xA5, 0x40000000) == []  # nothing set
+    # given out of order; the window is the 2 MiB block around the address
+    nl.set_prefetch(0xA5, [(0x40000000 + W + M, 2 * W), (0x40000000 + 0x3000, 0x2000),
+                           (0x40000000 - 0x1000, 0x2000), (0x40000000 + M, 0x1000)])
+    assert nl.get_info().counters["objects"] == base_objects + 1
+    assert lookup(0xA5, 0x40000000 + 0x5000) == [  # clipped to the window, ascending
+        (0x40000000, 0x1000), (0x40000000 + 0x3000, 0x2000), (0x40000000 + M, 0x1000)]
+    assert lookup(0xA5, 0x40000000 + 0x5000, 2) == [(0x40000000, 0x1000),
+                                                     (0x40000000 + 0x3000, 0x2000)]
+    assert lookup(0xA5, 0x40000000 + 0x5000, 0) == []
+    assert lookup(0xA5, 0x40000000 + W) == [(0x40000000 + W + M, W - M)]
+    assert lookup(0xA5, 0x40000000 + 2 * W + 0x1000) == [(0x40000000 + 2 * W, W)]
+    assert lookup(0xA5, 0x40000000 - 1) == [(0x40000000 - 0x1000, 0x1000)]
+    assert lookup(0xA5, 0x40000000 + 8 * W) == []
+    assert lookup(0xA6, 0x40000000) == []  # another address space
+    # the top of the address space: no overflow of the window
+    top = (1 << 64) - 0x2000
+    nl.set_prefetch(0xA6, [(top, 0x1000)])
+    assert lookup(0xA6, top) == [(top, 0x1000)]
+    # replacing
+    nl.set_prefetch(0xA5, [(0x80000000, W)])
+    assert lookup(0xA5, 0x40000000) == []
+    assert lookup(0xA5, 0x80001000) == [(0x80000000, W)]
+    assert nl.get_info().counters["objects"] == base_objects + 2
+    # clearing: empty and absent ranges; clearing nothing is fine
+    nl.set_prefetch(0xA5, [])
+    assert raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, 0xA6) + nest(Attr.RANGES))[0] == 0
+    assert raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, 0xA6))[0] == 0
+    assert lookup(0xA5, 0x80001000) == [] and lookup(0xA6, top) == []
+    assert nl.get_info().counters["objects"] == base_objects
+
+    # malformed
+    rejected = nl.get_info().counters["rejected"]
+
+    def pf(as_id, *ranges, extra=b""):
+        rs = [nest(Attr.RANGE, u64(Attr.RANGE_BASE, b), u64(Attr.RANGE_LEN, n)) + b""
+              for b, n in ranges]
+        return raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, as_id) + nest(Attr.RANGES, *rs) +
+                           extra)[0]
+
+    assert pf(1, (0x1001, 0x1000)) == errno.EINVAL  # misaligned base
+    assert pf(1, (0x1000, 0x1800)) == errno.EINVAL  # misaligned length
+    assert pf(1, (top, 0x2000)) == errno.EINVAL  # overflow
+    assert pf(1, (0x1000, 0x2000), (0x2000, 0x1000)) == errno.EINVAL  # overlap
+    assert pf(1, (0x1000, 0)) == errno.ERANGE  # the policy: len >= 1
+    assert pf(1, *[(i * 0x2000, 0x1000) for i in range(MAX_NL_RANGES + 1)]) == errno.E2BIG
+    assert raw.request(Cmd.SET_PREFETCH, nest(Attr.RANGES, nest(
+        Attr.RANGE, u64(Attr.RANGE_BASE, 0), u64(Attr.RANGE_LEN, 0x1000))))[0] == errno.EINVAL
+    assert raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, 1) + nest(Attr.RANGES, nest(
+        Attr.RANGE, u64(Attr.RANGE_BASE, 0), u64(Attr.RANGE_LEN, 0x1000),
+        u32(Attr.RANGE_DEST, 0))))[0] == errno.EINVAL  # no dest in a prefetch range
+    assert raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, 1) + nest(Attr.RANGES, nest(
+        Attr.RANGE, u64(Attr.RANGE_BASE, 0))))[0] == errno.EINVAL  # no length
+    assert nl.get_info().counters["rejected"] > rejected
+    assert lookup(1, 0x1000) == []  # nothing stored
+    # the most ranges in one request
+    assert pf(1, *[(i * 0x2000, 0x1000) for i in range(MAX_NL_RANGES)]) == 0
+    assert len(lookup(1, 0, 16)) == 16
+    assert pf(1) == 0  # an empty nest clears
+
+    # at most MAX_PREFETCH_AS address spaces
+    try:
+        for i in range(MAX_PREFETCH_AS):
+            assert pf(0x1000 + i, (0x1000, 0x1000)) == 0, i
+        assert nl.get_info().counters["objects"] == base_objects + MAX_PREFETCH_AS
+        assert pf(0x99999, (0x1000, 0x1000)) == errno.ENOSPC
+        assert pf(0x1000, (0x3000, 0x1000)) == 0  # replacing is fine at the limit
+        assert lookup(0x1000, 0x1000) == [(0x3000, 0x1000)]
+        assert pf(0x99999) == 0  # clearing one that has none, too
+    finally:
+        for i in range(MAX_PREFETCH_AS):
+            assert raw.request(Cmd.SET_PREFETCH, u64(Attr.AS_ID, 0x1000 + i))[0] == 0
+    assert pf(0x99999, (0x1000, 0x1000)) == 0
+    nl.set_prefetch(0x99999)
+    assert nl.get_info().counters["objects"] == base_objects

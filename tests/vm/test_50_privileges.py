@@ -44,6 +44,7 @@ with GpuosNetlink() as nl:
     out["set"] = refused(lambda: nl.set_policy(Client(pid=pid), FaultPolicy.DEFAULT))
     out["del"] = refused(lambda: nl.del_policy(Client(pid=pid)))
     out["migrate"] = refused(lambda: nl.migrate(1, Op.MIGRATE, [Range(0x1000, 0x1000)]))
+    out["prefetch"] = refused(lambda: nl.set_prefetch(1, [(0x1000, 0x1000)]))
     with nl.subscribe() as sub:  # anyone may listen
         out["subscribed"] = True
 with vmlib.Genl() as raw:  # the errnos themselves
@@ -55,6 +56,7 @@ with vmlib.Genl() as raw:  # the errnos themselves
         "del": raw.del_policy("pid", pid),
         "migrate": raw.request(Cmd.MIGRATE, ok)[0],
         "set_malformed": raw.request(Cmd.SET_POLICY, vmlib.u32(Attr.OP, 1))[0],
+        "set_prefetch": raw.request(Cmd.SET_PREFETCH, vmlib.u64(Attr.AS_ID, 1))[0],
     }
 with Chardev() as dev:
     out["abi"] = dev.abi_version()
@@ -87,11 +89,12 @@ def test_unprivileged_user(testdrv, nl, sleepers):
     assert res["get"]["policy"] == "kill-client"
     assert res["subscribed"] and res["abi"] == 1
     # what needs CAP_NET_ADMIN (netlink) or CAP_SYS_ADMIN (ioctl)
-    for what in ("set", "del", "migrate"):
+    for what in ("set", "del", "migrate", "prefetch"):
         assert res[what].startswith("not permitted: ") and "CAP_NET_ADMIN" in res[what], res
     assert res["submit"].startswith("not permitted: ") and "CAP_SYS_ADMIN" in res["submit"]
     assert res["errno"] == {"get_info": 0, "list": 0, "set": 1, "del": 1, "migrate": 1,
-                            "set_malformed": 1, "submit": 1, "submit_bad_pointer": 1}  # EPERM
+                            "set_malformed": 1, "set_prefetch": 1,
+                            "submit": 1, "submit_bad_pointer": 1}  # EPERM
     # the CLI, as nobody runs it
     assert cli.returncode == 4, (cli.returncode, cli_out, cli_err)
     assert cli_out == ""

@@ -127,6 +127,17 @@ def migrate_attrs(as_id: int, op: Op | int, ranges: Sequence[Range]) -> list[tup
             (Attr.RANGES, nested(*[(Attr.RANGE, range_attrs(r)) for r in ranges]))]
 
 
+def prefetch_attrs(as_id: int, ranges: Sequence[Any]) -> list[tuple[Attr, Any]]:
+    """GPUOS_CMD_SET_PREFETCH: ranges are (base, len) pairs or objects with .base and .len;
+    none clears the address space's ranges."""
+    pairs = [(r.base, r.len) if hasattr(r, "base") else (r[0], r[1]) for r in ranges]
+    attrs: list[tuple[Attr, Any]] = [(Attr.AS_ID, as_id)]
+    if pairs:
+        attrs.append((Attr.RANGES, nested(*[
+            (Attr.RANGE, nested((Attr.RANGE_BASE, b), (Attr.RANGE_LEN, n))) for b, n in pairs])))
+    return attrs
+
+
 def request_msg(cmd: Cmd | int, attrs: Iterable[tuple[Attr, Any]] = (),
                 version: int = GENL_VERSION) -> GpuosMsg:
     """A request (not yet encoded): cmd, version and attrs ((Attr, value) pairs; a nested
@@ -415,6 +426,13 @@ class GpuosNetlink:
             raise GpuosError(f"{what}: the reply from gpuos.ko has no GPUOS_A_BATCH_ID")
         return batch_id
 
+    def set_prefetch(self, as_id: int, ranges: Sequence[Any] = ()) -> None:
+        """Replace address space ``as_id``'s prefetch ranges ((base, len) pairs or Range
+        objects; at most GPUOS_MAX_NL_RANGES, page-aligned, disjoint); none clears them.
+        The driver reads them while servicing that address space's faults."""
+        what = f"setting {len(ranges)} prefetch range(s) of address space {as_id:#x}"
+        self.request(Cmd.SET_PREFETCH, prefetch_attrs(as_id, ranges), what=what)
+
     def subscribe(self, baseline: bool = True) -> EventSubscription:
         """Join the "events" group.  With ``baseline``, the last event number is read
         after joining, so events missed from then on show as gaps."""
@@ -430,7 +448,8 @@ class GpuosNetlink:
 
 _CMD_TEXT = {Cmd.GET_INFO: "reading gpuos.ko's info", Cmd.SET_POLICY: "setting a policy",
              Cmd.GET_POLICY: "reading a policy", Cmd.DEL_POLICY: "deleting a policy",
-             Cmd.LIST_POLICIES: "listing policies", Cmd.MIGRATE: "submitting a batch"}
+             Cmd.LIST_POLICIES: "listing policies", Cmd.MIGRATE: "submitting a batch",
+             Cmd.SET_PREFETCH: "setting prefetch ranges"}
 
 
 def _cmd_text(cmd: int) -> str:

@@ -25,6 +25,8 @@ MAX_PRIO = 7
 PAGE_SIZE = 4096
 FAULT_BATCH_ADDRS = 8  # addresses in one FAULT_BATCH event
 FAULT_BATCH_MAX_FAULTS = 65536  # faults of one client in one fault batch
+MAX_PREFETCH_AS = 256  # address spaces with prefetch ranges at once
+PREFETCH_WINDOW = 2 << 20  # the window gpuos_prefetch_lookup searches around a fault
 
 
 class Cmd(IntEnum):
@@ -37,10 +39,11 @@ class Cmd(IntEnum):
     LIST_POLICIES = 5
     MIGRATE = 6
     EVENT = 7
+    SET_PREFETCH = 8
 
 
-CMD_END = 8  # __GPUOS_CMD_MAX
-CMD_MAX = 7  # GPUOS_CMD_MAX
+CMD_END = 9  # __GPUOS_CMD_MAX
+CMD_MAX = 8  # GPUOS_CMD_MAX
 
 
 class Attr(IntEnum):
@@ -308,6 +311,8 @@ def c_names() -> dict[str, int | str]:
         "GPUOS_PAGE_SIZE": PAGE_SIZE,
         "GPUOS_FAULT_BATCH_ADDRS": FAULT_BATCH_ADDRS,
         "GPUOS_FAULT_BATCH_MAX_FAULTS": FAULT_BATCH_MAX_FAULTS,
+        "GPUOS_MAX_PREFETCH_AS": MAX_PREFETCH_AS,
+        "GPUOS_PREFETCH_WINDOW": PREFETCH_WINDOW,
         "GPUOS_DEST_CPU": DEST_CPU,
         "GPUOS_RANGE_EVICT_FIRST": RANGE_EVICT_FIRST,
         "GPUOS_RANGE_EVICT_LAST": RANGE_EVICT_LAST,
