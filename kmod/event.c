@@ -130,6 +130,15 @@ static void gpuos_ev_send(struct gpuos_ev *ev)
 		gpuos_ctr_inc(GPUOS_CTR_EVENTS_UNSENT);
 }
 
+/* The client of a fault event: pid, its cgroup (0: none known), address space. */
+static int gpuos_put_client(struct sk_buff *skb, u32 pid, u64 cgroup, u64 as_id)
+{
+	return nla_put_u32(skb, GPUOS_A_CLIENT_PID, pid) ||
+	       (cgroup && nla_put_u64_64bit(skb, GPUOS_A_CLIENT_CGROUP, cgroup,
+					    GPUOS_A_PAD)) ||
+	       nla_put_u64_64bit(skb, GPUOS_A_AS_ID, as_id, GPUOS_A_PAD);
+}
+
 void gpuos_event_fault(u32 type, const struct gpuos_fault_report *r,
 		       u64 cgroup, u32 decision)
 {
@@ -143,10 +152,7 @@ void gpuos_event_fault(u32 type, const struct gpuos_fault_report *r,
 
 	nest = nla_nest_start(ev.skb, GPUOS_A_FAULT);
 	if (!nest ||
-	    nla_put_u32(ev.skb, GPUOS_A_CLIENT_PID, r->pid) ||
-	    (cgroup && nla_put_u64_64bit(ev.skb, GPUOS_A_CLIENT_CGROUP, cgroup,
-					 GPUOS_A_PAD)) ||
-	    nla_put_u64_64bit(ev.skb, GPUOS_A_AS_ID, r->as_id, GPUOS_A_PAD) ||
+	    gpuos_put_client(ev.skb, r->pid, cgroup, r->as_id) ||
 	    nla_put_u32(ev.skb, GPUOS_A_FAULT_VEID, r->veid) ||
 	    nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_ADDR, r->addr, GPUOS_A_PAD) ||
 	    nla_put_u32(ev.skb, GPUOS_A_FAULT_ACCESS, r->access) ||
@@ -182,10 +188,7 @@ void gpuos_event_fault_batch(const struct gpuos_fault_batch_report *r,
 
 	nest = nla_nest_start(ev.skb, GPUOS_A_FAULT);
 	if (!nest ||
-	    nla_put_u32(ev.skb, GPUOS_A_CLIENT_PID, r->pid) ||
-	    (cgroup && nla_put_u64_64bit(ev.skb, GPUOS_A_CLIENT_CGROUP, cgroup,
-					 GPUOS_A_PAD)) ||
-	    nla_put_u64_64bit(ev.skb, GPUOS_A_AS_ID, r->as_id, GPUOS_A_PAD) ||
+	    gpuos_put_client(ev.skb, r->pid, cgroup, r->as_id) ||
 	    nla_put_u32(ev.skb, GPUOS_A_FAULT_GPU, r->gpu) ||
 	    nla_put_u64_64bit(ev.skb, GPUOS_A_FAULT_BATCH_ID, r->batch_id,
 			      GPUOS_A_PAD) ||

@@ -32,7 +32,7 @@ from . import __version__, procs
 from .criu import Criu
 from .cudadrv import RUNNING, GpuDriver
 from .errors import CheckpointFailed, GpuosError, NotPermitted, ProcessLeftStopped
-from .journal import Operation, _put_back, pid_lock
+from .journal import Operation, put_back, pid_lock
 from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo
 from .observe import Observer, Silent
 from .store import ImageStore, checksum_tree, tree_size
@@ -175,7 +175,7 @@ def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging:
     with op.phase("undo"):
         for gp in gpu_pids:
             try:
-                _put_back(driver, gp)
+                put_back(driver, gp)
             except GpuosError as exc:
                 failed.append(f"pid {gp}: {exc.message}")
     if failed:  # keep the journal: `gpuos recover` retries

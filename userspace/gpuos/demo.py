@@ -10,11 +10,12 @@ that it went on exactly as if nothing had happened.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -38,7 +39,6 @@ class DemoReport:
     checkpoint: CheckpointResult
     restore: RestoreResult
     workdir: Path
-    notes: list[str] = field(default_factory=list)
 
 
 def _start_job(workdir: Path, tag: str, steps: int, step_sleep: float) -> tuple[subprocess.Popen, Path]:
@@ -112,11 +112,5 @@ def run_demo(rt: Runtime, steps: int = 150, step_sleep: float = 0.02, keep: bool
         raise DemoMismatch(f"the restored run differs from the uninterrupted one: {diff} "
                            f"(logs in {workdir})")
     if not keep:
-        _cleanup(workdir)
+        shutil.rmtree(workdir)
     return report
-
-
-def _cleanup(workdir: Path) -> None:
-    for p in workdir.iterdir():
-        p.unlink()
-    workdir.rmdir()

@@ -138,7 +138,7 @@ def _orphaned(run_dir: Path) -> Iterator[tuple[Path, int]]:
         yield jpath, fd
 
 
-def _put_back(driver: GpuDriver, pid: int, pairs: dict[str, str] | None = None) -> str:
+def put_back(driver: GpuDriver, pid: int, pairs: dict[str, str] | None = None) -> str:
     """Restore and unlock a process left stopped on the GPU; say what was done."""
     if not procs.alive(pid):
         return f"pid {pid} is gone"
@@ -197,7 +197,7 @@ def recover(run_dir: Path, store: ImageStore,
                 try:
                     if driver is None:
                         driver = driver_factory()
-                    msg = _put_back(driver, pid, rec.gpu_pairs)
+                    msg = put_back(driver, pid, rec.gpu_pairs)
                 except GpuosError as exc:
                     msg, ok = f"pid {pid}: {exc.message}", False
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
