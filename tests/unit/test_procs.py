@@ -17,10 +17,11 @@ def test_stat_of_a_name_with_parentheses(processes, tmp_path):
     odd = tmp_path / "a) (b c"
     odd.symlink_to("/bin/sleep")
     proc = processes.start([str(odd), "1000"])
-    st = wait_for(lambda: procs.stat(proc.pid).comm == "a) (b c" and procs.stat(proc.pid),
-                  what="the exec")
+    # Right after exec the process may be briefly in D (paging in): wait until it sleeps.
+    st = wait_for(lambda: (s := procs.stat(proc.pid)).comm == "a) (b c" and s.state == "S" and s,
+                  what="the exec and the sleep")
     assert st.ppid == os.getpid() and st.session == proc.pid and st.tty_nr == 0
-    assert st.state in "RS" and st.starttime > 0
+    assert st.state == "S" and st.starttime > 0
 
 
 def test_tree_threads_and_cmdline(processes):
