@@ -192,6 +192,23 @@ class Timeout(GpuosError):
     kind = "timeout"
 
 
+# -- libgpuos (userspace/gpuos/intercept) ----------------------------------------
+
+
+class NotTracked(GpuosError):
+    """The process has no libgpuos ring (not started by `gpuos run`, or no CUDA call yet)."""
+
+    exit_code = 29
+    kind = "not-tracked"
+
+
+class LibgpuosMissing(GpuosError):
+    """libgpuos.so is not built or not where gpuos looks for it."""
+
+    exit_code = 30
+    kind = "libgpuos-missing"
+
+
 ALL_ERRORS: tuple[type[GpuosError], ...] = (
     GpuosError,
     NoSuchProcess,
@@ -220,4 +237,6 @@ ALL_ERRORS: tuple[type[GpuosError], ...] = (
     LimitReached,
     BccUnavailable,
     Timeout,
+    NotTracked,
+    LibgpuosMissing,
 )

@@ -19,6 +19,7 @@ from .images import images
 from .kmod import kmod
 from .output import Reporter, emit_json, fail, human_bytes, json_option, table
 from .policy import policy
+from .run import run_cmd
 from .trace import trace
 
 EXIT_CODES_HELP = """\b
@@ -37,7 +38,8 @@ Exit codes:
   21 gpuos.ko of another version      26 a gpuos.ko limit reached
   22 no GPU driver in gpuos.ko        27 bcc missing (gpuos trace)
   23 GPU driver lacks the operation   28 timed out (gpuos events)
-  24 gpuos.ko rejected the request
+  24 gpuos.ko rejected the request    29 process not tracked by libgpuos
+                                      30 libgpuos.so missing
 """
 
 
@@ -235,6 +237,7 @@ cli.add_command(driver)
 cli.add_command(policy)
 cli.add_command(events)
 cli.add_command(trace)
+cli.add_command(run_cmd)
 
 
 def main() -> None:

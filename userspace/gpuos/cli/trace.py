@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
 
+from ..errors import NoSuchProcess, NotPermitted, NotTracked
+from ..intercept import ring as R
 from ..kernel.trace import FaultReport, FaultTracer, format_log2_hist
 from .output import json_option, table
 
 
 @click.group()
 def trace() -> None:
-    """Trace gpuos.ko with eBPF: faults per client, decision latency.
+    """Trace GPU work: kernel launches inside a process (libgpuos), faults in gpuos.ko (eBPF).
 
-    Needs bcc (python3-bpfcc) and root.
-
-    The programs attach to gpuos.ko's tracepoints only, never to kprobes or
-    fentry (which some hosts refuse).
+    `trace launches` reads the launch ring of a process started by `gpuos run`.
+    `trace faults` needs bcc (python3-bpfcc) and root; its programs attach to
+    gpuos.ko's tracepoints only, never to kprobes or fentry (which some hosts refuse).
     """
 
 
@@ -78,3 +80,95 @@ def faults_cmd(interval: float | None, duration: float | None, as_json: bool) ->
         rep = tracer.report()
         if interval is None or rep.faults or rep.decisions:  # the last, partial interval
             _print_report(rep, as_json)
+
+
+def _open_ring(pid: int) -> R.Ring:
+    try:
+        return R.Ring.open_pid(pid)
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process {pid}") from None
+    except PermissionError:
+        raise NotPermitted(f"process {pid} belongs to another user (root may trace it)") from None
+    except LookupError:
+        raise NotTracked(f"process {pid} has no libgpuos ring: start it with `gpuos run`, "
+                         "or it has made no CUDA call yet") from None
+    except R.RingError as exc:
+        raise NotTracked(f"process {pid}: {exc}") from None
+
+
+def _describe(rec: dict, name: str | None) -> str:
+    t = rec["type"]
+    if t == "launch":
+        bufs = ", ".join(f"{b['ptr']:#x}" + (f"@{b['param']}" if b["param"] is not None else "")
+                         for b in rec["bufs"][:6]) + (" ..." if len(rec["bufs"]) > 6 else "")
+        flags = f" [{','.join(rec['flags'])}]" if rec["flags"] else ""
+        return (f"launch #{rec['seq']} {name or '?'} grid={'x'.join(map(str, rec['grid']))} "
+                f"block={'x'.join(map(str, rec['block']))} stream={rec['stream']:#x}{flags} "
+                f"bufs={len(rec['bufs'])}: {bufs}")
+    if t == "copy":
+        return (f"{rec['kind']} #{rec['seq']} dst={rec['dst']:#x}+{rec['dst_len']} "
+                f"src={rec['src']:#x}+{rec['src_len']} stream={rec['stream']:#x}")
+    if t in ("alloc", "free"):
+        return f"{t} {rec['kind']} {rec['base']:#x}+{rec['size']}"
+    if t == "graph":
+        return f"graph #{rec['seq']} exec={rec['graph_exec']:#x} kernels={rec['nkernels']} copies={rec['ncopies']}"
+    if t == "validate":
+        if rec["skipped"]:
+            return f"validate #{rec['seq']} skipped ({rec['skip_reason']})"
+        return (f"validate #{rec['seq']} {name or rec['op']}: changed {rec['changed_bytes']} B, "
+                f"missed {rec['missed_bytes']} B, over-predicted {rec['overpredicted_bytes']} B")
+    if t == "status":
+        return f"tracking {rec['state']}: {rec['reason']}"
+    return t
+
+
+@trace.command("launches")
+@click.argument("pid", type=int)
+@click.option("--all", "show_all", is_flag=True,
+              help="Every record (allocations, copies, graph launches, validation), not only "
+                   "kernel launches.")
+@click.option("--from-start", is_flag=True,
+              help="Begin with the oldest records still in the ring, not with new ones.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Stop after S seconds [default: when the process exits, or at Ctrl-C].")
+@json_option(help="One JSON object per record (JSON lines), as in the launch log.")
+def launches_cmd(pid: int, show_all: bool, from_start: bool, duration: float | None,
+                 as_json: bool) -> None:
+    """Follow the kernel launches of process PID live.
+
+    PID must run with libgpuos (started by `gpuos run`). Each line is one launch:
+    kernel name, grid and block, stream, and the buffers predicted from its
+    arguments (pointer@parameter). Reading never slows the process: if we fall
+    behind, the oldest records are lost and the count is reported at the end.
+    Needs the same user as PID, or root. Exit 3: no such process; 4: not
+    permitted; 29: PID has no libgpuos ring.
+    """
+    ring = _open_ring(pid)
+    h = ring.header()
+    if not h.tracking and not as_json:
+        click.echo(f"gpuos: tracking is off in process {pid}: {h.reason}", err=True)
+    reader = R.RingReader(ring, from_start=from_start)
+    end = None if duration is None else time.monotonic() + duration
+    try:
+        while True:
+            alive = os.path.exists(f"/proc/{pid}")
+            for rtype, flags, ts, tid, body in reader.poll():
+                if not show_all and rtype != R.LAUNCH:
+                    continue
+                rec = R.decode(rtype, flags, ts, tid, body)
+                fn = ring.function(rec["func"]) if rec.get("func") is not None else None
+                name = fn.name if fn else None
+                if as_json:
+                    click.echo(json.dumps(dict(rec, pid=pid, name=name), separators=(",", ":")))
+                else:
+                    click.echo(f"{(ts - h.start_mono_ns) / 1e9:12.6f} {_describe(rec, name)}")
+            if not alive or (end is not None and time.monotonic() >= end):
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        lost = reader.stats.skipped_slots + reader.stats.torn
+        if lost and not as_json:
+            click.echo(f"gpuos: {lost} ring slots were overwritten before they were read", err=True)
+        ring.close()

@@ -1,0 +1,102 @@
+"""`gpuos run`: run a command with libgpuos, the in-process CUDA interception library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..intercept.runner import RunOptions, RunResult, Supervisor
+from .output import human_bytes, table
+
+
+def _summary(res: RunResult) -> list[str]:
+    lines = []
+    if not res.processes:
+        lines.append("no process made a CUDA driver call: nothing was tracked")
+    for p in res.processes:
+        c = p.counters
+        state = "tracking" if p.state == "on" else f"tracking OFF ({p.reason})"
+        lines.append(f"pid {p.pid} {Path(p.exe).name}: {state}; {c['launches']} launches, "
+                     f"{c['copies']} copies, {c['allocs']} allocations, "
+                     f"{c['graph_launches']} graph launches"
+                     + (f", {c['unknown_layout']} launches without a parameter layout"
+                        if c["unknown_layout"] else "")
+                     + (f", {c['records_lost']} records lost" if c["records_lost"] else ""))
+    v = res.validation
+    if v is not None:
+        lines.append(f"validation: {v.operations} operations validated, {v.skipped} skipped, "
+                     f"{v.with_misses} with misses ({human_bytes(v.missed_bytes)} written "
+                     f"unpredicted); predicted {human_bytes(v.predicted_bytes)}, of which "
+                     f"{human_bytes(v.overpredicted_bytes)} unchanged")
+        missed = [k for k in v.kernels.values() if k.with_misses]
+        if missed:
+            lines.append(table(["KERNEL WITH MISSES", "VALIDATED", "WITH MISSES", "MISSED"],
+                               [[k.name[:80], k.validated, k.with_misses, human_bytes(k.missed_bytes)]
+                                for k in sorted(missed, key=lambda k: -k.missed_bytes)]))
+    if res.log_lost:
+        lines.append(f"launch log: {res.log_records} records written, {res.log_lost} ring slots "
+                     "lost (the ring lapped the reader; raise --ring-slots)")
+    return lines
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True,
+                                        "allow_interspersed_args": False})
+@click.option("--log", "log", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write every allocation, launch, copy and validation outcome of the command's "
+                   "processes to FILE as JSON lines (gzip if FILE ends in .gz); format in "
+                   "docs/interception.md.")
+@click.option("--validate", is_flag=True,
+              help="Prove the buffer predictions: fingerprint all GPU memory on the GPU before and "
+                   "after every operation and report buffers changed but not predicted (misses). "
+                   "Serializes the command's GPU work: slow.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write the run's report (processes, counters, validation) to FILE as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON on stdout when the command has ended.")
+@click.option("--touch-all", multiple=True, metavar="SUBSTRING",
+              help="Treat kernels whose name contains SUBSTRING as touching every buffer (the "
+                   "fallback for a kernel that validation shows writing through pointers kept in "
+                   "GPU memory). Repeatable.")
+@click.option("--ring-slots", type=click.IntRange(1024, 1 << 24), metavar="N",
+              help="Ring size in 64-byte slots, a power of two [default: 1048576 = 64 MiB].")
+@click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_cmd(log, validate, report, as_json, touch_all, ring_slots, quiet, cmd) -> None:
+    """Run CMD with libgpuos preloaded and report what it did on the GPU.
+
+    \b
+    gpuos run [OPTIONS] -- CMD [ARGS]...
+
+    libgpuos intercepts the CUDA driver API inside every process of CMD's tree
+    (the CUDA runtime, cuBLAS, cuDNN, NCCL, Triton and programs linked to libcuda
+    directly are all seen), keeps a map of every allocation and, for each kernel
+    launch, records the buffers the kernel may access, found in its arguments.
+    The application runs unchanged; if anything in the library fails, tracking
+    turns off for that process and it runs on untouched.
+
+    A summary goes to stderr when CMD ends. `gpuos trace launches PID` follows a
+    running process live. The exit status is CMD's (128+N if a signal N ended it);
+    gpuos's own errors use the codes below (30: libgpuos.so missing).
+
+    \b
+    Examples:
+      gpuos run -- python train.py
+      gpuos run --log launches.jsonl.gz -- python infer.py
+      gpuos run --validate --report val.json -- python train.py --steps 2
+    """
+    if ring_slots and ring_slots & (ring_slots - 1):
+        raise click.BadParameter("must be a power of two", param_hint="--ring-slots")
+    res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
+                                touch_all=list(touch_all), ring_slots=ring_slots)).run()
+    doc = res.to_json()
+    if report:
+        report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    if not quiet:
+        for line in _summary(res):
+            click.echo(f"gpuos run: {line}" if "\n" not in line else line, err=True)
+    sys.exit(res.returncode)

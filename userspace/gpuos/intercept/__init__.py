@@ -1,0 +1,1 @@
+"""The Python side of libgpuos: `gpuos run`, the ring reader, the launch log (docs/interception.md)."""

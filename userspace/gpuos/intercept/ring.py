@@ -1,0 +1,337 @@
+"""Reading libgpuos's launch ring (libgpuos/include/gpuos_ring.h, format version 1).
+
+The ring is a memfd shared with the traced process.  We map it read-only and follow
+the writer protocol described in the header: a record starts in a slot whose sequence
+word is ``(index + 1) | START``; a copy is only trusted if the writer has not claimed
+any of its slots again by the time we finished copying.  Readers never write, so many
+can follow one ring and none can slow the application down.
+
+The struct layouts below mirror the C header; tests/unit/test_intercept_ring.py
+compiles the header and checks every size and offset.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+MAGIC = 0x31474E4952534F47
+VERSION = 1
+HDR_SIZE = 4096
+SLOT_SIZE = 64
+SLOT_PAYLOAD = 56
+SLOT_START = 1 << 63
+MEMFD_NAME = "gpuos-ring"
+CHUNK = 4096  # GPUOS_VALIDATE_CHUNK
+
+TRACK_ON, TRACK_OFF = 1, 2
+RING_VALIDATE = 1
+
+HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10Q")
+COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_layout",
+            "unmatched_procs", "validated", "validate_skipped", "misses")
+FUNC_ENT = struct.Struct("<QIHHII")
+REC_HDR = struct.Struct("<HHIQII")
+
+PAD, ALLOC, FREE, OBJECT, LAUNCH, COPY, GRAPH, VALIDATE, STATUS = range(9)
+REC_NAMES = {PAD: "pad", ALLOC: "alloc", FREE: "free", OBJECT: "object", LAUNCH: "launch",
+             COPY: "copy", GRAPH: "graph", VALIDATE: "validate", STATUS: "status"}
+
+ALLOC_BODY = struct.Struct("<5QIi")
+OBJECT_BODY = struct.Struct("<QQII")
+LAUNCH_BODY = struct.Struct("<5Q10I")
+BUF = struct.Struct("<4QHHI")
+COPY_BODY = struct.Struct("<7QII")
+GRAPH_BODY = struct.Struct("<3QII")
+VALIDATE_BODY = struct.Struct("<6Q4I")
+MISS = struct.Struct("<4Q")
+STATUS_BODY = struct.Struct("<Ii256s")
+
+ALLOC_KINDS = {1: "device", 2: "pitch", 3: "async", 4: "managed", 5: "host",
+               6: "host-registered", 7: "vmm-reserve", 8: "vmm-map", 9: "vmm-create",
+               10: "graph"}
+OBJ_TYPES = {1: "module", 2: "library", 3: "function", 4: "kernel", 5: "stream", 6: "event",
+             7: "graph-exec", 8: "context"}
+OBJ_FLAGS = {1: "created", 2: "destroyed"}
+LAUNCH_FLAGS = {1 << 0: "layout-unknown", 1 << 1: "touch-all", 1 << 2: "truncated",
+                1 << 3: "graph", 1 << 4: "captured", 1 << 5: "ex", 1 << 6: "cooperative",
+                1 << 7: "extra"}
+BUF_FLAGS = {1 << 0: "managed", 1 << 1: "host", 1 << 2: "exact", 1 << 3: "write",
+             1 << 4: "read"}
+COPY_KINDS = {1: "htod", 2: "dtoh", 3: "dtod", 4: "htoh", 5: "unified", 6: "peer",
+              7: "memset", 8: "2d", 9: "3d", 10: "batch"}
+COPY_FLAGS = {1 << 0: "async", 1 << 1: "graph"}
+SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context"}
+OP_TYPES = {LAUNCH: "launch", COPY: "copy", GRAPH: "graph"}
+NO_FUNC = 0xFFFFFFFF
+
+
+def flag_names(value: int, names: dict[int, str]) -> list[str]:
+    return [name for bit, name in names.items() if value & bit]
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class RingError(Exception):
+    """Not a libgpuos ring, or one of another format version."""
+
+
+@dataclass
+class RingHeader:
+    pid: int
+    nslots: int
+    flags: int
+    head: int
+    lost: int
+    state: int
+    reason_errno: int
+    reason: str
+    start_realtime_ns: int
+    start_mono_ns: int
+    strtab_off: int
+    func_cap: int
+    func_count: int
+    driver_version: int
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tracking(self) -> bool:
+        return self.state == TRACK_ON
+
+    @property
+    def validate(self) -> bool:
+        return bool(self.flags & RING_VALIDATE)
+
+
+@dataclass
+class Function:
+    id: int
+    handle: int
+    name: str | None
+    nparams: int | None  # None: layout unknown
+    params_bytes: int
+
+
+def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
+    """One record as the dict the launch log writes (docs/interception.md, "Launch log")."""
+    rec: dict = {"type": REC_NAMES.get(rtype, f"unknown-{rtype}"), "ts_ns": ts_ns, "tid": tid}
+    if rtype in (ALLOC, FREE):
+        base, size, ctx, stream, aux, kind, device = ALLOC_BODY.unpack_from(body)
+        rec.update(base=base, size=size, ctx=ctx, stream=stream, aux=aux,
+                   kind=ALLOC_KINDS.get(kind, kind), device=device)
+    elif rtype == OBJECT:
+        handle, parent, objtype, func_id = OBJECT_BODY.unpack_from(body)
+        rec.update(handle=handle, parent=parent, object=OBJ_TYPES.get(objtype, objtype),
+                   op=flag_names(flags, OBJ_FLAGS)[0] if flags & 3 else None,
+                   func=None if func_id == NO_FUNC else func_id)
+    elif rtype == LAUNCH:
+        (seq, stream, ctx, graph_exec, arg_hash, func_id, gx, gy, gz, bx, by, bz, shmem, nbuf,
+         _) = LAUNCH_BODY.unpack_from(body)
+        bufs = []
+        for i in range(nbuf):
+            off = LAUNCH_BODY.size + i * BUF.size
+            if off + BUF.size > len(body):
+                break
+            base, size, ptr, length, param, bflags, poff = BUF.unpack_from(body, off)
+            bufs.append({"base": base, "size": size, "ptr": ptr, "len": length,
+                         "param": None if param == 0xFFFF else param, "offset": poff,
+                         "flags": flag_names(bflags, BUF_FLAGS)})
+        rec.update(seq=seq, func=func_id, grid=[gx, gy, gz], block=[bx, by, bz], shmem=shmem,
+                   stream=stream, ctx=ctx, graph_exec=graph_exec, arg_hash=arg_hash,
+                   flags=flag_names(flags, LAUNCH_FLAGS), bufs=bufs)
+    elif rtype == COPY:
+        seq, stream, dst, src, dst_len, src_len, graph_exec, kind, value = \
+            COPY_BODY.unpack_from(body)
+        rec.update(seq=seq, kind=COPY_KINDS.get(kind, kind), flags=flag_names(flags, COPY_FLAGS),
+                   stream=stream, dst=dst, src=src, dst_len=dst_len, src_len=src_len,
+                   graph_exec=graph_exec, value=value)
+    elif rtype == GRAPH:
+        seq, graph_exec, stream, nkernels, ncopies = GRAPH_BODY.unpack_from(body)
+        rec.update(seq=seq, graph_exec=graph_exec, stream=stream, nkernels=nkernels,
+                   ncopies=ncopies)
+    elif rtype == VALIDATE:
+        (seq, changed, predicted, over, missed, tracked, func_id, nmiss, skip,
+         op_type) = VALIDATE_BODY.unpack_from(body)
+        misses = []
+        for i in range(nmiss):
+            off = VALIDATE_BODY.size + i * MISS.size
+            if off + MISS.size > len(body):
+                break
+            base, size, first, length = MISS.unpack_from(body, off)
+            misses.append({"base": base, "size": size, "first": first, "len": length})
+        rec.update(seq=seq, op=OP_TYPES.get(op_type, op_type),
+                   func=None if func_id == NO_FUNC else func_id,
+                   skipped=bool(flags & 1), skip_reason=SKIP_REASONS.get(skip, skip),
+                   changed_bytes=changed, predicted_bytes=predicted,
+                   overpredicted_bytes=over, missed_bytes=missed, tracked_bytes=tracked,
+                   misses=misses)
+    elif rtype == STATUS:
+        state, err, reason = STATUS_BODY.unpack_from(body)
+        rec.update(state="on" if state == TRACK_ON else "off", err=err, reason=_cstr(reason))
+    return rec
+
+
+class Ring:
+    """A read-only view of one process's ring."""
+
+    def __init__(self, fd: int):
+        size = os.fstat(fd).st_size
+        if size < HDR_SIZE:
+            raise RingError("too small to be a libgpuos ring")
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        magic, version, hdr_size, slot_size, nslots = struct.unpack_from("<QIIII", self.map)
+        if magic != MAGIC:
+            raise RingError("not a libgpuos ring (bad magic)")
+        if version != VERSION or hdr_size != HDR_SIZE or slot_size != SLOT_SIZE:
+            raise RingError(f"ring format version {version} (this gpuos reads {VERSION})")
+        if nslots & (nslots - 1) or HDR_SIZE + nslots * SLOT_SIZE > size:
+            raise RingError("ring header is inconsistent")
+        self.nslots = nslots
+        self.functions: dict[int, Function] = {}
+
+    @classmethod
+    def open_pid(cls, pid: int) -> "Ring":
+        """The ring of a running process, through /proc/PID/fd (same user or root)."""
+        fd = open_proc_ring_fd(pid)
+        try:
+            return cls(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.map.close()
+
+    def header(self) -> RingHeader:
+        f = HDR.unpack_from(self.map)
+        return RingHeader(pid=f[5], nslots=f[4], flags=f[6], head=f[7], lost=f[8], state=f[9],
+                          reason_errno=f[10], reason=_cstr(f[11]), start_realtime_ns=f[12],
+                          start_mono_ns=f[13], strtab_off=f[14], func_cap=f[16],
+                          func_count=f[17], driver_version=f[19],
+                          counters=dict(zip(COUNTERS, f[21:31])))
+
+    def head(self) -> int:
+        return struct.unpack_from("<Q", self.map, 32)[0]
+
+    def function(self, func_id: int) -> Function | None:
+        """The function table entry `func_id`, once its writer has published it."""
+        if func_id in self.functions:
+            return self.functions[func_id]
+        h = self.header()
+        if func_id >= min(h.func_count, h.func_cap):
+            return None
+        off = h.strtab_off + func_id * FUNC_ENT.size
+        handle, name_off, name_len, nparams, params_bytes, ready = FUNC_ENT.unpack_from(self.map, off)
+        if not ready:
+            return None
+        name = None
+        if name_len:
+            start = h.strtab_off + h.func_cap * FUNC_ENT.size + name_off
+            name = self.map[start:start + name_len].decode("utf-8", "replace")
+        fn = Function(func_id, handle, name, None if nparams == 0xFFFF else nparams, params_bytes)
+        self.functions[func_id] = fn
+        return fn
+
+
+@dataclass
+class ReadStats:
+    records: int = 0
+    skipped_slots: int = 0   # lapped by the writer before we read them
+    torn: int = 0            # overwritten while we copied them
+
+
+class RingReader:
+    """Follows a ring from a cursor; `poll()` returns the records committed since."""
+
+    STALL_S = 1.0  # a claimed slot not committed for this long: its writer died there
+
+    def __init__(self, ring: Ring, from_start: bool = True):
+        self.ring = ring
+        head = ring.head()
+        self.cursor = max(0, head - ring.nslots) if from_start else head
+        self.stats = ReadStats()
+        self._stalled_at: tuple[int, float] | None = None
+
+    def _seq(self, index: int) -> int:
+        return struct.unpack_from("<Q", self.ring.map, HDR_SIZE + (index % self.ring.nslots) * SLOT_SIZE)[0]
+
+    def _payload(self, start: int, nslots: int) -> bytes:
+        m, base = self.ring.map, start % self.ring.nslots
+        return b"".join(m[HDR_SIZE + (base + i) * SLOT_SIZE + 8:HDR_SIZE + (base + i + 1) * SLOT_SIZE]
+                        for i in range(nslots))
+
+    def poll(self, limit: int = 1 << 30) -> Iterator[tuple[int, int, int, int, bytes]]:
+        """Yield (type, flags, ts_ns, tid, body) for each new record, oldest first."""
+        ring, n = self.ring, 0
+        while n < limit:
+            head = ring.head()
+            if self.cursor >= head:
+                return
+            if head - self.cursor > ring.nslots:  # lapped: jump to what is still there
+                self._skip_to(head - ring.nslots)
+                continue
+            seq = self._seq(self.cursor)
+            index = seq & ~SLOT_START
+            if index < self.cursor + 1:  # claimed, not yet committed
+                if not self._stalled(head):
+                    return
+                self._skip_to(self.cursor + 1)
+                continue
+            if index > self.cursor + 1 or not seq & SLOT_START:
+                self._skip_to(self.cursor + 1)
+                continue
+            first = self._payload(self.cursor, 1)
+            rtype, flags, size, ts, tid, _ = REC_HDR.unpack_from(first)
+            nslots = max(1, -(-size // SLOT_PAYLOAD))
+            data = first if nslots == 1 else self._payload(self.cursor, nslots)
+            if ring.head() > self.cursor + ring.nslots or size < REC_HDR.size:
+                self.stats.torn += 1
+                self._skip_to(self.cursor + 1)
+                continue
+            self.cursor += nslots
+            self._stalled_at = None
+            if rtype == PAD:
+                continue
+            n += 1
+            self.stats.records += 1
+            yield rtype, flags, ts, tid, data[REC_HDR.size:size]
+
+    def _skip_to(self, cursor: int) -> None:
+        """Move to the next record start at or after `cursor`."""
+        head = self.ring.head()
+        while cursor < head and self._seq(cursor) != ((cursor + 1) | SLOT_START):
+            cursor += 1
+        self.stats.skipped_slots += cursor - self.cursor
+        self.cursor = cursor
+        self._stalled_at = None
+
+    def _stalled(self, head: int) -> bool:
+        now = time.monotonic()
+        if self._stalled_at is None or self._stalled_at[0] != self.cursor:
+            self._stalled_at = (self.cursor, now)
+            return False
+        return now - self._stalled_at[1] > self.STALL_S and head > self.cursor + 1
+
+
+def open_proc_ring_fd(pid: int) -> int:
+    """Open the ring memfd of process `pid` read-only, through /proc/PID/fd.
+
+    Raises FileNotFoundError when the process does not exist, LookupError when it has
+    no ring (libgpuos not loaded, or no CUDA call yet), PermissionError when the
+    kernel refuses (another user's process and we are not root).
+    """
+    fd_dir = f"/proc/{pid}/fd"
+    names = os.listdir(fd_dir)
+    for name in names:
+        try:
+            target = os.readlink(f"{fd_dir}/{name}")
+        except FileNotFoundError:
+            continue
+        if target.startswith(f"/memfd:{MEMFD_NAME} "):
+            return os.open(f"{fd_dir}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    raise LookupError(f"process {pid} has no libgpuos ring")

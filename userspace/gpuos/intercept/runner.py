@@ -1,0 +1,282 @@
+"""`gpuos run`: start a command with libgpuos preloaded and serve its control socket.
+
+Every process of the command's tree that makes a CUDA driver call connects to our
+socket (GPUOS_CTL, in a fresh 0700 directory) and hands us its ring (libgpuos/include/
+gpuos_ctl.h).  We check each peer with SO_PEERCRED, keep the rings, and when asked
+drain them into the launch log and the validation summary.  We only read the rings: a
+slow `gpuos run` loses log records (counted in the report), it never slows the
+application down.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import GpuosError, LibgpuosMissing
+from . import ring as R
+from .log import LaunchLogWriter
+from .report import ProcessReport, ValidationSummary
+
+CTL_MAGIC = 0x4C54434F
+CTL_VERSION = 1
+CTL_VALIDATE = 1
+HELLO = struct.Struct("<IIIIQII256s")
+REPLY = struct.Struct("<II")
+DRAIN_INTERVAL_S = 0.05
+
+
+def libgpuos_path() -> Path:
+    """The libgpuos.so to preload: $GPUOS_LIBGPUOS, else the one shipped in the package."""
+    env = os.environ.get("GPUOS_LIBGPUOS")
+    path = Path(env) if env else Path(__file__).resolve().parent.parent / "_native" / "libgpuos.so"
+    if not path.is_file():
+        raise LibgpuosMissing(
+            f"libgpuos.so not found at {path}"
+            + ("" if env else " (build it: pip install the gpuos checkout, or make -C libgpuos)"))
+    return path
+
+
+@dataclass
+class RunOptions:
+    cmd: list[str]
+    log: Path | None = None
+    validate: bool = False
+    touch_all: list[str] = field(default_factory=list)
+    ring_slots: int | None = None
+    lib: Path | None = None
+
+
+@dataclass
+class Tracked:
+    """One process of the command's tree that connected."""
+
+    pid: int
+    ppid: int
+    exe: str
+    conn: socket.socket
+    ring: R.Ring
+    reader: R.RingReader | None
+    logged_funcs: set[int] = field(default_factory=set)
+    ended: bool = False
+
+
+@dataclass
+class RunResult:
+    cmd: list[str]
+    returncode: int
+    wall_s: float
+    processes: list[ProcessReport]
+    validation: ValidationSummary | None
+    log_records: int
+    log_lost: int  # records the log could not get (the ring lapped us, or torn copies)
+
+    def to_json(self) -> dict:
+        return {"cmd": self.cmd, "returncode": self.returncode, "wall_s": round(self.wall_s, 3),
+                "processes": [asdict(p) for p in self.processes],
+                "validation": self.validation.to_json() if self.validation else None,
+                "log_records": self.log_records, "log_lost": self.log_lost}
+
+
+def _check_cmd(cmd: list[str]) -> None:
+    if not cmd:
+        raise GpuosError("no command given (gpuos run -- CMD ARGS...)")
+    if "/" not in cmd[0] and shutil.which(cmd[0]) is None:
+        raise GpuosError(f"command not found: {cmd[0]}")
+
+
+class Supervisor:
+    def __init__(self, opts: RunOptions):
+        _check_cmd(opts.cmd)
+        self.opts = opts
+        self.lib = opts.lib or libgpuos_path()
+        if any(c in str(self.lib) for c in " :"):
+            raise GpuosError(f"libgpuos path {self.lib} has a space or colon; LD_PRELOAD cannot name it")
+        self.drain = opts.log is not None or opts.validate
+        self.procs: dict[int, Tracked] = {}
+        self.summary = ValidationSummary() if opts.validate else None
+        self.log: LaunchLogWriter | None = None
+        self.sel = selectors.DefaultSelector()
+
+    def _env(self, ctl: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        pre = env.get("LD_PRELOAD", "").strip()
+        env["LD_PRELOAD"] = f"{self.lib} {pre}".strip()
+        env["GPUOS_CTL"] = str(ctl)
+        env.pop("GPUOS_VALIDATE", None)
+        if self.opts.validate:
+            env["GPUOS_VALIDATE"] = "1"
+        if self.opts.touch_all:
+            env["GPUOS_TOUCH_ALL"] = ",".join(self.opts.touch_all)
+        if self.opts.ring_slots:
+            env["GPUOS_RING_SLOTS"] = str(self.opts.ring_slots)
+        return env
+
+    def run(self) -> RunResult:
+        tmp = Path(tempfile.mkdtemp(prefix="gpuos-run-"))  # mode 0700
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        ctl = tmp / "ctl.sock"
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            listener.bind(str(ctl))
+            listener.listen(64)
+            listener.setblocking(False)
+            self.sel.register(listener, selectors.EVENT_READ, "listen")
+            if self.opts.log:
+                self.log = LaunchLogWriter(self.opts.log, self.opts.cmd, self.opts.validate)
+            start = time.monotonic()
+            try:
+                child = subprocess.Popen(self.opts.cmd, env=self._env(ctl))
+            except OSError as exc:
+                raise GpuosError(f"cannot start {self.opts.cmd[0]}: {exc.strerror}") from exc
+            # Ctrl-C reaches the child through the terminal; we stay to write the report.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(s, lambda sig, _f: child.send_signal(sig))
+            rc = self._loop(child)
+            wall = time.monotonic() - start
+            return self._finish(rc, wall)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            for t in self.procs.values():
+                t.conn.close()
+            listener.close()
+            self.sel.close()
+            if self.log:
+                self.log.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _loop(self, child: subprocess.Popen) -> int:
+        pidfd = os.pidfd_open(child.pid)
+        self.sel.register(pidfd, selectors.EVENT_READ, "child")
+        try:
+            while True:
+                for key, _ in self.sel.select(DRAIN_INTERVAL_S if self.drain else None):
+                    if key.data == "listen":
+                        self._accept(key.fileobj)
+                    elif key.data == "child":
+                        rc = child.wait()
+                        self._drain_all()
+                        return rc if rc >= 0 else 128 - rc
+                    else:
+                        self._conn_event(key.data)
+                if self.drain:
+                    self._drain_all()
+        finally:
+            self.sel.unregister(pidfd)
+            os.close(pidfd)
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        try:
+            self._handshake(conn)
+        except (OSError, ValueError, R.RingError):
+            conn.close()
+
+    def _handshake(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        cpid, cuid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        msg, fds, _, _ = socket.recv_fds(conn, HELLO.size, 1)
+        try:
+            if cuid not in (os.getuid(), 0):
+                raise ValueError(f"peer uid {cuid}")
+            if len(msg) != HELLO.size or len(fds) != 1:
+                raise ValueError("short hello")
+            magic, version, pid, ppid, _size, _flags, _state, exe = HELLO.unpack(msg)
+            if magic != CTL_MAGIC or version != CTL_VERSION or pid != cpid:
+                conn.sendall(REPLY.pack(CTL_MAGIC, errno.EPROTO))
+                raise ValueError("bad hello")
+            ring = R.Ring(fds[0])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.sendall(REPLY.pack(CTL_MAGIC, 0))
+        conn.setblocking(False)
+        t = Tracked(pid, ppid, exe.split(b"\0", 1)[0].decode("utf-8", "replace"), conn, ring,
+                    R.RingReader(ring, from_start=True) if self.drain else None)
+        self.procs[pid] = t
+        self.sel.register(conn, selectors.EVENT_READ, t)
+        if self.log:
+            self.log.write({"type": "proc", "event": "start", "pid": pid, "ppid": ppid, "exe": t.exe})
+
+    def _conn_event(self, t: Tracked) -> None:
+        try:
+            data = t.conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the process exited (or closed its end)
+            self.sel.unregister(t.conn)
+            self._drain(t)
+            self._end(t)
+
+    def _end(self, t: Tracked) -> None:
+        if t.ended:
+            return
+        t.ended = True
+        if self.log:
+            h = t.ring.header()
+            self.log.write({"type": "proc", "event": "end", "pid": t.pid,
+                            "state": "on" if h.tracking else "off",
+                            "reason": h.reason or None, "counters": h.counters})
+
+    def _drain_all(self) -> None:
+        for t in self.procs.values():
+            self._drain(t)
+
+    def _name(self, t: Tracked, func: int | None) -> str:
+        if func is None:
+            return "?"
+        fn = t.ring.function(func)
+        return (fn.name if fn and fn.name else None) or f"function#{func}"
+
+    def _drain(self, t: Tracked) -> None:
+        if t.reader is None:
+            return
+        for rtype, flags, ts, tid, body in t.reader.poll():
+            rec = R.decode(rtype, flags, ts, tid, body)
+            func = rec.get("func")
+            if self.summary is not None:
+                if rtype == R.LAUNCH:
+                    self.summary.launched(self._name(t, func))
+                elif rtype == R.VALIDATE:
+                    name = self._name(t, func) if rec["op"] == "launch" else f"({rec['op']})"
+                    self.summary.add(name, rec)
+            if self.log:
+                if func is not None and func not in t.logged_funcs:
+                    fn = t.ring.function(func)
+                    if fn is not None:
+                        t.logged_funcs.add(func)
+                        self.log.write({"type": "function", "pid": t.pid, "id": fn.id,
+                                        "handle": fn.handle, "name": fn.name,
+                                        "nparams": fn.nparams, "params_bytes": fn.params_bytes})
+                rec["pid"] = t.pid
+                self.log.write(rec)
+
+    def _finish(self, rc: int, wall: float) -> RunResult:
+        procs = []
+        for t in self.procs.values():
+            self._end(t)
+            h = t.ring.header()
+            counters = dict(h.counters, records_lost=h.lost)
+            procs.append(ProcessReport(t.pid, t.ppid, t.exe, "on" if h.tracking else "off",
+                                       h.reason or None, counters))
+        readers = [t.reader for t in self.procs.values() if t.reader]
+        return RunResult(self.opts.cmd, rc, wall, procs, self.summary,
+                         log_records=sum(r.stats.records for r in readers),
+                         log_lost=sum(r.stats.skipped_slots + r.stats.torn for r in readers))
