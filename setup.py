@@ -13,6 +13,11 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -29,5 +34,12 @@ class BuildLibgpuos(build_ext):
         return os.path.join(*fullname.split(".")[:-1], "libgpuos.so")
 
 
+class PlatformWheel(bdist_wheel):
+    """py3-none-PLATFORM: the library does not depend on the Python version."""
+
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])
+
+
 setup(ext_modules=[Extension("gpuos._native.libgpuos", sources=[])],
-      cmdclass={"build_ext": BuildLibgpuos})
+      cmdclass={"build_ext": BuildLibgpuos, "bdist_wheel": PlatformWheel})

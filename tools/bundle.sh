@@ -88,6 +88,7 @@ if [ "$wheels" = 1 ]; then
     if [[ $platform =~ ^manylinux_2_([0-9]+)_(.+)$ ]]; then
       n=${BASH_REMATCH[1]} arch=${BASH_REMATCH[2]}
       for ((v = n - 1; v >= 5; v--)); do plats+=("manylinux_2_${v}_$arch"); done
+      plats+=("linux_$arch")  # the gpuos wheel itself (it carries libgpuos.so)
       for t in 17:manylinux2014 12:manylinux2010 5:manylinux1; do
         [ "$n" -lt "${t%%:*}" ] || plats+=("${t#*:}_$arch")
       done
