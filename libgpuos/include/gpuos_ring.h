@@ -250,8 +250,9 @@ enum gpuos_copy_kind {
 };
 
 /* gpuos_rec_copy.h.flags */
-#define GPUOS_COPY_ASYNC (1u << 0)
-#define GPUOS_COPY_GRAPH (1u << 1) /* a memcpy/memset node of a graph launch */
+#define GPUOS_COPY_ASYNC    (1u << 0)
+#define GPUOS_COPY_GRAPH    (1u << 1) /* a memcpy/memset node of a graph launch */
+#define GPUOS_COPY_CAPTURED (1u << 2) /* issued into a capturing stream: recorded, not run */
 
 struct gpuos_rec_copy {
 	struct gpuos_rec_hdr h;
@@ -265,6 +266,10 @@ struct gpuos_rec_copy {
 	uint32_t kind;     /* enum gpuos_copy_kind */
 	uint32_t value;    /* memsets: the value; else 0 */
 };
+
+/* gpuos_rec_graph.h.flags */
+#define GPUOS_GRAPH_INCOMPLETE (1u << 0) /* nodes not (all) extracted: treat as touching every buffer */
+#define GPUOS_GRAPH_CAPTURED   (1u << 1) /* launched into a capturing stream: recorded, not run */
 
 struct gpuos_rec_graph {
 	struct gpuos_rec_hdr h;

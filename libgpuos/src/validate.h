@@ -49,6 +49,9 @@ void gpuos_val_before(struct gpuos_val_op *op);
  * skipped one) and updates the header counters.  Does nothing more if res != 0. */
 void gpuos_val_after(struct gpuos_val_op *op, CUresult res);
 
+/* In a forked child: forget the parent's per-context state (called by the core). */
+void gpuos_val_forget(void);
+
 /* Provided by the core for the validator. */
 
 /* The real driver entry point of an exported symbol name ("cuMemAlloc_v2"), or NULL. */

@@ -64,7 +64,8 @@ BUF_FLAGS = {1 << 0: "managed", 1 << 1: "host", 1 << 2: "exact", 1 << 3: "write"
              1 << 4: "read"}
 COPY_KINDS = {1: "htod", 2: "dtoh", 3: "dtod", 4: "htoh", 5: "unified", 6: "peer",
               7: "memset", 8: "2d", 9: "3d", 10: "batch"}
-COPY_FLAGS = {1 << 0: "async", 1 << 1: "graph"}
+COPY_FLAGS = {1 << 0: "async", 1 << 1: "graph", 1 << 2: "captured"}
+GRAPH_FLAGS = {1 << 0: "incomplete", 1 << 1: "captured"}
 SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context"}
 OP_TYPES = {LAUNCH: "launch", COPY: "copy", GRAPH: "graph"}
 NO_FUNC = 0xFFFFFFFF
@@ -154,7 +155,7 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
     elif rtype == GRAPH:
         seq, graph_exec, stream, nkernels, ncopies = GRAPH_BODY.unpack_from(body)
         rec.update(seq=seq, graph_exec=graph_exec, stream=stream, nkernels=nkernels,
-                   ncopies=ncopies)
+                   ncopies=ncopies, flags=flag_names(flags, GRAPH_FLAGS))
     elif rtype == VALIDATE:
         (seq, changed, predicted, over, missed, tracked, func_id, nmiss, skip,
          op_type) = VALIDATE_BODY.unpack_from(body)

@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * core.h - what the files of libgpuos's core share (not an interface of the library).
+ *
+ *   hooks.c    the real driver, dlsym / cuGetProcAddress interposition, exported wrappers
+ *   ctl.c      lazy start, control socket, turning tracking off, fork
+ *   ring.c     the ring writer and the function table
+ *   track.c    allocation interval map, handle table, gpuos_track_snapshot/ignore
+ *   scan.c     parameter layouts, function entries, the speculative pointer scan
+ *   ops.c      launches, copies, memsets: records and validation around the real call
+ *   alloc.c    allocations and VMM
+ *   objects.c  modules, libraries, functions, kernels, streams, events, stream capture
+ *   graph.c    graph execs: node extraction at instantiate/update, replay at launch
+ *
+ * Every wrapper of the hook table calls a handler (HANDLER(real, pt, args...)): `real`
+ * is the driver's entry point of exactly that exported symbol, `pt` is 1 for the
+ * _ptsz/_ptds variants (stream 0 means the per-thread stream there).
+ */
+#ifndef GPUOS_CORE_H
+#define GPUOS_CORE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+/* The exported wrappers redeclare cuda.h's functions: give those declarations default
+ * visibility so that the definitions (GPUOS_EXPORT) agree with them. */
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#pragma GCC visibility pop
+
+#include "gpuos_ring.h"
+#include "validate.h"
+
+/* cuda.h maps these names to their newest ABI; the hook table needs the exported
+ * symbols of every ABI (old runtimes ask cuGetProcAddress for the old ones). */
+#undef cuGetProcAddress
+#undef cuMemHostRegister
+#undef cuStreamDestroy
+#undef cuEventDestroy
+#undef cuStreamBeginCapture
+#undef cuMemcpyBatchAsync
+#undef cuStreamWriteValue32
+#undef cuStreamWriteValue64
+#undef cuGraphInstantiate
+#undef cuGraphExecUpdate
+#undef cuGraphExecKernelNodeSetParams
+
+/* Legacy ABIs whose PFN typedefs cudaTypedefs.h only has for the driver's own build. */
+typedef CUresult (CUDAAPI *gpuos_pfn_cuStreamBeginCapture_v10000)(CUstream hStream);
+typedef CUresult (CUDAAPI *gpuos_pfn_cuGraphInstantiate_v10000)(CUgraphExec *phGraphExec, CUgraph hGraph,
+								  CUgraphNode *phErrorNode, char *logBuffer,
+								  size_t bufferSize);
+
+#define GPUOS_EXPORT __attribute__((visibility("default")))
+#define GPUOS_TLS __thread __attribute__((tls_model("initial-exec")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define GPUOS_UNPAREN(...) __VA_ARGS__
+
+#define GPUOS_NO_FUNC 0xffffffffu
+#define GPUOS_LAYOUT_UNKNOWN 0xffffu
+
+/* ---- hooks.c ------------------------------------------------------------------------ */
+
+enum gpuos_hook_idx {
+#define X(name, pfn, handler, pt, params, args) HK_##name,
+#include "hooktable.h"
+#undef X
+	HK_COUNT
+};
+
+/* Handler prototypes, from the table (variants sharing a handler redeclare it with a
+ * compatible pointer type). */
+#define X(name, pfn, handler, pt, params, args) \
+	CUresult handler(pfn real, int pt_, GPUOS_UNPAREN params);
+#include "hooktable.h"
+#undef X
+
+extern void *gpuos_realfn[HK_COUNT];
+extern int gpuos_resolved;
+void gpuos_resolve(void);
+
+static inline void *gpuos_real_at(int idx)
+{
+	if (unlikely(!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE)))
+		gpuos_resolve();
+	return gpuos_realfn[idx];
+}
+
+/* Driver entry points the core calls itself (never our wrappers).  Any may be NULL. */
+struct gpuos_drv {
+	PFN_cuDriverGetVersion_v2020 driver_get_version;
+	PFN_cuCtxGetCurrent_v4000 ctx_get_current;
+	PFN_cuCtxGetDevice_v2000 ctx_get_device;
+	PFN_cuStreamIsCapturing_v10000 stream_is_capturing;
+	PFN_cuFuncGetParamInfo_v12040 func_get_param_info;
+	PFN_cuKernelGetParamInfo_v12040 kernel_get_param_info;
+	PFN_cuFuncGetName_v12030 func_get_name;
+	PFN_cuKernelGetName_v12030 kernel_get_name;
+	PFN_cuGraphGetNodes_v10000 graph_get_nodes;
+	PFN_cuGraphNodeGetType_v10000 graph_node_get_type;
+	PFN_cuGraphKernelNodeGetParams_v12000 graph_kernel_node_get_params;
+	PFN_cuGraphMemcpyNodeGetParams_v10000 graph_memcpy_node_get_params;
+	PFN_cuGraphMemsetNodeGetParams_v10000 graph_memset_node_get_params;
+	PFN_cuGraphChildGraphNodeGetGraph_v10000 graph_child_graph;
+	PFN_cuGraphMemAllocNodeGetParams_v11040 graph_mem_alloc_node_get_params;
+	PFN_cuGraphMemFreeNodeGetParams_v11040 graph_mem_free_node_get_params;
+};
+extern struct gpuos_drv gpuos_drv;
+
+/* ---- ctl.c -------------------------------------------------------------------------- */
+
+enum gpuos_run {
+	GPUOS_RUN_UNSTARTED = 0,
+	GPUOS_RUN_STARTING,
+	GPUOS_RUN_PASSIVE, /* no GPUOS_CTL: every wrapper only calls through */
+	GPUOS_RUN_ON,
+	GPUOS_RUN_OFF,
+};
+extern int gpuos_run_state;
+extern int gpuos_validating; /* GPUOS_VALIDATE=1 and tracking started */
+int gpuos_start(void);
+
+/* Is tracking on?  Starts it at the first call of a process (or of a forked child). */
+static inline int gpuos_on(void)
+{
+	int s = __atomic_load_n(&gpuos_run_state, __ATOMIC_ACQUIRE);
+	if (unlikely(s < GPUOS_RUN_PASSIVE))
+		s = gpuos_start();
+	return s == GPUOS_RUN_ON;
+}
+
+void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+extern GPUOS_TLS uint32_t gpuos_tls_tid;
+uint32_t gpuos_tid_slow(void);
+static inline uint32_t gpuos_tid(void)
+{
+	return likely(gpuos_tls_tid) ? gpuos_tls_tid : gpuos_tid_slow();
+}
+
+static inline uint64_t gpuos_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- ring.c ------------------------------------------------------------------------- */
+
+int gpuos_ring_create(uint32_t flags);   /* 0 or an errno; turns nothing off itself */
+int gpuos_ring_fd(void);
+uint64_t gpuos_ring_bytes(void);
+struct gpuos_ring_hdr *gpuos_ring_hdr(void); /* NULL without a ring */
+void gpuos_ring_forget(void);            /* fork child: drop the parent's ring */
+/* Publish a function table entry; its id, or GPUOS_NO_FUNC (tracking is then off). */
+uint32_t gpuos_func_publish(uint64_t handle, const char *name, uint16_t nparams, uint32_t params_bytes);
+
+#define GPUOS_COUNT(field, n) gpuos_ring_count(offsetof(struct gpuos_ring_hdr, field), (n))
+
+/* ---- track.c ------------------------------------------------------------------------ */
+
+/* One lock guards the allocation map and the handle table: a launch takes it once for
+ * reading.  Writer-preferring, so never take it twice for reading in one thread. */
+extern pthread_rwlock_t gpuos_lock;
+
+/* gpuos_alloc.flags */
+#define GPUOS_A_MANAGED 1u
+#define GPUOS_A_HOST 2u
+#define GPUOS_A_DEVMEM 4u /* plain device memory the validator can fingerprint */
+
+struct gpuos_alloc {
+	uint64_t base, end;
+	uint64_t ctx;
+	uint64_t aux;    /* VMM handle; graph allocations: execs holding it */
+	uint32_t kind;   /* enum gpuos_alloc_kind */
+	uint32_t flags;  /* GPUOS_A_* */
+	int32_t device;
+	uint32_t pad;
+};
+
+/* A sorted array of non-overlapping ranges. */
+struct gpuos_map {
+	struct gpuos_alloc *v;
+	size_t n, cap;
+	const char *what; /* for the out-of-memory reason */
+};
+
+extern struct gpuos_map gpuos_allocs; /* the buffers: what pointers are looked up in */
+
+/* The allocation containing p, or NULL (read lock held). */
+static inline const struct gpuos_alloc *gpuos_map_find(const struct gpuos_map *m, uint64_t p)
+{
+	size_t n = m->n;
+	const struct gpuos_alloc *v = m->v;
+	if (!n || p < v[0].base || p >= v[n - 1].end)
+		return NULL;
+	size_t lo = 0, hi = n; /* the last entry with base <= p is in [lo, hi) */
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (v[mid].base <= p)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return p < v[lo].end ? &v[lo] : NULL;
+}
+
+/* Write lock held for all of these. */
+int gpuos_map_insert(struct gpuos_map *m, const struct gpuos_alloc *a); /* replaces overlaps; 0 or -1 (off) */
+ssize_t gpuos_map_index(const struct gpuos_map *m, uint64_t base);      /* exact base, or -1 */
+void gpuos_map_remove_at(struct gpuos_map *m, size_t i);
+/* Cut [lo, hi) out of the map (trimming or splitting entries), calling cut() on each
+ * piece removed.  0, or -1 when out of memory (tracking is then off). */
+int gpuos_map_cut(struct gpuos_map *m, uint64_t lo, uint64_t hi, void (*cut)(const struct gpuos_alloc *part));
+/* Entries overlapping or touching [lo, hi): the first index, count in *n. */
+size_t gpuos_map_span(const struct gpuos_map *m, uint64_t lo, uint64_t hi, size_t *n);
+
+extern struct gpuos_map gpuos_vmm_maps;     /* individual cuMemMap ranges (records) */
+extern struct gpuos_map gpuos_reservations; /* cuMemAddressReserve ranges */
+/* Rebuild the coalesced VMM buffers of gpuos_allocs around [lo, hi) from gpuos_vmm_maps. */
+void gpuos_vmm_rebuild(uint64_t lo, uint64_t hi);
+
+/* The handle table. */
+enum gpuos_obj_kind {
+	GPUOS_O_FN = 1,   /* CUfunction or CUkernel: ptr is a struct gpuos_fn */
+	GPUOS_O_MODULE,   /* parent: the library of cuLibraryGetModule */
+	GPUOS_O_LIBRARY,
+	GPUOS_O_STREAM,   /* parent: ctx */
+	GPUOS_O_EVENT,    /* parent: ctx */
+	GPUOS_O_GEXEC,    /* ptr is a struct gpuos_gexec; parent: the graph */
+	GPUOS_O_VMM,      /* cuMemCreate handle: u64 = size, parent = device */
+};
+
+struct gpuos_obj {
+	uint64_t handle;
+	uint32_t kind; /* enum gpuos_obj_kind; 0 = empty slot */
+	uint32_t pad;
+	uint64_t parent;
+	uint64_t u64;
+	void *ptr;
+};
+
+struct gpuos_obj *gpuos_obj_get(uint32_t kind, uint64_t handle);  /* read lock */
+struct gpuos_obj *gpuos_obj_put(uint32_t kind, uint64_t handle);  /* write lock; NULL = off */
+/* Write lock: remove, copying the entry to *out (if not NULL).  1 if it was there. */
+int gpuos_obj_del(uint32_t kind, uint64_t handle, struct gpuos_obj *out);
+/* Write lock: remove every entry for which pred() is true, calling done() on a copy. */
+void gpuos_obj_sweep(int (*pred)(const struct gpuos_obj *, void *), void (*done)(struct gpuos_obj *),
+		     void *arg);
+
+void gpuos_track_forget(void); /* fork child */
+
+/* ---- scan.c ------------------------------------------------------------------------- */
+
+#define GPUOS_FN_KERNEL 1u    /* a CUkernel */
+#define GPUOS_FN_TOUCH_ALL 2u /* a GPUOS_TOUCH_ALL pattern matched its name */
+
+struct gpuos_fn {
+	uint32_t func_id;
+	uint16_t nparams; /* GPUOS_LAYOUT_UNKNOWN */
+	uint16_t flags;   /* GPUOS_FN_* */
+	uint32_t params_bytes;
+	uint32_t pad;
+	struct {
+		uint32_t off, size;
+	} p[];
+};
+
+enum gpuos_fn_hint { GPUOS_HINT_UNKNOWN, GPUOS_HINT_FUNCTION, GPUOS_HINT_KERNEL };
+
+void gpuos_scan_config(void); /* reads GPUOS_TOUCH_ALL */
+/* The function table id of a handle, making its entry (layout, name) and writing its
+ * OBJECT record on first sight.  Takes the lock itself: call without it. */
+uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent);
+void gpuos_scan_forget(void); /* fork child */
+
+/* Per-thread result of one scan. */
+struct gpuos_scan {
+	struct gpuos_rec_buf *bufs; /* GPUOS_MAX_BUFS of them */
+	uint32_t nbuf;
+	uint16_t lflags;  /* GPUOS_LAUNCH_* found by the scan */
+	uint64_t hash;
+};
+/* Scan a launch's parameters (read lock held).  fn may be NULL (unknown). */
+void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra);
+/* The calling thread's scratch (NULL when out of memory: tracking is then off). */
+struct gpuos_scan *gpuos_scan_tls(void);
+
+/* ---- ops.c -------------------------------------------------------------------------- */
+
+extern int gpuos_capturing; /* stream captures in progress, process-wide */
+extern uint64_t gpuos_seq;  /* the last operation number given */
+static inline uint64_t gpuos_next_seq(void)
+{
+	return __atomic_add_fetch(&gpuos_seq, 1, __ATOMIC_RELAXED);
+}
+uint64_t gpuos_current_ctx(void);
+/* Is `stream` capturing?  Asks the driver only while a capture is in progress. */
+int gpuos_stream_captured(uint64_t stream);
+
+static inline uint64_t gpuos_eff_stream(CUstream s, int pt)
+{
+	return (!s && pt) ? (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD : (uint64_t)(uintptr_t)s;
+}
+
+/* Validation around one real call (when gpuos_validating). */
+void gpuos_val_begin(struct gpuos_val_op *op);
+CUresult gpuos_val_end(struct gpuos_val_op *op, CUresult res);
+
+/* Graph memcpy / memset nodes: the record (without seq, stream, graph_exec) and the
+ * exact buffers (read lock held).  Returns how many buffers. */
+uint32_t gpuos_node_memcpy(const CUDA_MEMCPY3D *p, struct gpuos_rec_copy *rec, struct gpuos_rec_buf bufs[2]);
+uint32_t gpuos_node_memset(const CUDA_MEMSET_NODE_PARAMS *p, struct gpuos_rec_copy *rec,
+			   struct gpuos_rec_buf bufs[2]);
+
+/* A buffer entry for an exact range (copies, memsets): a is its allocation or NULL. */
+void gpuos_exact_buf(struct gpuos_rec_buf *b, const struct gpuos_alloc *a, uint64_t ptr, uint64_t len,
+		     uint16_t flags);
+
+/* ---- objects.c, alloc.c, graph.c ------------------------------------------------------ */
+
+/* An ALLOC or FREE record of a (base, end - base, ctx, aux, kind, device). */
+void gpuos_alloc_record(uint16_t type, const struct gpuos_alloc *a, uint64_t stream);
+
+void gpuos_obj_record(uint32_t objtype, uint16_t flags, uint64_t handle, uint64_t parent, uint32_t func_id);
+
+#endif /* GPUOS_CORE_H */

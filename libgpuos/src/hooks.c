@@ -1,0 +1,272 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * hooks.c - how calls reach libgpuos, and how libgpuos reaches the real driver.
+ *
+ * Three ways into the driver, one table (hooktable.h):
+ *   1. direct links: every table symbol is exported here with the driver's exact ABI,
+ *      and LD_PRELOAD puts us first;
+ *   2. dlsym: ours returns the wrapper for a table name whenever the real dlsym finds
+ *      that name through the given handle (lookups that would fail still fail);
+ *   3. cuGetProcAddress[_v2]: the real one answers, and when its pointer is the real
+ *      address of a table symbol the caller gets that symbol's wrapper, so the exact ABI
+ *      variant it asked for (_v2, _ptsz, ...) is kept.
+ *
+ * dlopen is not overridden: whoever loads libcuda.so.1 and however they do it, every
+ * symbol they get from it passes through one of the three paths above, and our own
+ * handle on the driver is opened lazily (GPUOS_REAL_LIBCUDA or libcuda.so.1: our
+ * soname is libgpuos.so, so that dlopen finds the driver, not us).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+void *gpuos_realfn[HK_COUNT];
+int gpuos_resolved;
+struct gpuos_drv gpuos_drv;
+
+/* ---- the exported wrappers ------------------------------------------------------------ */
+
+/* A wrapper runs before anything is initialised: resolving the real entry point is its
+ * first step, and a symbol the driver lacks answers CUDA_ERROR_NOT_FOUND. */
+#define X(name, pfn, handler, pt, params, args)                                            \
+	GPUOS_EXPORT CUresult name params                                                  \
+	{                                                                                  \
+		pfn real = (pfn)gpuos_real_at(HK_##name);                                  \
+		if (unlikely(!real))                                                       \
+			return CUDA_ERROR_NOT_FOUND;                                       \
+		return handler(real, pt, GPUOS_UNPAREN args);                              \
+	}                                                                                  \
+	_Static_assert(__builtin_types_compatible_p(__typeof__(&name), pfn),               \
+		       #name " does not have the ABI of " #pfn);
+#include "hooktable.h"
+#undef X
+
+static void *const hook_wrappers[HK_COUNT] = {
+#define X(name, pfn, handler, pt, params, args) [HK_##name] = (void *)&name,
+#include "hooktable.h"
+#undef X
+};
+
+static const char *const hook_names[HK_COUNT] = {
+#define X(name, pfn, handler, pt, params, args) [HK_##name] = #name,
+#include "hooktable.h"
+#undef X
+};
+
+/* ---- names ------------------------------------------------------------------------------ */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+static uint16_t by_name[HK_COUNT];    /* indices sorted by exported name */
+static char base_names[HK_COUNT][64]; /* exported names less _ptsz/_ptds and _vN */
+
+static int cmp_by_name(const void *a, const void *b)
+{
+	return strcmp(hook_names[*(const uint16_t *)a], hook_names[*(const uint16_t *)b]);
+}
+
+static void base_name(char *out, size_t cap, const char *name)
+{
+	size_t n = strlen(name);
+	if (n >= cap)
+		n = cap - 1;
+	memcpy(out, name, n);
+	out[n] = 0;
+	if (n > 5 && (!strcmp(out + n - 5, "_ptsz") || !strcmp(out + n - 5, "_ptds")))
+		out[n -= 5] = 0;
+	size_t d = n;
+	while (d > 0 && out[d - 1] >= '0' && out[d - 1] <= '9')
+		d--;
+	if (d < n && d >= 2 && out[d - 1] == 'v' && out[d - 2] == '_')
+		out[d - 2] = 0;
+}
+
+static void init_names(void)
+{
+	real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!real_dlsym)
+		real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	for (uint16_t i = 0; i < HK_COUNT; i++) {
+		by_name[i] = i;
+		base_name(base_names[i], sizeof base_names[i], hook_names[i]);
+	}
+	qsort(by_name, HK_COUNT, sizeof by_name[0], cmp_by_name);
+}
+
+/* The table index of an exported name, or -1. */
+static int hook_index(const char *name)
+{
+	size_t lo = 0, hi = HK_COUNT;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(name, hook_names[by_name[mid]]);
+		if (!c)
+			return by_name[mid];
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return -1;
+}
+
+/* ---- the real driver --------------------------------------------------------------------- */
+
+static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+static GPUOS_TLS int tls_resolving;
+static void *driver;
+
+static struct {
+	uintptr_t addr;
+	uint16_t idx;
+} by_addr[HK_COUNT]; /* real addresses, sorted */
+static size_t n_by_addr;
+
+static const struct {
+	size_t off;
+	const char *name;
+} drv_syms[] = {
+#define DRV(field, name) { offsetof(struct gpuos_drv, field), name }
+	DRV(driver_get_version, "cuDriverGetVersion"),
+	DRV(ctx_get_current, "cuCtxGetCurrent"),
+	DRV(ctx_get_device, "cuCtxGetDevice"),
+	DRV(stream_is_capturing, "cuStreamIsCapturing"),
+	DRV(func_get_param_info, "cuFuncGetParamInfo"),
+	DRV(kernel_get_param_info, "cuKernelGetParamInfo"),
+	DRV(func_get_name, "cuFuncGetName"),
+	DRV(kernel_get_name, "cuKernelGetName"),
+	DRV(graph_get_nodes, "cuGraphGetNodes"),
+	DRV(graph_node_get_type, "cuGraphNodeGetType"),
+	DRV(graph_kernel_node_get_params, "cuGraphKernelNodeGetParams_v2"),
+	DRV(graph_memcpy_node_get_params, "cuGraphMemcpyNodeGetParams"),
+	DRV(graph_memset_node_get_params, "cuGraphMemsetNodeGetParams"),
+	DRV(graph_child_graph, "cuGraphChildGraphNodeGetGraph"),
+	DRV(graph_mem_alloc_node_get_params, "cuGraphMemAllocNodeGetParams"),
+	DRV(graph_mem_free_node_get_params, "cuGraphMemFreeNodeGetParams"),
+#undef DRV
+};
+
+static int cmp_by_addr(const void *a, const void *b)
+{
+	uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void do_resolve(void)
+{
+	pthread_once(&names_once, init_names);
+	const char *path = getenv("GPUOS_REAL_LIBCUDA");
+	if (!path || !*path)
+		path = "libcuda.so.1";
+	driver = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (!driver || !real_dlsym) {
+		gpuos_dbg("cannot load the driver %s: %s", path, driver ? "no real dlsym" : dlerror());
+		__atomic_store_n(&gpuos_resolved, 1, __ATOMIC_RELEASE);
+		return;
+	}
+	for (size_t i = 0; i < HK_COUNT; i++) {
+		gpuos_realfn[i] = real_dlsym(driver, hook_names[i]);
+		if (gpuos_realfn[i]) {
+			by_addr[n_by_addr].addr = (uintptr_t)gpuos_realfn[i];
+			by_addr[n_by_addr++].idx = (uint16_t)i;
+		}
+	}
+	qsort(by_addr, n_by_addr, sizeof by_addr[0], cmp_by_addr);
+	for (size_t i = 0; i < sizeof drv_syms / sizeof drv_syms[0]; i++)
+		*(void **)((char *)&gpuos_drv + drv_syms[i].off) = real_dlsym(driver, drv_syms[i].name);
+	dlerror(); /* the misses above are ours, not the application's */
+	__atomic_store_n(&gpuos_resolved, 1, __ATOMIC_RELEASE);
+}
+
+void gpuos_resolve(void)
+{
+	/* A wrapper called from inside our dlopen of the driver (its constructors) finds
+	 * nothing resolved yet and answers CUDA_ERROR_NOT_FOUND instead of deadlocking. */
+	if (tls_resolving)
+		return;
+	tls_resolving = 1;
+	pthread_once(&resolve_once, do_resolve);
+	tls_resolving = 0;
+}
+
+void *gpuos_real(const char *name)
+{
+	if (!name)
+		return NULL;
+	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
+		gpuos_resolve();
+	pthread_once(&names_once, init_names);
+	int i = hook_index(name);
+	if (i >= 0)
+		return gpuos_realfn[i];
+	if (!driver)
+		return NULL;
+	void *p = real_dlsym(driver, name);
+	if (!p)
+		dlerror();
+	return p;
+}
+
+/* ---- dlsym -------------------------------------------------------------------------------- */
+
+/* For names outside the table the real dlsym is tail-called, so that it sees our
+ * caller's return address and RTLD_NEXT keeps its meaning.  For table names an
+ * RTLD_NEXT lookup is made relative to libgpuos (preloaded, so ahead of any driver). */
+GPUOS_EXPORT void *dlsym(void *handle, const char *name)
+{
+	pthread_once(&names_once, init_names);
+	if (name[0] == 'c' && name[1] == 'u') {
+		int i = hook_index(name);
+		if (i >= 0)
+			return real_dlsym(handle, name) ? hook_wrappers[i] : NULL;
+	}
+	return real_dlsym(handle, name);
+}
+
+/* ---- cuGetProcAddress ----------------------------------------------------------------------- */
+
+static void *proc_swap(const char *symbol, void *p)
+{
+	size_t lo = 0, hi = n_by_addr;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (by_addr[mid].addr == (uintptr_t)p)
+			return hook_wrappers[by_addr[mid].idx];
+		if (by_addr[mid].addr < (uintptr_t)p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = 0; symbol && i < HK_COUNT; i++) {
+		if (!strcmp(symbol, base_names[i])) {
+			GPUOS_COUNT(n_unmatched_procs, 1);
+			gpuos_dbg("cuGetProcAddress(%s) = %p matches no hooked variant: passed through", symbol, p);
+			break;
+		}
+	}
+	return p;
+}
+
+CUresult gpuos_h_get_proc(PFN_cuGetProcAddress_v11030 real, int pt, const char *symbol, void **pfn,
+			  int driverVersion, cuuint64_t flags)
+{
+	(void)pt;
+	gpuos_on(); /* the first driver call of a CUDA runtime: start here */
+	CUresult r = real(symbol, pfn, driverVersion, flags);
+	if (r == CUDA_SUCCESS && pfn && *pfn)
+		*pfn = proc_swap(symbol, *pfn);
+	return r;
+}
+
+CUresult gpuos_h_get_proc_v2(PFN_cuGetProcAddress_v12000 real, int pt, const char *symbol, void **pfn,
+			     int driverVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+	(void)pt;
+	gpuos_on();
+	CUresult r = real(symbol, pfn, driverVersion, flags, symbolStatus);
+	if (r == CUDA_SUCCESS && pfn && *pfn)
+		*pfn = proc_swap(symbol, *pfn);
+	return r;
+}

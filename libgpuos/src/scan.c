@@ -1,0 +1,343 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * scan.c - function entries (parameter layout, name) and the speculative scan.
+ *
+ * A function's layout comes from cuFuncGetParamInfo, or cuKernelGetParamInfo for a
+ * CUkernel (the CUDA runtime launches CUkernel handles as if they were CUfunctions),
+ * asked once per handle and cached in the handle table with its function table id,
+ * "unknown" included.  The scan looks every 8-byte-aligned word of every parameter up
+ * in the allocation map; hits become buffers (one per allocation, the first place it
+ * was seen), the other bytes go into an FNV-1a hash.  The per-launch path allocates
+ * nothing: each thread has its scratch (buffers and a dedupe set).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+#define DEDUPE_BITS 12 /* 4096 slots: at most GPUOS_MAX_BUFS used, so probes stay short */
+#define MAX_PARAM_BUFFER 65536 /* `extra` buffers above this are not scanned */
+
+_Static_assert((1u << DEDUPE_BITS) >= 2 * GPUOS_MAX_BUFS, "dedupe set too small");
+
+struct scratch {
+	struct gpuos_scan s;
+	uint32_t gen;
+	struct {
+		uint32_t gen, idx;
+	} seen[1u << DEDUPE_BITS];
+	struct gpuos_rec_buf bufs[GPUOS_MAX_BUFS];
+};
+
+static GPUOS_TLS struct scratch *tls_scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
+static char **touch_pats; /* GPUOS_TOUCH_ALL, split at commas */
+static size_t n_touch;
+
+/* ---- configuration -------------------------------------------------------------------------- */
+
+void gpuos_scan_config(void)
+{
+	for (size_t i = 0; i < n_touch; i++)
+		free(touch_pats[i]);
+	free(touch_pats);
+	touch_pats = NULL;
+	n_touch = 0;
+	const char *env = getenv("GPUOS_TOUCH_ALL");
+	if (!env || !*env)
+		return;
+	size_t cap = 1;
+	for (const char *c = env; *c; c++)
+		cap += *c == ',';
+	touch_pats = calloc(cap, sizeof *touch_pats);
+	if (!touch_pats)
+		return;
+	for (const char *p = env; *p;) {
+		size_t len = strcspn(p, ",");
+		if (len && (touch_pats[n_touch] = strndup(p, len)))
+			n_touch++;
+		p += len + (p[len] == ',');
+	}
+}
+
+static int touch_all_match(const char *name)
+{
+	for (size_t i = 0; name && i < n_touch; i++)
+		if (strstr(name, touch_pats[i]))
+			return 1;
+	return 0;
+}
+
+/* ---- function entries ------------------------------------------------------------------------- */
+
+struct layout {
+	struct {
+		uint32_t off, size;
+	} *p;
+	size_t n, cap;
+};
+
+/* Ask the driver for the layout of h as a function or as a kernel.  1: known (lay->n
+ * parameters), 0: unavailable. */
+static int query_layout(uint64_t h, int kernel, struct layout *lay)
+{
+	lay->n = 0;
+	if (kernel ? !gpuos_drv.kernel_get_param_info : !gpuos_drv.func_get_param_info)
+		return 0;
+	for (size_t i = 0;; i++) {
+		size_t off = 0, size = 0;
+		CUresult r = kernel ? gpuos_drv.kernel_get_param_info((CUkernel)(uintptr_t)h, i, &off, &size)
+				    : gpuos_drv.func_get_param_info((CUfunction)(uintptr_t)h, i, &off, &size);
+		if (r != CUDA_SUCCESS) /* past the last parameter: CUDA_ERROR_INVALID_VALUE */
+			return i > 0 || r == CUDA_ERROR_INVALID_VALUE;
+		if (i >= GPUOS_LAYOUT_UNKNOWN - 1 || off > UINT32_MAX || size > UINT32_MAX)
+			return 0;
+		if (lay->n == lay->cap) {
+			size_t cap = lay->cap ? lay->cap * 2 : 16;
+			void *p = realloc(lay->p, cap * sizeof lay->p[0]);
+			if (!p)
+				return 0;
+			lay->p = p;
+			lay->cap = cap;
+		}
+		lay->p[lay->n].off = (uint32_t)off;
+		lay->p[lay->n++].size = (uint32_t)size;
+	}
+}
+
+/* A new entry for h (driver calls; no lock held).  NULL when out of memory. */
+static struct gpuos_fn *fn_make(uint64_t h, enum gpuos_fn_hint hint)
+{
+	struct layout lay = { 0 };
+	int kernel = hint == GPUOS_HINT_KERNEL;
+	int known = query_layout(h, kernel, &lay);
+	if (hint == GPUOS_HINT_UNKNOWN && (!known || !lay.n)) {
+		/* Not a CUfunction, or one without parameters: is it a CUkernel? */
+		struct layout k = { 0 };
+		if (query_layout(h, 1, &k) && (!known || k.n)) {
+			free(lay.p);
+			lay = k;
+			known = kernel = 1;
+		} else {
+			free(k.p);
+		}
+	}
+	const char *name = NULL;
+	if (kernel ? gpuos_drv.kernel_get_name != NULL : gpuos_drv.func_get_name != NULL) {
+		CUresult r = kernel ? gpuos_drv.kernel_get_name(&name, (CUkernel)(uintptr_t)h)
+				    : gpuos_drv.func_get_name(&name, (CUfunction)(uintptr_t)h);
+		if (r != CUDA_SUCCESS)
+			name = NULL;
+	}
+	size_t n = known ? lay.n : 0;
+	struct gpuos_fn *fn = malloc(sizeof *fn + n * sizeof fn->p[0]);
+	if (!fn) {
+		free(lay.p);
+		gpuos_track_off(ENOMEM, "out of memory for a function entry");
+		return NULL;
+	}
+	fn->nparams = known ? (uint16_t)n : GPUOS_LAYOUT_UNKNOWN;
+	fn->flags = (kernel ? GPUOS_FN_KERNEL : 0) | (touch_all_match(name) ? GPUOS_FN_TOUCH_ALL : 0);
+	fn->params_bytes = 0;
+	fn->pad = 0;
+	for (size_t i = 0; i < n; i++) {
+		fn->p[i].off = lay.p[i].off;
+		fn->p[i].size = lay.p[i].size;
+		if (lay.p[i].off + lay.p[i].size > fn->params_bytes)
+			fn->params_bytes = lay.p[i].off + lay.p[i].size;
+	}
+	free(lay.p);
+	fn->func_id = gpuos_func_publish(h, name, fn->nparams, fn->params_bytes);
+	gpuos_dbg("function %#llx %s: id %u, %s%u params", (unsigned long long)h, name ? name : "(no name)",
+		  fn->func_id, known ? "" : "layout unknown, ", (unsigned)n);
+	return fn;
+}
+
+/* The entry of handle, with its parent filled in when it had none (write lock held). */
+static struct gpuos_obj *fn_lookup_locked(uint64_t handle, uint64_t parent)
+{
+	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, handle);
+	if (o && !o->parent)
+		o->parent = parent;
+	return o;
+}
+
+uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent)
+{
+	/* Fast path: known already (cuModuleGetFunction may be called before every launch). */
+	pthread_rwlock_rdlock(&gpuos_lock);
+	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, handle);
+	uint32_t id = o && (o->parent || !parent) ? ((struct gpuos_fn *)o->ptr)->func_id : GPUOS_NO_FUNC;
+	pthread_rwlock_unlock(&gpuos_lock);
+	if (id != GPUOS_NO_FUNC)
+		return id;
+	/* One creator at a time, so that a handle gets one id. */
+	pthread_mutex_lock(&create_mu);
+	pthread_rwlock_wrlock(&gpuos_lock);
+	o = fn_lookup_locked(handle, parent);
+	if (o)
+		id = ((struct gpuos_fn *)o->ptr)->func_id;
+	pthread_rwlock_unlock(&gpuos_lock);
+	struct gpuos_fn *fn = o ? NULL : fn_make(handle, hint);
+	if (fn) {
+		pthread_rwlock_wrlock(&gpuos_lock);
+		o = gpuos_obj_put(GPUOS_O_FN, handle);
+		if (o) {
+			o->ptr = fn;
+			o->parent = parent;
+			id = fn->func_id;
+		}
+		pthread_rwlock_unlock(&gpuos_lock);
+		if (o) {
+			gpuos_obj_record(fn->flags & GPUOS_FN_KERNEL ? GPUOS_OBJ_KERNEL : GPUOS_OBJ_FUNCTION,
+					 GPUOS_OBJ_CREATED, handle, parent, id);
+		} else {
+			free(fn);
+		}
+	}
+	pthread_mutex_unlock(&create_mu);
+	return id;
+}
+
+void gpuos_scan_forget(void)
+{
+	pthread_mutex_init(&create_mu, NULL);
+}
+
+/* ---- the scan ----------------------------------------------------------------------------------- */
+
+static void scratch_free(void *p)
+{
+	free(p);
+	tls_scratch = NULL; /* a later driver call from a TLS destructor gets a new one */
+}
+
+static void scratch_key_init(void)
+{
+	pthread_key_create(&scratch_key, scratch_free);
+}
+
+struct gpuos_scan *gpuos_scan_tls(void)
+{
+	if (likely(tls_scratch != NULL))
+		return &tls_scratch->s;
+	pthread_once(&scratch_once, scratch_key_init);
+	struct scratch *x = calloc(1, sizeof *x);
+	if (!x) {
+		gpuos_track_off(ENOMEM, "out of memory for a thread's scan buffer");
+		return NULL;
+	}
+	x->s.bufs = x->bufs;
+	pthread_setspecific(scratch_key, x);
+	tls_scratch = x;
+	return &x->s;
+}
+
+static inline uint64_t fnv(uint64_t h, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		h ^= p[i];
+		h *= FNV_PRIME;
+	}
+	return h;
+}
+
+static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, uint16_t param, uint32_t off)
+{
+	uint32_t idx = (uint32_t)(a - gpuos_allocs.v) + 1;
+	uint32_t mask = (1u << DEDUPE_BITS) - 1, i = (idx * 0x9e3779b1u) >> (32 - DEDUPE_BITS);
+	for (; x->seen[i].gen == x->gen; i = (i + 1) & mask)
+		if (x->seen[i].idx == idx)
+			return;
+	if (x->s.nbuf == GPUOS_MAX_BUFS) {
+		x->s.lflags |= GPUOS_LAUNCH_TRUNCATED;
+		return;
+	}
+	x->seen[i].gen = x->gen;
+	x->seen[i].idx = idx;
+	struct gpuos_rec_buf *b = &x->bufs[x->s.nbuf++];
+	b->base = a->base;
+	b->size = a->end - a->base;
+	b->ptr = v;
+	b->len = 0;
+	b->param = param;
+	b->flags = (a->flags & GPUOS_A_MANAGED ? GPUOS_BUF_MANAGED : 0) | (a->flags & GPUOS_A_HOST ? GPUOS_BUF_HOST : 0);
+	b->offset = off;
+}
+
+static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_t param)
+{
+	size_t off = 0;
+	for (; off + 8 <= size; off += 8) {
+		uint64_t v;
+		memcpy(&v, p + off, 8);
+		const struct gpuos_alloc *a = gpuos_map_find(&gpuos_allocs, v);
+		if (a)
+			add_buf(x, a, v, param, (uint32_t)off);
+		else
+			x->s.hash = fnv(x->s.hash, p + off, 8);
+	}
+	x->s.hash = fnv(x->s.hash, p + off, size - off);
+}
+
+/* The parameter buffer of an `extra` array, or 0. */
+static int extra_buffer(void **extra, const uint8_t **buf, size_t *size)
+{
+	*buf = NULL;
+	*size = 0;
+	int sized = 0;
+	for (int i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+		if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+			*buf = extra[i + 1];
+		} else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) {
+			*size = *(const size_t *)extra[i + 1];
+			sized = 1;
+		}
+	}
+	return *buf && sized && *size <= MAX_PARAM_BUFFER;
+}
+
+void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
+{
+	struct scratch *x = (struct scratch *)s;
+	s->nbuf = 0;
+	s->lflags = fn && (fn->flags & GPUOS_FN_TOUCH_ALL) ? GPUOS_LAUNCH_TOUCH_ALL : 0;
+	s->hash = FNV_OFFSET;
+	if (unlikely(++x->gen == 0)) {
+		memset(x->seen, 0, sizeof x->seen);
+		x->gen = 1;
+	}
+	int known = fn && fn->nparams != GPUOS_LAYOUT_UNKNOWN;
+	if (kp) {
+		if (!known) {
+			s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
+			return;
+		}
+		for (uint16_t i = 0; i < fn->nparams; i++)
+			if (kp[i])
+				scan_bytes(x, kp[i], fn->p[i].size, i);
+		return;
+	}
+	if (!extra)
+		return;
+	const uint8_t *buf;
+	size_t size;
+	s->lflags |= GPUOS_LAUNCH_EXTRA;
+	if (!extra_buffer(extra, &buf, &size)) {
+		s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
+		return;
+	}
+	if (!known) {
+		/* Word by word (parameter index 0xffff, offset into the buffer); still flagged. */
+		s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
+		scan_bytes(x, buf, size, 0xffff);
+		return;
+	}
+	for (uint16_t i = 0; i < fn->nparams && (size_t)fn->p[i].off + fn->p[i].size <= size; i++)
+		scan_bytes(x, buf + fn->p[i].off, fn->p[i].size, i);
+}

@@ -1,0 +1,34 @@
+# tests.mk - C test programs that drive the fake driver (included by libgpuos/Makefile).
+# Alone, from libgpuos/:
+#   make -f tests/tests.mk O=build CUDA_INC=/usr/local/cuda-13.0/include testprogs testrun
+# Uses $(O), $(CUDA_INC), $(CC); includes fakecuda/fake.mk (guarded) for the fake.
+# Run a program: LD_LIBRARY_PATH=$(O)/fakecuda $(O)/tests/t_direct [SEED]
+# (add LD_PRELOAD=$(O)/libgpuos.so to run it under the interposer).
+
+O ?= build
+CUDA_INC ?= /usr/local/cuda-13.0/include
+TESTS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+include $(TESTS_DIR)/../fakecuda/fake.mk
+
+TEST_CFLAGS = -O2 -g -std=gnu11 -Wall -Wextra -Werror -I$(CUDA_INC) -I$(TESTS_DIR)/../fakecuda -I$(TESTS_DIR) $(TEST_EXTRA_CFLAGS)
+TEST_LINKED := t_direct t_graph t_validate t_fork t_bench
+TEST_DLOPEN := t_dlsym t_procaddr
+TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN))
+TEST_HDRS := $(TESTS_DIR)/common.h $(TESTS_DIR)/work.h $(TESTS_DIR)/../fakecuda/fakecuda.h
+
+.PHONY: testprogs testrun
+testprogs: $(TESTPROGS)
+
+# linked with the fake's libcuda.so (soname libcuda.so.1), no rpath: LD_LIBRARY_PATH at run time
+$(addprefix $(O)/tests/,$(TEST_LINKED)): $(O)/tests/%: $(TESTS_DIR)/%.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
+
+# not linked with libcuda: dlopen("libcuda.so.1")
+$(addprefix $(O)/tests/,$(TEST_DLOPEN)): $(O)/tests/%: $(TESTS_DIR)/%.c $(TEST_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -o $@ $< -ldl -lm
+
+# Every program on the fake (TEST_PRELOAD=path/libgpuos.so to run them under it).
+testrun: testprogs $(FAKE_LIB)
+	$(TESTS_DIR)/run_fake.sh $(O) $(TEST_PRELOAD)

@@ -1,0 +1,235 @@
+"""libgpuos end to end on the host: the real library, `gpuos run`, and a fake driver.
+
+libgpuos/fakecuda is a libcuda.so.1 whose "device memory" is host memory and whose
+kernels are C functions, so launches really read and write buffers; the C programs in
+libgpuos/tests reach it the three ways real stacks do (linked directly, dlsym, and
+cuGetProcAddress like the CUDA 12/13 runtimes), check their own results, count every
+driver call they made against the fake's own counts (an interposer that called
+through twice, or not at all, fails them) and print one JSON line.  Here we check that
+what libgpuos recorded matches what the programs did, that results are identical with
+and without it, and that validation finds exactly the writes the speculation cannot
+see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuos.intercept.log import read_log
+from gpuos.intercept.runner import CTL_MAGIC, REPLY
+
+REPO = Path(__file__).resolve().parents[2]
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+PROGS = ("t_direct", "t_dlsym", "t_procaddr", "t_graph", "t_validate", "t_fork")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("libgpuos")
+    res = subprocess.run(["make", "-s", "-j2", "-C", str(REPO / "libgpuos"), f"O={out}", "all"],
+                         capture_output=True, text=True)
+    if res.returncode and "no cuda.h found" in res.stderr:
+        pytest.skip("no CUDA toolkit headers (cuda.h) to build libgpuos against")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.fixture
+def env(build) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
+    e["GPUOS_LIBGPUOS"] = str(build / "libgpuos.so")
+    e["LD_LIBRARY_PATH"] = str(build / "fakecuda")
+    return e
+
+
+def prog_json(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"prog"')]
+
+
+def plain(build: Path, env: dict, prog: str, *args: str, **extra: str) -> list[dict]:
+    res = subprocess.run([str(build / "tests" / prog), *args], env=dict(env, **extra),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return prog_json(res.stdout)
+
+
+def traced(build: Path, env: dict, tmp_path: Path, prog: str, *args: str,
+           gpuos_args: tuple[str, ...] = ()) -> tuple[list[dict], dict, list[dict]]:
+    """Run a program under `gpuos run --log --report`: (its JSON, the report, the log)."""
+    log, report = tmp_path / f"{prog}.jsonl", tmp_path / f"{prog}.report.json"
+    res = subprocess.run([*GPUOS, "run", "-q", "--log", str(log), "--report", str(report),
+                          *gpuos_args, "--", str(build / "tests" / prog), *args],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return prog_json(res.stdout), json.loads(report.read_text()), list(read_log(log))[1:]
+
+
+def of_type(log: list[dict], t: str, pid: int | None = None) -> list[dict]:
+    return [r for r in log if r["type"] == t and (pid is None or r["pid"] == pid)]
+
+
+def names(log: list[dict]) -> dict[tuple[int, int], str]:
+    return {(r["pid"], r["id"]): r["name"] for r in of_type(log, "function")}
+
+
+@pytest.mark.parametrize("prog", ["t_direct", "t_dlsym", "t_procaddr"])
+def test_every_path_to_the_driver_is_seen(build, env, tmp_path, prog):
+    (out,), report, log = traced(build, env, tmp_path, prog, "11")
+    assert out["ok"]
+    (proc,) = report["processes"]
+    c = proc["counters"]
+    assert proc["state"] == "on", proc["reason"]
+    assert c["unmatched_procs"] == 0 and c["records_lost"] == 0
+    launches = of_type(log, "launch")
+    assert c["launches"] == len(launches)
+    run_now = [r for r in launches if not {"graph", "captured"} & set(r["flags"])]
+    assert len(run_now) == out["launches"]
+    assert len([r for r in launches if "graph" in r["flags"]]) == out["graph_kernels"]
+    assert len(of_type(log, "graph")) == c["graph_launches"] == out["graph_launches"]
+    allocs = sum(out["alloc_kinds"].values()) + out["vmm_reserve"] + out["vmm_create"]
+    assert c["allocs"] == len(of_type(log, "alloc")) == allocs
+    assert c["frees"] == len(of_type(log, "free")) == allocs
+    copies = [r for r in of_type(log, "copy") if "graph" not in r["flags"]]
+    assert len(copies) >= out["copies"] + out["memsets"] + out["write_values"]
+
+    fn = names(log)
+    by_name: dict[str, list[dict]] = {}
+    for r in run_now:
+        by_name.setdefault(fn[(r["pid"], r["func"])], []).append(r)
+    # a by-value struct: both pointers found inside parameter 0, at their offsets
+    (st,) = by_name["fake_struct"][:1]
+    assert [(b["param"], b["offset"]) for b in st["bufs"]] == [(0, 8), (0, 16)]
+    # an interior pointer: the allocation it points into
+    interior = by_name["fake_interior"][0]["bufs"][0]
+    assert interior["base"] < interior["ptr"] < interior["base"] + interior["size"]
+    # saxpy(a, x, y, n): the two pointers, not the scalars
+    assert [b["param"] for b in by_name["fake_saxpy"][0]["bufs"]] == [1, 2]
+    flags = {f for r in run_now for b in r["bufs"] for f in b["flags"]}
+    assert {"host", "managed"} <= flags
+    kinds = {r["kind"] for r in of_type(log, "alloc")}
+    assert {"device", "pitch", "async", "managed", "host", "host-registered", "vmm-reserve",
+            "vmm-map", "vmm-create"} <= kinds
+    vmm = [r for r in of_type(log, "alloc") if r["kind"] == "vmm-map"]
+    assert any(b["base"] == vmm[0]["base"] for r in run_now for b in r["bufs"])
+    assert {"ex", "extra", "cooperative"} <= {f for r in run_now for f in r["flags"]}
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_results_identical_with_and_without_libgpuos(build, env, tmp_path, prog):
+    ref = plain(build, env, prog, "5")
+    got, report, _ = traced(build, env, tmp_path, prog, "5")
+    strip = lambda outs: [{k: v for k, v in o.items() if k not in ("pid", "parent_pid", "child_pid", "buffers", "indirect_targets", "ops")}
+                          for o in outs]
+    assert strip(got) == strip(ref)
+    assert all(p["state"] == "on" for p in report["processes"]), report["processes"]
+
+
+def test_passive_without_gpuos_run(build, env):
+    """Preloaded by hand (no GPUOS_CTL), the library only calls through."""
+    ref = plain(build, env, "t_direct", "3")
+    got = plain(build, env, "t_direct", "3", LD_PRELOAD=str(build / "libgpuos.so"))
+    assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
+
+
+def test_graphs_are_extracted_at_instantiate_and_replayed(build, env, tmp_path):
+    (out,), report, log = traced(build, env, tmp_path, "t_graph", "9")
+    graphs = of_type(log, "graph")
+    assert len(graphs) == out["graph_launches"]
+    gk = [r for r in of_type(log, "launch") if "graph" in r["flags"]]
+    assert len(gk) == out["graph_kernels"] == sum(g["nkernels"] for g in graphs)
+    gc = [r for r in of_type(log, "copy") if "graph" in r["flags"]]
+    assert len(gc) == out["graph_copies"] + out["graph_memsets"] == sum(g["ncopies"] for g in graphs)
+    assert all(r["graph_exec"] in {g["graph_exec"] for g in graphs} for r in gk + gc)
+    assert all(r["bufs"] for r in gk)  # node parameters were scanned at instantiate
+    captured = [r for r in of_type(log, "launch") if "captured" in r["flags"]]
+    assert captured
+
+
+def test_validation_finds_exactly_the_blind_spot(build, env, tmp_path):
+    (out,), report, log = traced(build, env, tmp_path, "t_validate", "21",
+                                 gpuos_args=("--validate",))
+    v = report["validation"]
+    assert v["skipped"] == 0 and v["operations"] == len(out["ops"])
+    assert v["with_misses"] == 1
+    rows = {k["name"]: k for k in v["kernels"]}
+    assert rows["fake_indirect"]["with_misses"] == 1
+    assert all(k["with_misses"] == 0 for n, k in rows.items() if n != "fake_indirect")
+    targets = {int(a, 16) for a in out["indirect_targets"]}
+    missed = {m["base"] for r in of_type(log, "validate") for m in r["misses"]}
+    assert missed == targets
+    fn = names(log)
+    opaque = [r for r in of_type(log, "launch") if fn[(r["pid"], r["func"])] == "fake_opaque"]
+    assert opaque and "layout-unknown" in opaque[0]["flags"]
+    assert report["processes"][0]["counters"]["unknown_layout"] == 1
+    # the buffer nobody wrote is never reported changed
+    never = int(out["buffers"]["Q"], 16)
+    assert all(m["base"] != never for r in of_type(log, "validate") for m in r["misses"])
+
+
+def test_touch_all_is_the_fallback_for_the_blind_spot(build, env, tmp_path):
+    _, report, log = traced(build, env, tmp_path, "t_validate", "21",
+                            gpuos_args=("--validate", "--touch-all", "indirect"))
+    assert report["validation"]["with_misses"] == 0
+    assert any("touch-all" in r["flags"] for r in of_type(log, "launch"))
+
+
+def test_a_forked_child_gets_its_own_ring(build, env, tmp_path):
+    outs, report, log = traced(build, env, tmp_path, "t_fork", "4")
+    pids = {o["pid"] for o in outs}
+    assert len(pids) == 2 and {p["pid"] for p in report["processes"]} == pids
+    for p in report["processes"]:
+        assert p["state"] == "on" and p["counters"]["launches"] > 0
+        assert of_type(log, "launch", p["pid"])
+
+
+def test_exports_are_exactly_the_hook_table(build):
+    table = (REPO / "libgpuos" / "src" / "hooktable.h").read_text()
+    hooked = set(re.findall(r"^\s*X\w*\((cu\w+)", table, re.M))
+    assert "cuLaunchKernel_ptsz" in hooked and "cuGetProcAddress_v2" in hooked
+    assert "cuGetExportTable" not in hooked
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(build / "libgpuos.so")],
+                        capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in nm.splitlines() if " T " in line}
+    assert {s for s in exported if s.startswith("cu")} == hooked
+    assert exported - hooked == {"dlsym"}
+
+
+def _serve_once(path: Path, reply: bytes | None) -> threading.Thread:
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        socket.recv_fds(conn, 4096, 1)
+        if reply is not None:
+            conn.sendall(reply)
+        conn.recv(1)  # until the client exits
+        conn.close()
+        srv.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("case", ["no-server", "refused", "bad-magic"])
+def test_tracking_off_leaves_the_application_untouched(build, env, tmp_path, case):
+    ref = plain(build, env, "t_direct", "8")
+    ctl = tmp_path / "ctl.sock"
+    if case == "refused":
+        _serve_once(ctl, REPLY.pack(CTL_MAGIC, 1))
+    elif case == "bad-magic":
+        _serve_once(ctl, struct.pack("<II", 0xDEAD, 0))
+    got = plain(build, env, "t_direct", "8", LD_PRELOAD=str(build / "libgpuos.so"),
+                GPUOS_CTL=str(ctl), GPUOS_LIB_DEBUG="1")
+    assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
