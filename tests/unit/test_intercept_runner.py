@@ -172,5 +172,10 @@ def _is_client(pid: int, parent: int) -> bool:
 def test_trace_launches_errors():
     res = run("trace", "launches", "999999999")
     assert res.returncode == 3
-    res = run("trace", "launches", str(os.getpid()))
+    plain = subprocess.Popen(["sleep", "30"])
+    try:
+        res = run("trace", "launches", str(plain.pid))
+    finally:
+        plain.kill()
+        plain.wait()
     assert res.returncode == 29 and "no libgpuos ring" in res.stderr
