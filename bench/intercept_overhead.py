@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Interception overhead of libgpuos on the workload suite, and how well it predicts.
+
+For each workload of `python3 -m gpuos.workloads.suite` (default: all), run it plain and
+under `gpuos run --report`, interleaved (plain, gpuos, plain, gpuos, ...), with the same
+seed; compare the steps/s each run measures itself (process start and warmup excluded)
+and the checksums (every run must be bit-identical).  noop-launch gives the latency
+libgpuos adds to one kernel launch.  Then run each workload once, shorter, under
+`gpuos run --validate --report` and record what validation found: operations validated
+and skipped, operations with misses and the kernels behind them, missed, changed,
+predicted and over-predicted bytes.
+
+    python3 bench/intercept_overhead.py [--workloads a,b] [--reps 3] [--quick]
+                                        [--budget 900] [--out bench/results] [--update-readme]
+    python3 bench/intercept_overhead.py --readme-from bench/results/intercept-H100-DATE.json [PART.json...]
+
+Writes bench/results/intercept-<gpu>-<date>.json (after every workload, so what was
+measured survives a failure) and prints a Markdown table; progress goes to stderr.
+Exits 1 if a run failed or results differed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpuos import __version__
+from gpuos.workloads.run import Finished, private_caches, run, suite_cmd, under_gpuos
+from gpuos.workloads.suite import WORKLOADS
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- intercept-table -->", "<!-- /intercept-table -->"
+MIN_RUN_S = 20  # a run given less time than this would only time out: skip it instead
+# Runs of these take 2-3 s: they get three times the repetitions, against the host's noise.
+CHEAP = {"noop-launch", "cupy"}
+
+
+def step_args(workload: str, quick: bool) -> list[str]:
+    """Arguments of the timed runs: the suite's defaults, or a smoke run's."""
+    if not quick:
+        return []
+    if workload == "noop-launch":
+        return ["--steps", "20000", "--warmup", "1000"]
+    return ["--steps", "3", "--warmup", "1"]
+
+
+def validate_args(workload: str) -> list[str]:
+    """Validation synchronizes and fingerprints all memory around every operation: keep it short."""
+    if workload == "noop-launch":
+        return ["--steps", "200", "--warmup", "10"]
+    return ["--steps", "2", "--warmup", "1"]
+
+
+def log(msg: str) -> None:
+    print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Budget:
+    """The whole benchmark's time: every run's limit is the smaller of --run-timeout and
+    what is left."""
+
+    def __init__(self, total: float, per_run: float):
+        self.deadline = time.monotonic() + total
+        self.per_run = per_run
+
+    def next_limit(self) -> float | None:
+        left = self.deadline - time.monotonic()
+        return min(self.per_run, left) if left >= MIN_RUN_S else None
+
+
+class RunFailed(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.detail = detail
+
+
+class OutOfTime(RunFailed):
+    """Not a failure: the budget ran out before this run."""
+
+
+def run_one(cmd: list[str], what: str, budget: Budget, env: dict[str, str]) -> Finished:
+    limit = budget.next_limit()
+    if limit is None:
+        raise OutOfTime("skipped: the time budget was spent")
+    fin = run(cmd, limit, env)
+    if fin.returncode != 0:
+        raise RunFailed(f"{what} run {fin.outcome()}", fin.describe())
+    return fin
+
+
+def gpu_process(report: dict, pid: int) -> dict | None:
+    """The report's record of the workload's own process (others may be compile workers)."""
+    return next((p for p in report["processes"] if p["pid"] == pid), None)
+
+
+def timed_run(workload: str, args: list[str], mode: str, budget: Budget, env: dict[str, str],
+              workdir: Path) -> dict[str, Any]:
+    """One timed run, plain or under `gpuos run --report`: the workload's JSON line, and
+    for the latter the report."""
+    cmd = suite_cmd(workload, args)
+    report = workdir / f"{workload}-{mode}-{time.monotonic_ns()}.json"
+    if mode == "gpuos":
+        cmd = under_gpuos(cmd, "--report", str(report))
+    fin = run_one(cmd, mode, budget, env)
+    row: dict[str, Any] = {"mode": mode, "wall_s": fin.wall_s, "result": fin.result()}
+    if mode == "gpuos":
+        row["report"] = json.loads(report.read_text())
+        row["process"] = gpu_process(row["report"], row["result"]["pid"])
+    return row
+
+
+def summarize(runs: list[dict]) -> dict[str, Any]:
+    plain = [r["result"] for r in runs if r["mode"] == "plain"]
+    gpuos = [r for r in runs if r["mode"] == "gpuos"]
+    plain_sps = [r["steps_per_s"] for r in plain]
+    gpuos_sps = [r["result"]["steps_per_s"] for r in gpuos]
+    med_plain, med_gpuos = statistics.median(plain_sps), statistics.median(gpuos_sps)
+    out = {
+        "plain_steps_per_s": med_plain, "gpuos_steps_per_s": med_gpuos,
+        # extra time per step, relative to plain: medians, and best runs (noise only adds time)
+        "overhead_pct": (med_plain / med_gpuos - 1) * 100,
+        "best_overhead_pct": (max(plain_sps) / max(gpuos_sps) - 1) * 100,
+        # the noise floor: how far plain runs alone are apart
+        "plain_spread_pct": (max(plain_sps) / min(plain_sps) - 1) * 100,
+        "identical": len({r["checksum"] for r in plain} | {r["result"]["checksum"] for r in gpuos}) == 1,
+        # tells a workload that is not deterministic by itself apart
+        "plain_repeatable": len({r["checksum"] for r in plain}) == 1,
+        "tracking_on": all(r["process"] and r["process"]["state"] == "on" for r in gpuos),
+        "launches": [r["process"]["counters"]["launches"] for r in gpuos if r["process"]],
+    }
+    if "ns_per_launch" in plain[0]:
+        out["added_ns_per_launch"] = (statistics.median(r["result"]["ns_per_launch"] for r in gpuos)
+                                      - statistics.median(r["ns_per_launch"] for r in plain))
+    return out
+
+
+def validation_run(workload: str, budget: Budget, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    args = validate_args(workload)
+    report = workdir / f"{workload}-validate.json"
+    fin = run_one(under_gpuos(suite_cmd(workload, args), "--validate", "--report", str(report)),
+                  "validation", budget, env)
+    result, rep = fin.result(), json.loads(report.read_text())
+    v = rep["validation"]
+    if v is None:
+        raise RunFailed("no validation in the report", json.dumps(rep["processes"]))
+    return {
+        "args": args, "wall_s": fin.wall_s, "result": result, "report": rep,
+        "process": gpu_process(rep, result["pid"]),
+        "over_prediction": (v["overpredicted_bytes"] / v["predicted_bytes"]
+                            if v["predicted_bytes"] else None),
+        "kernels_with_misses": sorted((k for k in v["kernels"] if k["with_misses"]),
+                                      key=lambda k: -k["missed_bytes"]),
+    }
+
+
+def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[str, str],
+                   workdir: Path) -> dict[str, Any]:
+    args = step_args(name, a.quick)
+    reps = a.reps * 3 if name in CHEAP else a.reps
+    entry: dict[str, Any] = {"args": args, "reps": reps, "runs": []}
+    try:
+        for rep in range(reps):
+            for mode in ("plain", "gpuos"):
+                log(f"{name}: {mode} run {rep + 1}/{reps}")
+                entry["runs"].append(timed_run(name, args, mode, budget, env, workdir))
+        entry.update(summarize(entry["runs"]))
+        log(f"{name}: {entry['plain_steps_per_s']:.2f} -> {entry['gpuos_steps_per_s']:.2f} steps/s "
+            f"({entry['overhead_pct']:+.1f}%; plain runs {entry['plain_spread_pct']:.1f}% apart), "
+            f"identical: {entry['identical']}; validating")
+        entry["validate"] = validation_run(name, budget, env, workdir)
+    except OutOfTime as exc:
+        entry["skipped"] = str(exc)
+        log(f"{name}: {exc}")
+    except RunFailed as exc:
+        entry["error"], entry["error_detail"] = str(exc), exc.detail
+        log(f"{name}: {exc}\n{exc.detail}")
+    return entry
+
+
+def host_info() -> dict[str, Any]:
+    from gpuos.cudadrv import CudaDriver
+
+    drv = CudaDriver()
+    info, dev = drv.driver_info(), drv.devices()[0]
+    return {"device": dev.name, "gpu_memory_total": dev.memory_total, "driver": info.version,
+            "cuda_api": info.cuda_api, "gpuos": __version__,
+            "host": {"hostname": socket.gethostname(), "kernel": platform.release(),
+                     "cpus": os.cpu_count(), "python": platform.python_version()}}
+
+
+def short_name(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'."""
+    return device.removeprefix("NVIDIA ").split()[0]
+
+
+def failed(result: dict) -> bool:
+    """A run failed, results differed, or tracking was off (budget skips are not failures)."""
+    return any("error" in w or not w.get("identical", True) or not w.get("tracking_on", True)
+               for w in result["workloads"].values())
+
+
+def result_path(outdir: Path, result: dict[str, Any]) -> Path:
+    return outdir / f"intercept-{short_name(result['device'])}-{result['date'][:10]}.json"
+
+
+def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Path]:
+    budget = Budget(a.budget, a.run_timeout)
+    result: dict[str, Any] = {
+        "benchmark": "intercept_overhead",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
+        "order": "plain, gpuos, plain, gpuos, ... per workload; then one validation run",
+        "workloads": {}, "notes": [],
+    }
+    path = result_path(Path(a.out).resolve(), result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpuos-intercept-") as tmp:
+        workdir = Path(tmp)
+        # One set of kernel caches for the whole benchmark: the first gpt-compile run compiles
+        # (in its warmup, untimed), later runs reuse it; nothing stale comes from outside.
+        env = dict(os.environ, **private_caches(workdir / "cache"))
+        for name in names:
+            if budget.next_limit() is None:
+                note = f"{name}: skipped, the {a.budget:.0f} s budget was spent"
+                result["notes"].append(note)
+                log(note)
+                continue
+            result["workloads"][name] = bench_workload(name, a, budget, env, workdir)
+            first = next((r["result"] for r in result["workloads"][name]["runs"]
+                          if r["result"].get("torch")), None)
+            if first and "torch" not in result:
+                result["torch"], result["cuda_runtime"] = first["torch"], first["cuda"]
+            result["elapsed_s"] = time.monotonic() - t0
+            path.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {path}")
+    return result, path
+
+
+def fmt_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024:
+            break
+    return f"{n:.1f} {unit}"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    noop = r["workloads"].get("noop-launch", {})
+    latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch)"
+               if "added_ns_per_launch" in noop else "noop-launch not measured")
+    head = ("| workload | plain steps/s | gpuos steps/s | overhead | plain spread | bit-identical "
+            "| launches/run "
+            "| operations | skipped | ops with misses | missed | over-predicted | kernels with misses |")
+    api = r["cuda_api"]
+    stack = (f"CUDA {r['cuda_runtime']}, torch {r['torch']}" if "torch" in r
+             else f"CUDA API {api // 1000}.{api % 1000 // 10}")
+    lines = [f"{r['device']}, driver {r['driver']}, {stack}, gpuos {r['gpuos']}, {r['date'][:10]}; "
+             f"plain and `gpuos run` interleaved, {r['reps']} of each (noop-launch and cupy: "
+             f"{3 * r['reps']}); medians; plain spread: how far the plain runs alone were apart "
+             f"(max/min). {latency}.",
+             "", head, "|" + "---|" * (head.count("|") - 1)]
+    lines += ["| " + " | ".join([name, *timed_cells(w), *validation_cells(w)]) + " |"
+              for name, w in r["workloads"].items()]
+    return "\n".join(lines + [f"\n{note}" for note in r["notes"]])
+
+
+def why_not(w: dict[str, Any]) -> str:
+    return w.get("error") or w.get("skipped") or "not run"
+
+
+def timed_cells(w: dict[str, Any]) -> list[str]:
+    if "overhead_pct" not in w:
+        return [why_not(w), "", "", "", "", ""]
+    # A number measured on a wrong result is not reported.
+    overhead = f"{w['overhead_pct']:+.1f}%" if w["identical"] else "—"
+    launches = f"{statistics.median(w['launches']):.0f}" if w["launches"] else "—"
+    return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead,
+            f"{w['plain_spread_pct']:.1f}%", "yes" if w["identical"] else "**NO**", launches]
+
+
+def validation_cells(w: dict[str, Any]) -> list[str]:
+    if "validate" not in w:
+        return ["" if "overhead_pct" not in w else why_not(w), "", "", "", "", ""]
+    vr = w["validate"]
+    v = vr["report"]["validation"]
+    names = [f"`{k['name'][:60]}`" for k in vr["kernels_with_misses"]]
+    kernels = ", ".join(names[:3]) + (f" (+{len(names) - 3})" if len(names) > 3 else "")
+    over = "—" if vr["over_prediction"] is None else f"{vr['over_prediction']:.0%}"
+    return [str(v["operations"]), str(v["skipped"]), str(v["with_misses"]),
+            fmt_bytes(v["missed_bytes"]), over, kernels]
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the results of runs over parts of the suite (a device session may
+    limit one command's time): the first part's header, every part's workloads and notes."""
+    out = {**parts[0], "workloads": {}, "notes": []}
+    for part in parts:
+        out["workloads"].update(part["workloads"])
+        out["notes"] += part["notes"]
+        for key in ("torch", "cuda_runtime"):
+            if key in part:
+                out.setdefault(key, part[key])
+    return out
+
+
+def update_readme(table: str, source: Path) -> None:
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    where = source.relative_to(README.parent) if source.is_relative_to(README.parent) else source.name
+    README.write_text(text[:start] + f"\nLatest run ([JSON]({where})):\n\n{table}\n" + text[end:])
+    log(f"updated {README}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--reps", type=int, default=3, help="Runs of each mode per workload.")
+    ap.add_argument("--quick", action="store_true", help="Smoke run: 1 rep of 3 steps.")
+    ap.add_argument("--budget", type=float, default=900, help="Seconds for the whole benchmark.")
+    ap.add_argument("--run-timeout", type=float, default=300, help="Seconds for one run.")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--update-readme", action="store_true", help="Rewrite README.md's table.")
+    ap.add_argument("--readme-from", metavar="JSON", nargs="+",
+                    help="Only rewrite README.md's table from these results (no GPU needed); "
+                         "several are merged into one JSON in --out first.")
+    a = ap.parse_args()
+    if a.readme_from:
+        readme_from(a.readme_from, Path(a.out).resolve())
+        return
+    names = a.workloads.split(",")
+    unknown = set(names) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workloads: {', '.join(sorted(unknown))} (have: {', '.join(WORKLOADS)})")
+    if a.quick:
+        a.reps = 1
+    result, path = measure(a, names)
+    table = markdown(result)
+    print(table)
+    if a.update_readme:
+        update_readme(table, path)
+    sys.exit(1 if failed(result) else 0)
+
+
+def readme_from(files: list[str], outdir: Path) -> None:
+    source = Path(files[0]).resolve()
+    result = json.loads(source.read_text())
+    if len(files) > 1:
+        result = merge([json.loads(Path(f).read_text()) for f in files])
+        source = result_path(outdir, result)
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(json.dumps(result, indent=2) + "\n")
+        log(f"merged into {source}")
+    update_readme(markdown(result), source)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""The GPU workload suite: deterministic programs to measure and validate libgpuos with.
+
+    python3 -m gpuos.workloads.suite WORKLOAD [--steps N] [--warmup N] [--batch B] [--seed S] [--json]
+    python3 -m gpuos.workloads.suite --list
+
+Runs one workload on cuda:0 and prints one line at the end (with --json, a JSON object):
+workload, steps, warmup, batch, seconds (the timed steps only, between two device
+synchronizations), steps_per_s, items_per_s, checksum, torch, cuda, device, pid.
+
+The checksum is the sha256 of the exact bytes of the final state: for training every
+parameter after the last step and the last loss, for inference every output of the timed
+steps, for CuPy the final arrays.  Runs are repeatable bit for bit (fixed seeds,
+deterministic algorithms, a fixed cuBLAS workspace, random data made on the GPU from the
+seed), so a run under `gpuos run` must print the checksum a plain run prints.
+``--exit-code N`` exits with N after printing, to check that `gpuos run` passes it on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Keys of the JSON line that differ between two runs of the same workload.
+VOLATILE_KEYS = ("seconds", "steps_per_s", "items_per_s", "ns_per_launch", "pid")
+
+
+@dataclass
+class Measured:
+    seconds: float
+    checksum: str
+    info: dict[str, Any]  # versions, device, extras
+
+
+# -- PyTorch ------------------------------------------------------------------------------------
+
+def setup_torch(seed: int):
+    """torch, made deterministic; CUBLAS_WORKSPACE_CONFIG is set by main() before this."""
+    import torch
+    import torch.utils.deterministic
+
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)  # also puts Inductor in its deterministic mode
+    # With deterministic algorithms torch fills every torch.empty with NaN: one extra kernel per
+    # allocation that real programs do not run.  No workload here reads memory it did not write.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return torch
+
+
+def torch_info(torch, extra: dict[str, Any]) -> dict[str, Any]:
+    """Versions and device, the peak of torch's GPU memory (after the run), and extra."""
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0),
+            "peak_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2), **extra}
+
+
+def generator(torch, seed: int):
+    """The one source of input data: a CUDA generator, so inputs are made on the GPU."""
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def sha256_tensors(torch, tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None]):
+    """Run warmup steps, then time `steps` steps; returns (seconds, their return values)."""
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    out = [step() for _ in range(steps)]
+    sync()
+    return time.perf_counter() - t0, out
+
+
+def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tuple],
+          extra: dict[str, Any] | None = None) -> Measured:
+    """Train with AdamW (foreach), bf16 autocast and gradient clipping; checksum the
+    parameters after the last step and the last loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=False)
+    params = list(model.parameters())
+
+    def step():
+        x, y = batch()
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(forward(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss
+
+    seconds, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+    checksum = sha256_tensors(torch, [*params, losses[-1]])
+    return Measured(seconds, checksum, torch_info(torch, extra or {}))
+
+
+def infer(a: argparse.Namespace, torch, step: Callable[[], Any],
+          extra: dict[str, Any] | None = None) -> Measured:
+    """Time inference steps; checksum every output of the timed steps."""
+    with torch.no_grad():
+        seconds, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+    return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}))
+
+
+def resnet(a: argparse.Namespace, training: bool) -> Measured:
+    from . import nets
+
+    torch = setup_torch(a.seed)
+    with torch.device("cuda"):
+        model, impl = nets.resnet50()
+    model = model.to(memory_format=torch.channels_last).train(training)
+    g = generator(torch, a.seed)
+
+    def images():
+        x = torch.randn(a.batch, 3, a.image_size, a.image_size, device="cuda", generator=g)
+        return x.contiguous(memory_format=torch.channels_last)
+
+    extra = {"model": f"resnet50 ({impl})"}
+    if training:
+        def batch():
+            return images(), torch.randint(1000, (a.batch,), device="cuda", generator=g)
+        return train(a, torch, model, model, batch, extra)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            return model(images())
+    return infer(a, torch, step, extra)
+
+
+def gpt_model(a: argparse.Namespace, torch):
+    from . import nets
+
+    with torch.device("cuda"):
+        return nets.GPT(a.vocab, a.seq, a.d_model, a.layers, a.heads)
+
+
+def tokens(a: argparse.Namespace, torch, g, extra: int = 0):
+    return torch.randint(a.vocab, (a.batch, a.seq + extra), device="cuda", generator=g)
+
+
+def gpt_train(a: argparse.Namespace, compiled: bool = False) -> Measured:
+    torch = setup_torch(a.seed)
+    model = gpt_model(a, torch)
+    g = generator(torch, a.seed)
+    forward = torch.compile(model) if compiled else model
+
+    def batch():
+        idx = tokens(a, torch, g, extra=1)  # inputs and next-token targets
+        return idx[:, :-1], idx[:, 1:].reshape(-1)
+
+    def logits(x):
+        return forward(x).reshape(-1, a.vocab)
+
+    return train(a, torch, model, logits, batch)
+
+
+def gpt_infer(a: argparse.Namespace) -> Measured:
+    torch = setup_torch(a.seed)
+    model = gpt_model(a, torch).eval()
+    g = generator(torch, a.seed)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            return model(tokens(a, torch, g), last_only=True)
+    return infer(a, torch, step)
+
+
+def gpt_graphs(a: argparse.Namespace) -> Measured:
+    """gpt-infer captured once into a CUDA graph; each step copies fresh tokens into the
+    graph's static input and replays it."""
+    torch = setup_torch(a.seed)
+    model = gpt_model(a, torch).eval()
+    g = generator(torch, a.seed)
+    static_in = tokens(a, torch, g)
+    graph = torch.cuda.CUDAGraph()
+    # The autocast cache would keep casts made during capture outside the graph's pool.
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
+        side = torch.cuda.Stream()  # torch.cuda.graphs: warm up on a side stream first
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(static_in, last_only=True)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            static_out = model(static_in, last_only=True)
+
+    def step():
+        static_in.copy_(tokens(a, torch, g))
+        graph.replay()
+        return static_out.clone()  # the next replay overwrites static_out
+    return infer(a, torch, step)
+
+
+# -- CuPy ---------------------------------------------------------------------------------------
+
+CUPY_KERNELS = r"""
+extern "C" {
+// out = a*b + c*d: a kernel taking a plain list of pointers (no struct).
+__global__ void mix4(const float* a, const float* b, const float* c, const float* d,
+                     float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = a[i] * b[i] + c[i] * d[i];
+}
+
+// partial[blockIdx.x] = sum over this block's share of x (squared if square != 0).  Each
+// thread and the tree below add in a fixed order, and there are no atomics: deterministic.
+__global__ void block_sum(const float* x, float* partial, long long n, int square) {
+    __shared__ float s[256];
+    float acc = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        acc += square ? x[i] * x[i] : x[i];
+    s[threadIdx.x] = acc;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k /= 2) {
+        if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+// out = x / rms(x), the sum of squares read from device memory: the elementwise kernel.
+__global__ void normalize(const float* x, const float* sumsq, float* out, long long n) {
+    float scale = rsqrtf(*sumsq / (float)n + 1e-12f);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = x[i] * scale;
+}
+
+__global__ void noop(float* a, float* b, float* c, float* d) {}
+}
+"""
+THREADS, BLOCKS = 256, 1024
+LAUNCH_BLOCKS = 20  # noop-launch times its launches in this many blocks
+
+
+def cupy_info(cupy) -> dict[str, Any]:
+    v = cupy.cuda.runtime.runtimeGetVersion()
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    return {"torch": None, "cuda": f"{v // 1000}.{v % 1000 // 10}", "cupy": cupy.__version__,
+            "device": name.decode() if isinstance(name, bytes) else name}
+
+
+def cupy_suite(a: argparse.Namespace) -> Measured:
+    """A non-PyTorch program: each step multiplies `batch` matrices by one (cuBLAS), filters
+    them in the frequency domain (cuFFT), mixes (mix4), reduces (block_sum twice) and
+    normalizes them (normalize); the state and every step's norm make the checksum."""
+    import cupy
+    import numpy as np
+
+    mod = cupy.RawModule(code=CUPY_KERNELS)
+    mix4, block_sum, normalize = (mod.get_function(k) for k in ("mix4", "block_sum", "normalize"))
+    rs = cupy.random.RandomState(a.seed)
+    n, shape = a.size, (a.batch, a.size, a.size)
+    count = np.int64(a.batch * n * n)
+    state = rs.standard_normal(shape, dtype=cupy.float32)
+    weight = rs.standard_normal((n, n), dtype=cupy.float32) / np.float32(np.sqrt(n))
+    spectrum_filter = rs.uniform(size=(n, n // 2 + 1), dtype=cupy.float32)
+    mixed = cupy.empty_like(state)
+    partial = cupy.empty(BLOCKS, cupy.float32)
+    norms = cupy.zeros(a.warmup + a.steps, cupy.float32)
+    done = 0
+
+    def step():
+        nonlocal done
+        prod = cupy.matmul(state, weight)
+        smooth = cupy.fft.irfft2(cupy.fft.rfft2(prod) * spectrum_filter, s=(n, n))
+        mix4((BLOCKS,), (THREADS,), (state, prod, smooth, state, mixed, count))
+        block_sum((BLOCKS,), (THREADS,), (mixed, partial, count, np.int32(1)))
+        block_sum((1,), (THREADS,), (partial, norms[done:], np.int64(BLOCKS), np.int32(0)))
+        normalize((BLOCKS,), (THREADS,), (mixed, norms[done:], state, count))
+        done += 1
+
+    seconds, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize)
+    checksum = hashlib.sha256(state.get().tobytes() + norms.get().tobytes()).hexdigest()
+    return Measured(seconds, checksum, cupy_info(cupy))
+
+
+def noop_launch(a: argparse.Namespace) -> Measured:
+    """`steps` launches of an empty kernel with four pointer arguments, each a direct
+    cuLaunchKernel call through ctypes with every argument prebuilt as a ctypes object (no
+    argtypes: converting them costs about a microsecond per call), so Python adds only a
+    few hundred nanoseconds to the driver's (and libgpuos's) own time.  The launches are
+    timed in blocks and ns_per_launch is the best block's: interference from the rest of the
+    host (seen as ±10% between runs on a VM) only ever adds time."""
+    import ctypes
+
+    import cupy
+
+    bufs = [cupy.random.RandomState(a.seed + i).standard_normal(1024, dtype=cupy.float32)
+            for i in range(4)]
+    func = cupy.RawModule(code=CUPY_KERNELS).get_function("noop").kernel.ptr  # the CUfunction
+    ptrs = [ctypes.c_void_p(b.data.ptr) for b in bufs]
+    params = (ctypes.c_void_p * 4)(*(ctypes.addressof(p) for p in ptrs))
+    launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel  # dlsym: libgpuos's wrapper when preloaded
+    one, threads, no_shared = ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_uint(0)
+    args = (ctypes.c_void_p(func), one, one, one, threads, one, one, no_shared,
+            ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), params, None)
+    sync = cupy.cuda.Device().synchronize
+
+    def launches(count: int) -> None:
+        for _ in range(count):
+            err = launch(*args)
+            if err:
+                raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+
+    launches(a.warmup)
+    sync()
+    blocks = min(LAUNCH_BLOCKS, a.steps)
+    times = [timed_block(launches, a.steps // blocks + (i < a.steps % blocks), sync)
+             for i in range(blocks)]
+    checksum = hashlib.sha256(b"".join(b.get().tobytes() for b in bufs)).hexdigest()
+    best = min(t / n for t, n in times)
+    return Measured(sum(t for t, _ in times), checksum, {**cupy_info(cupy), "ns_per_launch": best * 1e9})
+
+
+def timed_block(launches: Callable[[int], None], n: int, sync: Callable[[], None]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    launches(n)
+    sync()
+    return time.perf_counter() - t0, n
+
+
+# -- the registry and the command line ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    run: Callable[[argparse.Namespace], Measured]
+    about: str
+    batch: int = 1
+    steps: int = 20
+    warmup: int = 3
+
+
+# Cheapest first: a benchmark that runs out of time loses the expensive ones.
+WORKLOADS: dict[str, Workload] = {
+    "noop-launch": Workload(noop_launch, "launch latency: --steps launches of an empty kernel",
+                            steps=100_000, warmup=1_000),
+    "cupy": Workload(cupy_suite, "CuPy: RawKernels (elementwise, reduction, pointer list), "
+                     "cuBLAS matmul, cuFFT", batch=8, steps=1000, warmup=10),
+    "resnet50-infer": Workload(lambda a: resnet(a, training=False),
+                               "ResNet-50 inference: bf16 autocast, channels_last", batch=64, steps=100),
+    "resnet50-train": Workload(lambda a: resnet(a, training=True),
+                               "ResNet-50 training: AdamW, bf16 autocast, channels_last", batch=64),
+    "gpt-infer": Workload(gpt_infer, "GPT decoder prefill: next-token logits, bf16 autocast",
+                          batch=8, steps=100),
+    "gpt-train": Workload(gpt_train, "GPT decoder training: SDPA, AdamW, bf16 autocast, clipping",
+                          batch=8),
+    "gpt-graphs": Workload(gpt_graphs, "gpt-infer replayed from one CUDA graph", batch=8, steps=100),
+    "gpt-compile": Workload(lambda a: gpt_train(a, compiled=True),
+                            "gpt-train under torch.compile (Triton); warmup includes the compile",
+                            batch=8),
+}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m gpuos.workloads.suite",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("workload", nargs="?", choices=list(WORKLOADS))
+    p.add_argument("--list", action="store_true", help="List the workloads and exit.")
+    p.add_argument("--steps", type=int, help="Timed steps (noop-launch: launches) [per workload].")
+    p.add_argument("--warmup", type=int, help="Untimed steps before them [per workload].")
+    p.add_argument("--batch", type=int, help="Items per step [per workload; noop-launch: unused].")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", action="store_true", help="Print the result as one JSON line.")
+    p.add_argument("--exit-code", type=int, default=0, help="Exit with this status after printing.")
+    g = p.add_argument_group("sizes")
+    g.add_argument("--image-size", type=int, default=224, help="ResNet input side.")
+    g.add_argument("--layers", type=int, default=12, help="GPT blocks.")
+    g.add_argument("--d-model", type=int, default=768, help="GPT width.")
+    g.add_argument("--heads", type=int, default=12, help="GPT attention heads.")
+    g.add_argument("--seq", type=int, default=1024, help="GPT sequence length.")
+    g.add_argument("--vocab", type=int, default=32768, help="GPT vocabulary.")
+    g.add_argument("--size", type=int, default=1024, help="CuPy matrix side.")
+    a = p.parse_args(argv)
+    if a.list:
+        return a
+    if a.workload is None:
+        p.error("a workload is required (--list shows them)")
+    w = WORKLOADS[a.workload]
+    a.steps = w.steps if a.steps is None else a.steps
+    a.warmup = w.warmup if a.warmup is None else a.warmup
+    a.batch = w.batch if a.batch is None else a.batch
+    if a.steps < 1 or a.warmup < 0 or a.batch < 1:
+        p.error("--steps and --batch must be at least 1, --warmup at least 0")
+    if a.workload == "gpt-compile" and a.warmup < 1:
+        p.error("gpt-compile needs --warmup 1 or more: the first step compiles")
+    return a
+
+
+def report(a: argparse.Namespace, m: Measured) -> dict[str, Any]:
+    return {"workload": a.workload, "steps": a.steps, "warmup": a.warmup, "batch": a.batch,
+            "seconds": m.seconds, "steps_per_s": a.steps / m.seconds,
+            "items_per_s": a.steps * a.batch / m.seconds, "checksum": m.checksum,
+            "pid": os.getpid(), **m.info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.list:
+        for name, w in WORKLOADS.items():
+            print(f"{name:15} {w.about}")
+        return 0
+    # cuBLAS reads this when its first handle is created; without it, it is not deterministic.
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    out = report(a, WORKLOADS[a.workload].run(a))
+    if a.json:
+        print(json.dumps(out), flush=True)
+    else:
+        print(f"{a.workload}: {a.steps} steps in {out['seconds']:.3f} s ({out['steps_per_s']:.2f} "
+              f"steps/s, {out['items_per_s']:.1f} items/s) on {out['device']}; "
+              f"checksum {out['checksum'][:16]}", flush=True)
+    if a.exit_code:
+        print(f"suite: exiting with status {a.exit_code} as asked", file=sys.stderr, flush=True)
+    return a.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
