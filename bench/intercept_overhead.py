@@ -270,7 +270,10 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [f"{r['device']}, driver {r['driver']}, {stack}, gpuos {r['gpuos']}, {r['date'][:10]}; "
              f"plain and `gpuos run` interleaved, {r['reps']} of each (noop-launch and cupy: "
              f"{3 * r['reps']}); medians; plain spread: how far the plain runs alone were apart "
-             f"(max/min). {latency}.",
+             f"(max/min). {latency}."
+             + (" **Smoke run (--quick): 3 timed steps per run, too short to measure "
+                "throughput overhead; the identity and validation columns stand.**"
+                if r.get("quick") else ""),
              "", head, "|" + "---|" * (head.count("|") - 1)]
     lines += ["| " + " | ".join([name, *timed_cells(w), *validation_cells(w)]) + " |"
               for name, w in r["workloads"].items()]
@@ -288,7 +291,8 @@ def timed_cells(w: dict[str, Any]) -> list[str]:
     overhead = f"{w['overhead_pct']:+.1f}%" if w["identical"] else "—"
     launches = f"{statistics.median(w['launches']):.0f}" if w["launches"] else "—"
     return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead,
-            f"{w['plain_spread_pct']:.1f}%", "yes" if w["identical"] else "**NO**", launches]
+            f"{w['plain_spread_pct']:.1f}%" if len(w["launches"]) > 1 else "—",
+            "yes" if w["identical"] else "**NO**", launches]
 
 
 def validation_cells(w: dict[str, Any]) -> list[str]:
