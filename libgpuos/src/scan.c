@@ -280,7 +280,7 @@ static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_
 		if (a)
 			add_buf(x, a, v, param, (uint32_t)off);
 		else
-			x->s.hash = fnv(x->s.hash, p + off, 8);
+			x->s.hash = (x->s.hash ^ v) * FNV_PRIME; /* a whole word at a time: big structs are common */
 	}
 	x->s.hash = fnv(x->s.hash, p + off, size - off);
 }
