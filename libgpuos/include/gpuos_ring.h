@@ -56,6 +56,10 @@
  *   VALIDATE    struct gpuos_rec_validate + nmiss * struct gpuos_rec_miss: the outcome
  *               of validating one launch, copy or graph launch (`gpuos run --validate`).
  *   STATUS      struct gpuos_rec_status: tracking changed state (e.g. turned off).
+ *   PARAMS      struct gpuos_rec_params + nparams * struct gpuos_rec_param + the bytes:
+ *               the raw parameters of a launch whose kernel name matched
+ *               GPUOS_DUMP_PARAMS (`gpuos run --dump-params`), to study a blind spot.
+ *               It precedes the launch's LAUNCH record and carries the same seq.
  */
 #ifndef GPUOS_RING_H
 #define GPUOS_RING_H
@@ -133,6 +137,7 @@ enum gpuos_rec_type {
 	GPUOS_REC_GRAPH = 6,
 	GPUOS_REC_VALIDATE = 7,
 	GPUOS_REC_STATUS = 8,
+	GPUOS_REC_PARAMS = 9,
 };
 
 struct gpuos_rec_hdr {
@@ -317,6 +322,24 @@ struct gpuos_rec_status {
 	uint32_t state;    /* enum gpuos_track_state */
 	int32_t err;       /* errno or CUresult */
 	char reason[256];
+};
+
+/* gpuos_rec_params.h.flags */
+#define GPUOS_PARAMS_EXTRA     (1u << 0) /* one entry: the `extra` parameter buffer */
+#define GPUOS_PARAMS_TRUNCATED (1u << 1) /* more than GPUOS_MAX_PARAM_DUMP bytes: cut */
+
+#define GPUOS_MAX_PARAM_DUMP 32768
+
+struct gpuos_rec_params {
+	struct gpuos_rec_hdr h;
+	uint64_t seq;      /* the launch's */
+	uint32_t func_id;
+	uint32_t nparams;  /* struct gpuos_rec_param entries that follow, then their bytes in order */
+};
+
+struct gpuos_rec_param {
+	uint32_t offset;   /* in the parameter buffer, as the driver's layout says */
+	uint32_t size;     /* bytes of this parameter that follow */
 };
 
 #define GPUOS_VALIDATE_CHUNK 4096

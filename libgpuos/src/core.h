@@ -260,6 +260,7 @@ void gpuos_track_forget(void); /* fork child */
 
 #define GPUOS_FN_KERNEL 1u    /* a CUkernel */
 #define GPUOS_FN_TOUCH_ALL 2u /* a GPUOS_TOUCH_ALL pattern matched its name */
+#define GPUOS_FN_DUMP 4u      /* a GPUOS_DUMP_PARAMS pattern matched its name */
 
 struct gpuos_fn {
 	uint32_t func_id;
@@ -274,7 +275,7 @@ struct gpuos_fn {
 
 enum gpuos_fn_hint { GPUOS_HINT_UNKNOWN, GPUOS_HINT_FUNCTION, GPUOS_HINT_KERNEL };
 
-void gpuos_scan_config(void); /* reads GPUOS_TOUCH_ALL */
+void gpuos_scan_config(void); /* reads GPUOS_TOUCH_ALL and GPUOS_DUMP_PARAMS */
 /* The function table id of a handle, making its entry (layout, name) and writing its
  * OBJECT record on first sight.  Takes the lock itself: call without it. */
 uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent);
@@ -289,6 +290,8 @@ struct gpuos_scan {
 };
 /* Scan a launch's parameters (read lock held).  fn may be NULL (unknown). */
 void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra);
+/* Write a PARAMS record of a launch of fn (with GPUOS_FN_DUMP; read lock held). */
+void gpuos_scan_dump(const struct gpuos_fn *fn, void **kp, void **extra, uint64_t seq);
 /* The calling thread's scratch (NULL when out of memory: tracking is then off). */
 struct gpuos_scan *gpuos_scan_tls(void);
 

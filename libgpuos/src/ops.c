@@ -106,10 +106,12 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
 	gpuos_scan_launch(s, fn, kp, extra);
 	L->rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
+	L->rec.seq = gpuos_next_seq();
+	if (unlikely(fn && (fn->flags & GPUOS_FN_DUMP)))
+		gpuos_scan_dump(fn, kp, extra, L->rec.seq);
 	pthread_rwlock_unlock(&gpuos_lock);
 
 	L->s = s;
-	L->rec.seq = gpuos_next_seq();
 	L->rec.ctx = gpuos_current_ctx();
 	L->rec.arg_hash = s->hash;
 	L->rec.nbuf = s->nbuf;

@@ -36,39 +36,51 @@ static GPUOS_TLS struct scratch *tls_scratch;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
-static char **touch_pats; /* GPUOS_TOUCH_ALL, split at commas */
-static size_t n_touch;
+/* Kernel-name substrings from a comma-separated environment variable. */
+struct patterns {
+	char **v;
+	size_t n;
+};
+
+static struct patterns touch_pats; /* GPUOS_TOUCH_ALL */
+static struct patterns dump_pats;  /* GPUOS_DUMP_PARAMS */
 
 /* ---- configuration -------------------------------------------------------------------------- */
 
-void gpuos_scan_config(void)
+static void patterns_read(struct patterns *ps, const char *var)
 {
-	for (size_t i = 0; i < n_touch; i++)
-		free(touch_pats[i]);
-	free(touch_pats);
-	touch_pats = NULL;
-	n_touch = 0;
-	const char *env = getenv("GPUOS_TOUCH_ALL");
+	for (size_t i = 0; i < ps->n; i++)
+		free(ps->v[i]);
+	free(ps->v);
+	ps->v = NULL;
+	ps->n = 0;
+	const char *env = getenv(var);
 	if (!env || !*env)
 		return;
 	size_t cap = 1;
 	for (const char *c = env; *c; c++)
 		cap += *c == ',';
-	touch_pats = calloc(cap, sizeof *touch_pats);
-	if (!touch_pats)
+	ps->v = calloc(cap, sizeof *ps->v);
+	if (!ps->v)
 		return;
 	for (const char *p = env; *p;) {
 		size_t len = strcspn(p, ",");
-		if (len && (touch_pats[n_touch] = strndup(p, len)))
-			n_touch++;
+		if (len && (ps->v[ps->n] = strndup(p, len)))
+			ps->n++;
 		p += len + (p[len] == ',');
 	}
 }
 
-static int touch_all_match(const char *name)
+void gpuos_scan_config(void)
 {
-	for (size_t i = 0; name && i < n_touch; i++)
-		if (strstr(name, touch_pats[i]))
+	patterns_read(&touch_pats, "GPUOS_TOUCH_ALL");
+	patterns_read(&dump_pats, "GPUOS_DUMP_PARAMS");
+}
+
+static int patterns_match(const struct patterns *ps, const char *name)
+{
+	for (size_t i = 0; name && i < ps->n; i++)
+		if (strstr(name, ps->v[i]))
 			return 1;
 	return 0;
 }
@@ -142,7 +154,8 @@ static struct gpuos_fn *fn_make(uint64_t h, enum gpuos_fn_hint hint)
 		return NULL;
 	}
 	fn->nparams = known ? (uint16_t)n : GPUOS_LAYOUT_UNKNOWN;
-	fn->flags = (kernel ? GPUOS_FN_KERNEL : 0) | (touch_all_match(name) ? GPUOS_FN_TOUCH_ALL : 0);
+	fn->flags = (kernel ? GPUOS_FN_KERNEL : 0) | (patterns_match(&touch_pats, name) ? GPUOS_FN_TOUCH_ALL : 0) |
+		    (patterns_match(&dump_pats, name) ? GPUOS_FN_DUMP : 0);
 	fn->params_bytes = 0;
 	fn->pad = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -340,4 +353,53 @@ void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **k
 	}
 	for (uint16_t i = 0; i < fn->nparams && (size_t)fn->p[i].off + fn->p[i].size <= size; i++)
 		scan_bytes(x, buf + fn->p[i].off, fn->p[i].size, i);
+}
+
+/* ---- parameter dumps ---------------------------------------------------------------------------- */
+
+static __thread uint8_t *dump_buf; /* grown, never freed: only threads that dump have one */
+static __thread size_t dump_cap;
+
+void gpuos_scan_dump(const struct gpuos_fn *fn, void **kp, void **extra, uint64_t seq)
+{
+	struct gpuos_rec_params rec = { .seq = seq, .func_id = fn->func_id };
+	uint16_t flags = 0;
+	const uint8_t *ebuf = NULL;
+	size_t esize = 0;
+	uint32_t n;
+	if (kp && fn->nparams != GPUOS_LAYOUT_UNKNOWN) {
+		n = fn->nparams;
+	} else if (!kp && extra && extra_buffer(extra, &ebuf, &esize)) {
+		n = 1;
+		flags |= GPUOS_PARAMS_EXTRA;
+	} else {
+		return; /* nothing whose size we know */
+	}
+	size_t need = n * sizeof(struct gpuos_rec_param) + GPUOS_MAX_PARAM_DUMP;
+	if (need > dump_cap) {
+		uint8_t *p = realloc(dump_buf, need);
+		if (!p)
+			return; /* a debugging aid: skip it rather than stop tracking */
+		dump_buf = p;
+		dump_cap = need;
+	}
+	struct gpuos_rec_param *ent = (struct gpuos_rec_param *)dump_buf;
+	uint8_t *bytes = dump_buf + n * sizeof *ent;
+	size_t used = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *src = ebuf ? ebuf : kp[i];
+		size_t size = ebuf ? esize : fn->p[i].size;
+		if (!src)
+			size = 0;
+		if (used + size > GPUOS_MAX_PARAM_DUMP) {
+			size = GPUOS_MAX_PARAM_DUMP - used;
+			flags |= GPUOS_PARAMS_TRUNCATED;
+		}
+		ent[i].offset = ebuf ? 0 : fn->p[i].off;
+		ent[i].size = (uint32_t)size;
+		memcpy(bytes + used, src, size);
+		used += size;
+	}
+	rec.nparams = n;
+	gpuos_ring_emit(GPUOS_REC_PARAMS, flags, &rec, sizeof rec, dump_buf, n * sizeof *ent + used);
 }

@@ -35,6 +35,8 @@ LAYOUTS = {  # C struct -> the Python struct that mirrors it (header included fo
     "gpuos_rec_validate": R.REC_HDR.size + R.VALIDATE_BODY.size,
     "gpuos_rec_miss": R.MISS.size,
     "gpuos_rec_status": R.REC_HDR.size + R.STATUS_BODY.size,
+    "gpuos_rec_params": R.REC_HDR.size + R.PARAMS_BODY.size,
+    "gpuos_rec_param": R.PARAM.size,
     "gpuos_ctl_hello": HELLO.size,
     "gpuos_ctl_reply": REPLY.size,
 }

@@ -233,3 +233,19 @@ def test_tracking_off_leaves_the_application_untouched(build, env, tmp_path, cas
     got = plain(build, env, "t_direct", "8", LD_PRELOAD=str(build / "libgpuos.so"),
                 GPUOS_CTL=str(ctl), GPUOS_LIB_DEBUG="1")
     assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
+
+
+def test_dump_params_writes_the_raw_parameters(build, env, tmp_path):
+    _, _, log = traced(build, env, tmp_path, "t_direct", "2",
+                       gpuos_args=("--dump-params", "fake_struct"))
+    fn = names(log)
+    dumps = of_type(log, "params")
+    assert dumps and all(fn[(d["pid"], d["func"])] == "fake_struct" for d in dumps)
+    launches = {(r["pid"], r["seq"]): r for r in of_type(log, "launch")}
+    for d in dumps:
+        (p,) = d["params"]
+        raw = bytes.fromhex(p["hex"])
+        assert (p["offset"], p["size"], len(raw)) == (0, 24, 24)
+        words = struct.unpack("<3Q", raw)
+        launch = launches[(d["pid"], d["seq"])]
+        assert [b["ptr"] for b in launch["bufs"]] == [words[1], words[2]]

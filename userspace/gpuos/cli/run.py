@@ -60,11 +60,16 @@ def _summary(res: RunResult) -> list[str]:
               help="Treat kernels whose name contains SUBSTRING as touching every buffer (the "
                    "fallback for a kernel that validation shows writing through pointers kept in "
                    "GPU memory). Repeatable.")
+@click.option("--dump-params", multiple=True, metavar="SUBSTRING",
+              help="With --log: also write the raw parameter bytes of every launch of a kernel whose "
+                   "name contains SUBSTRING (a `params` record), to study why its buffers were "
+                   "mispredicted. Repeatable.")
 @click.option("--ring-slots", type=click.IntRange(1024, 1 << 24), metavar="N",
               help="Ring size in 64-byte slots, a power of two [default: 1048576 = 64 MiB].")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(log, validate, report, as_json, touch_all, ring_slots, quiet, cmd) -> None:
+def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, quiet,
+            cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -89,8 +94,11 @@ def run_cmd(log, validate, report, as_json, touch_all, ring_slots, quiet, cmd) -
     """
     if ring_slots and ring_slots & (ring_slots - 1):
         raise click.BadParameter("must be a power of two", param_hint="--ring-slots")
+    if dump_params and not log:
+        raise click.BadParameter("needs --log FILE (the dumps go there)", param_hint="--dump-params")
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
-                                touch_all=list(touch_all), ring_slots=ring_slots)).run()
+                                touch_all=list(touch_all), dump_params=list(dump_params),
+                                ring_slots=ring_slots)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

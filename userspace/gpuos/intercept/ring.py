@@ -37,9 +37,10 @@ COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_
 FUNC_ENT = struct.Struct("<QIHHII")
 REC_HDR = struct.Struct("<HHIQII")
 
-PAD, ALLOC, FREE, OBJECT, LAUNCH, COPY, GRAPH, VALIDATE, STATUS = range(9)
+PAD, ALLOC, FREE, OBJECT, LAUNCH, COPY, GRAPH, VALIDATE, STATUS, PARAMS = range(10)
 REC_NAMES = {PAD: "pad", ALLOC: "alloc", FREE: "free", OBJECT: "object", LAUNCH: "launch",
-             COPY: "copy", GRAPH: "graph", VALIDATE: "validate", STATUS: "status"}
+             COPY: "copy", GRAPH: "graph", VALIDATE: "validate", STATUS: "status",
+             PARAMS: "params"}
 
 ALLOC_BODY = struct.Struct("<5QIi")
 OBJECT_BODY = struct.Struct("<QQII")
@@ -50,6 +51,9 @@ GRAPH_BODY = struct.Struct("<3QII")
 VALIDATE_BODY = struct.Struct("<6Q4I")
 MISS = struct.Struct("<4Q")
 STATUS_BODY = struct.Struct("<Ii256s")
+PARAMS_BODY = struct.Struct("<QII")
+PARAM = struct.Struct("<II")
+PARAMS_FLAGS = {1 << 0: "extra", 1 << 1: "truncated"}
 
 ALLOC_KINDS = {1: "device", 2: "pitch", 3: "async", 4: "managed", 5: "host",
                6: "host-registered", 7: "vmm-reserve", 8: "vmm-map", 9: "vmm-create",
@@ -172,6 +176,15 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
                    changed_bytes=changed, predicted_bytes=predicted,
                    overpredicted_bytes=over, missed_bytes=missed, tracked_bytes=tracked,
                    misses=misses)
+    elif rtype == PARAMS:
+        seq, func_id, nparams = PARAMS_BODY.unpack_from(body)
+        params, data = [], PARAMS_BODY.size + nparams * PARAM.size
+        for i in range(nparams):
+            off, size = PARAM.unpack_from(body, PARAMS_BODY.size + i * PARAM.size)
+            params.append({"offset": off, "size": size, "hex": body[data:data + size].hex()})
+            data += size
+        rec.update(seq=seq, func=None if func_id == NO_FUNC else func_id,
+                   flags=flag_names(flags, PARAMS_FLAGS), params=params)
     elif rtype == STATUS:
         state, err, reason = STATUS_BODY.unpack_from(body)
         rec.update(state="on" if state == TRACK_ON else "off", err=err, reason=_cstr(reason))

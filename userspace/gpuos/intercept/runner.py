@@ -53,6 +53,7 @@ class RunOptions:
     log: Path | None = None
     validate: bool = False
     touch_all: list[str] = field(default_factory=list)
+    dump_params: list[str] = field(default_factory=list)
     ring_slots: int | None = None
     lib: Path | None = None
 
@@ -113,11 +114,14 @@ class Supervisor:
         pre = env.get("LD_PRELOAD", "").strip()
         env["LD_PRELOAD"] = f"{self.lib} {pre}".strip()
         env["GPUOS_CTL"] = str(ctl)
-        env.pop("GPUOS_VALIDATE", None)
+        for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS"):
+            env.pop(var, None)  # only what this run asks for
         if self.opts.validate:
             env["GPUOS_VALIDATE"] = "1"
         if self.opts.touch_all:
             env["GPUOS_TOUCH_ALL"] = ",".join(self.opts.touch_all)
+        if self.opts.dump_params:
+            env["GPUOS_DUMP_PARAMS"] = ",".join(self.opts.dump_params)
         if self.opts.ring_slots:
             env["GPUOS_RING_SLOTS"] = str(self.opts.ring_slots)
         return env
