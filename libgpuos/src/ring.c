@@ -140,22 +140,29 @@ struct src {
 };
 
 /* Write a record's bytes into the k slots from absolute index abs, then commit. */
+/* Copy n bytes into the slots' payloads from *pos on, skipping the seq words. */
+static uint8_t *put(uint8_t *pos, const uint8_t *src, size_t n)
+{
+	while (n) {
+		size_t room = GPUOS_SLOT_SIZE - ((uintptr_t)pos & (GPUOS_SLOT_SIZE - 1));
+		if (room > n) {
+			memcpy(pos, src, n);
+			return pos + n;
+		}
+		memcpy(pos, src, room);
+		src += room;
+		n -= room;
+		pos += room + 8; /* over the next slot's seq word */
+	}
+	return pos;
+}
+
 static void fill(uint64_t abs, uint64_t k, struct src *s)
 {
+	/* slots are 64-byte aligned (the ring starts page aligned): the offset in a slot
+	 * tells how much payload room is left in it */
 	uint8_t *base = R.slots + (abs & (R.nslots - 1)) * GPUOS_SLOT_SIZE;
-	for (uint64_t j = 0; j < k && (s->alen || s->blen); j++) {
-		uint8_t *pl = base + j * GPUOS_SLOT_SIZE + 8;
-		size_t room = GPUOS_SLOT_PAYLOAD;
-		size_t n = s->alen < room ? s->alen : room;
-		memcpy(pl, s->a, n);
-		s->a += n;
-		s->alen -= n;
-		room -= n;
-		n = s->blen < room ? s->blen : room;
-		memcpy(pl + GPUOS_SLOT_PAYLOAD - room, s->b, n);
-		s->b += n;
-		s->blen -= n;
-	}
+	put(put(base + 8, s->a, s->alen), s->b, s->blen);
 	for (uint64_t j = 1; j < k; j++)
 		__atomic_store_n((uint64_t *)(base + j * GPUOS_SLOT_SIZE), abs + j + 1, __ATOMIC_RELAXED);
 	__atomic_store_n((uint64_t *)base, (abs + 1) | GPUOS_SLOT_START, __ATOMIC_RELEASE);

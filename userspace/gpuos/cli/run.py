@@ -65,7 +65,8 @@ def _summary(res: RunResult) -> list[str]:
                    "name contains SUBSTRING (a `params` record), to study why its buffers were "
                    "mispredicted. Repeatable.")
 @click.option("--ring-slots", type=click.IntRange(1024, 1 << 24), metavar="N",
-              help="Ring size in 64-byte slots, a power of two [default: 1048576 = 64 MiB].")
+              help="Ring size in 64-byte slots, a power of two [default: 1048576 = 64 MiB with --log "
+                   "or --validate, else 65536 = 4 MiB].")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, quiet,
