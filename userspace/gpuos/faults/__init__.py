@@ -1,0 +1,1 @@
+"""GPU faults: kernel-log and NVML sources, classification, the fault journal (docs/faults.md)."""
