@@ -16,7 +16,9 @@
 
 #include "core.h"
 
-#define FUNC_CAP (1u << 17)          /* function table entries */
+#define FUNC_CAP_DEFAULT (1u << 17)  /* function table entries (GPUOS_FUNC_TABLE) */
+#define FUNC_CAP_MIN 1u
+#define FUNC_CAP_MAX (1u << 22)
 #define NAMES_BYTES (32ull << 20)    /* function names (the memfd is sparse: untouched pages cost nothing) */
 #define DEFAULT_SLOTS (1u << 20)
 #define MIN_SLOTS 1024u
@@ -31,6 +33,7 @@ static struct {
 	uint64_t nslots;
 	struct gpuos_func_ent *funcs;
 	char *names;
+	uint32_t func_cap;
 	uint64_t bytes;
 	int fd;
 } R = { .fd = -1 };
@@ -53,11 +56,29 @@ static uint32_t ring_slots(void)
 	return (uint32_t)v;
 }
 
+/* Entries in the function table: GPUOS_FUNC_TABLE, for programs with very many kernels
+ * (and for testing what happens when it is full). */
+static uint32_t func_cap(void)
+{
+	const char *s = getenv("GPUOS_FUNC_TABLE");
+	if (!s || !*s)
+		return FUNC_CAP_DEFAULT;
+	char *end;
+	unsigned long long v = strtoull(s, &end, 0);
+	if (*end || v < FUNC_CAP_MIN || v > FUNC_CAP_MAX) {
+		gpuos_dbg("GPUOS_FUNC_TABLE=%s is not in [%u, %u]: using %u", s, FUNC_CAP_MIN, FUNC_CAP_MAX,
+			  FUNC_CAP_DEFAULT);
+		return FUNC_CAP_DEFAULT;
+	}
+	return (uint32_t)v;
+}
+
 int gpuos_ring_create(uint32_t flags)
 {
 	uint32_t nslots = ring_slots();
+	uint32_t fcap = func_cap();
 	uint64_t strtab_off = GPUOS_RING_HDR_SIZE + (uint64_t)nslots * GPUOS_SLOT_SIZE;
-	uint64_t strtab_size = FUNC_CAP * sizeof(struct gpuos_func_ent) + NAMES_BYTES;
+	uint64_t strtab_size = (uint64_t)fcap * sizeof(struct gpuos_func_ent) + NAMES_BYTES;
 	uint64_t bytes = strtab_off + strtab_size;
 	/* One ring per process: a child after exec makes its own, hence CLOEXEC. */
 	int fd = memfd_create(GPUOS_MEMFD_NAME, MFD_CLOEXEC);
@@ -89,14 +110,15 @@ int gpuos_ring_create(uint32_t flags)
 	h->start_mono_ns = (uint64_t)mono.tv_sec * 1000000000ull + (uint64_t)mono.tv_nsec;
 	h->strtab_off = strtab_off;
 	h->strtab_size = strtab_size;
-	h->func_cap = FUNC_CAP;
+	h->func_cap = fcap;
 	h->lib_version = GPUOS_RING_VERSION;
 	__atomic_store_n(&h->magic, GPUOS_RING_MAGIC, __ATOMIC_RELEASE);
 
 	R.slots = (uint8_t *)p + GPUOS_RING_HDR_SIZE;
 	R.nslots = nslots;
 	R.funcs = (struct gpuos_func_ent *)((char *)p + strtab_off);
-	R.names = (char *)(R.funcs + FUNC_CAP);
+	R.names = (char *)(R.funcs + fcap);
+	R.func_cap = fcap;
 	R.bytes = bytes;
 	R.fd = fd;
 	__atomic_store_n(&R.hdr, h, __ATOMIC_RELEASE);
@@ -230,10 +252,10 @@ uint32_t gpuos_func_publish(uint64_t handle, const char *name, uint16_t nparams,
 	pthread_mutex_lock(&func_mu);
 	uint32_t id = hdr->func_count;
 	uint64_t used = hdr->names_used;
-	if (id >= FUNC_CAP || used + len + 1 > NAMES_BYTES) {
+	if (id >= R.func_cap || used + len + 1 > NAMES_BYTES) {
 		pthread_mutex_unlock(&func_mu);
-		if (id >= FUNC_CAP)
-			gpuos_track_off(ENOSPC, "function table full (%u entries)", FUNC_CAP);
+		if (id >= R.func_cap)
+			gpuos_track_off(ENOSPC, "function table full (%u entries)", R.func_cap);
 		else
 			gpuos_track_off(ENOSPC, "function name table full (%llu bytes)", NAMES_BYTES);
 		return GPUOS_NO_FUNC;

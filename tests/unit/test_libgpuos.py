@@ -56,10 +56,13 @@ def prog_json(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"prog"')]
 
 
-def plain(build: Path, env: dict, prog: str, *args: str, **extra: str) -> list[dict]:
+def plain(build: Path, env: dict, prog: str, *args: str, stderr: list | None = None,
+          **extra: str) -> list[dict]:
     res = subprocess.run([str(build / "tests" / prog), *args], env=dict(env, **extra),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+    if stderr is not None:
+        stderr.append(res.stderr)
     return prog_json(res.stdout)
 
 
@@ -222,17 +225,23 @@ def _serve_once(path: Path, reply: bytes | None) -> threading.Thread:
     return t
 
 
-@pytest.mark.parametrize("case", ["no-server", "refused", "bad-magic"])
-def test_tracking_off_leaves_the_application_untouched(build, env, tmp_path, case):
+@pytest.mark.parametrize("case, reason", [
+    ("no-server", "cannot connect to the control socket"),
+    ("refused", "gpuos run refused the process"),
+    ("bad-magic", "bad reply from the control socket"),
+])
+def test_tracking_off_leaves_the_application_untouched(build, env, tmp_path, case, reason):
     ref = plain(build, env, "t_direct", "8")
     ctl = tmp_path / "ctl.sock"
     if case == "refused":
         _serve_once(ctl, REPLY.pack(CTL_MAGIC, 1))
     elif case == "bad-magic":
         _serve_once(ctl, struct.pack("<II", 0xDEAD, 0))
-    got = plain(build, env, "t_direct", "8", LD_PRELOAD=str(build / "libgpuos.so"),
+    err: list[str] = []
+    got = plain(build, env, "t_direct", "8", stderr=err, LD_PRELOAD=str(build / "libgpuos.so"),
                 GPUOS_CTL=str(ctl), GPUOS_LIB_DEBUG="1")
     assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
+    assert f"tracking off: {reason}" in err[0]
 
 
 def test_dump_params_writes_the_raw_parameters(build, env, tmp_path):
@@ -249,3 +258,12 @@ def test_dump_params_writes_the_raw_parameters(build, env, tmp_path):
         words = struct.unpack("<3Q", raw)
         launch = launches[(d["pid"], d["seq"])]
         assert [b["ptr"] for b in launch["bufs"]] == [words[1], words[2]]
+
+
+def test_a_full_function_table_turns_tracking_off_and_nothing_else(build, env, tmp_path):
+    ref = plain(build, env, "t_direct", "6")
+    got, report, log = traced(build, env | {"GPUOS_FUNC_TABLE": "4"}, tmp_path, "t_direct", "6")
+    assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
+    (proc,) = report["processes"]
+    assert proc["state"] == "off" and proc["reason"] == "function table full (4 entries)"
+    assert [r["reason"] for r in of_type(log, "status")] == ["function table full (4 entries)"]
