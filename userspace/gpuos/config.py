@@ -6,6 +6,7 @@ the environment; nothing is global.
     GPUOS_HOME (default /var/lib/gpuos)
       images/       the default image store (``--store`` / GPUOS_STORE override)
       run/          journals of operations in flight, per-process lock files
+      faults/       the fault journal (gpuos faults watch|log; faults/journal.py)
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class Paths:
     @property
     def run(self) -> Path:
         return self.home / "run"
+
+    @property
+    def faults(self) -> Path:
+        return self.home / "faults"
 
     @classmethod
     def from_env(cls, store: str | os.PathLike | None = None,

@@ -209,6 +209,47 @@ class LibgpuosMissing(GpuosError):
     kind = "libgpuos-missing"
 
 
+# -- supervised MPS (userspace/gpuos/mps) ------------------------------------------
+
+
+class MpsUnavailable(GpuosError):
+    """nvidia-cuda-mps-control (or nvidia-cuda-mps-server) is not installed or not found."""
+
+    exit_code = 35
+    kind = "mps-unavailable"
+
+
+class MpsForeign(GpuosError):
+    """An MPS control daemon that gpuos did not start serves this GPU (or may)."""
+
+    exit_code = 36
+    kind = "mps-foreign"
+
+
+class MpsNotRunning(GpuosError):
+    """No gpuos MPS supervisor runs for that GPU."""
+
+    exit_code = 37
+    kind = "mps-not-running"
+
+
+class MpsNotReady(GpuosError):
+    """The GPU or its MPS server refuses new clients (compute mode, a fault, a reset needed)."""
+
+    exit_code = 38
+    kind = "mps-not-ready"
+
+
+class MpsFailed(GpuosError):
+    """The MPS supervisor failed: the daemon did not start, or no server came back after a fault.
+
+    Its state is kept; ``gpuos mps recover`` tries again.
+    """
+
+    exit_code = 39
+    kind = "mps-failed"
+
+
 ALL_ERRORS: tuple[type[GpuosError], ...] = (
     GpuosError,
     NoSuchProcess,
@@ -239,4 +280,9 @@ ALL_ERRORS: tuple[type[GpuosError], ...] = (
     Timeout,
     NotTracked,
     LibgpuosMissing,
+    MpsUnavailable,
+    MpsForeign,
+    MpsNotRunning,
+    MpsNotReady,
+    MpsFailed,
 )

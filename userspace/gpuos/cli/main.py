@@ -15,8 +15,10 @@ from ..restore import restore
 from ..runtime import Runtime
 from .driver import driver
 from .events import events
+from .faults import faults
 from .images import images
 from .kmod import kmod
+from .mps import mps
 from .output import Reporter, emit_json, fail, human_bytes, json_option, table
 from .policy import policy
 from .run import run_cmd
@@ -40,6 +42,9 @@ Exit codes:
   23 GPU driver lacks the operation   28 timed out (gpuos events)
   24 gpuos.ko rejected the request    29 process not tracked by libgpuos
                                       30 libgpuos.so missing
+  35 MPS binaries missing             38 GPU or MPS server refuses clients
+  36 MPS daemon not started by gpuos  39 MPS supervisor failed: `gpuos mps recover`
+  37 no gpuos MPS supervisor for GPU
 """
 
 
@@ -238,6 +243,8 @@ cli.add_command(policy)
 cli.add_command(events)
 cli.add_command(trace)
 cli.add_command(run_cmd)
+cli.add_command(mps)
+cli.add_command(faults)
 
 
 def main() -> None:

@@ -1,14 +1,15 @@
 """GPU fault events: what `gpuos faults watch` prints and the MPS supervisor acts on.
 
 An event comes from the kernel log (an `NVRM: Xid` line), from NVML (an Xid critical
-error event), or from both joined into one.  Its class says what gpuos can do about it
-(docs/faults.md has the table, keyed by Xid).
+error event, or another NVML error event), or from both joined into one.  Its class
+says what gpuos can do about it (docs/faults.md has the table, keyed by Xid).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class FaultClass(str, enum.Enum):
@@ -35,9 +36,10 @@ class MmuFault:
 
 @dataclass
 class FaultEvent:
-    xid: int
+    xid: int | None                # None: an NVML event that is not an Xid (`name` says which)
     pci: str                       # the GPU's PCI bus id as the driver prints it ("0000:00:06")
-    time: float                    # seconds since the epoch, when gpuos saw it
+    time: float                    # seconds since the epoch: when the kernel logged it (kmsg,
+                                   # from the boot time), else when gpuos received it
     source: str                    # "kmsg", "nvml" or "kmsg+nvml"
     fault_class: FaultClass
     action: str                    # what gpuos does for this class (docs/faults.md)
@@ -45,7 +47,25 @@ class FaultEvent:
     process: str | None = None
     channel: int | None = None
     mmu: MmuFault | None = None
-    text: str = ""                 # the raw line (kmsg) or NVML's event data
+    text: str = ""                 # the raw line(s) (kmsg) or NVML's event data
     gpu_uuid: str | None = None
     seq: int | None = None         # kmsg sequence number, for de-duplication
     extra: dict = field(default_factory=dict)
+    name: str = ""                 # short name from the table ("GPU memory page fault")
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as JSON (docs/faults.md, "Event JSON")."""
+        out = asdict(self)
+        out["fault_class"] = self.fault_class.value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "FaultEvent":
+        d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        try:
+            d["fault_class"] = FaultClass(d.get("fault_class"))
+        except ValueError:
+            d["fault_class"] = FaultClass.UNKNOWN
+        if d.get("mmu") is not None:
+            d["mmu"] = MmuFault(**d["mmu"])
+        return cls(**d)

@@ -1,0 +1,536 @@
+"""`gpuos mps` end to end, with the fake MPS of tests/fake_mps (no GPU, no driver).
+
+The real command runs in subprocesses against a fake nvidia-cuda-mps-control (and
+-server, and nvidia-smi) and fake CUDA clients that connect to the fake server; a
+client faults on cue, which takes every client of the server down, and writes a
+fault event to the feed the supervisor follows.  Each test has its own GPUOS_HOME
+and its own made-up GPU UUID, and kills whatever it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuos.procs import alive
+
+from helpers import gpuos, gpuos_env, gpuos_json, wait_for
+
+FAKES = Path(__file__).resolve().parents[1] / "fake_mps"
+
+
+@pytest.fixture(scope="session")
+def fake_bin(tmp_path_factory) -> Path:
+    """The fakes, with this interpreter in their #! line (no env, no pyenv shims: fast)."""
+    d = tmp_path_factory.mktemp("fakebin")
+    for f in FAKES.iterdir():
+        if f.is_dir():
+            continue
+        text = f.read_text()
+        if text.startswith("#!"):
+            text = f"#!{sys.executable}\n" + text.split("\n", 1)[1]
+        (d / f.name).write_text(text)
+        (d / f.name).chmod(0o755)
+    return d
+
+
+def _kill_ours(marker: str) -> None:
+    """SIGKILL every process whose environment mentions marker (this test's directory)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in env:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class Mps:
+    """One test's gpuos home, fake GPU and fake MPS, and shortcuts to drive them."""
+
+    def __init__(self, home: Path, tmp: Path, bin_: Path):
+        self.tmp, self.bin = tmp, bin_
+        self.uuid = f"GPU-{uuid.uuid4()}"
+        self.feed = tmp / "faults.jsonl"
+        self.feed.touch()
+        self.smi = tmp / "smi"
+        self.env = gpuos_env(home, GPUOS_MPS_CONTROL=str(bin_ / "nvidia-cuda-mps-control"),
+                             GPUOS_NVIDIA_SMI=str(bin_ / "nvidia-smi"),
+                             FAKE_NVIDIA_SMI_STATE=str(self.smi),
+                             FAKE_MPS_FAULT_FEED=str(self.feed))
+        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES"):
+            self.env.pop(k, None)
+        self.dir = home / "mps" / self.uuid
+        self.n = 0
+
+    def __call__(self, *args: str, env: dict | None = None, timeout: float = 60):
+        return gpuos(env or self.env, *args, timeout=timeout)
+
+    def json(self, *args: str) -> tuple[int, dict]:
+        if "--" not in args:
+            return gpuos_json(self.env, *args)
+        cut = args.index("--")  # --json before the command
+        res = self(*args[:cut], "--json", *args[cut:])
+        try:
+            return res.returncode, json.loads(res.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON: {res.stdout!r} {res.stderr!r}") from None
+
+    def start(self, *extra: str, env: dict | None = None, feed: bool = True) -> dict:
+        args = ["mps", "start", "--gpu", self.uuid, "--no-kmsg", "--no-nvml", "--poll", "0.05",
+                "--drain-grace", "1.5", "--kill-grace", "0.5", *extra, "--json"]
+        if feed:
+            args[4:4] = ["--fault-feed", str(self.feed)]
+        res = self(*args, env=env)
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        return json.loads(res.stdout)
+
+    def client(self, *extra: str, opts: tuple[str, ...] = (), name: str | None = None
+               ) -> tuple[str, Path]:
+        """`gpuos mps run [opts] -- fake_client.py --log LOG [extra]`; its id and log."""
+        self.n += 1
+        log = self.tmp / f"{name or 'client'}-{self.n}.log"
+        code, data = self.json("mps", "run", *opts, "--", str(self.bin / "fake_client.py"),
+                               "--log", str(log), *extra)
+        assert code == 0, data
+        return data["client"], log
+
+    def state(self) -> dict:
+        return json.loads((self.dir / "state.json").read_text())
+
+    def machine(self) -> dict:
+        return self.state()["machine"]
+
+    def events(self) -> list[dict]:
+        p = self.dir / "events.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events()]
+
+    def wait_incident_closed(self, n: int = 1, timeout: float = 15) -> dict:
+        def closed():
+            h = self.machine()["history"]
+            return h[n - 1] if len(h) >= n else None
+        return wait_for(closed, timeout, f"incident {n} closed")
+
+    def supervisor_pid(self) -> int | None:
+        try:
+            return int((self.dir / "supervisor.lock").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+@pytest.fixture
+def mps(home, tmp_path, fake_bin):
+    m = Mps(home.home, tmp_path, fake_bin)
+    yield m
+    m("mps", "stop", "--force", "--grace", "0.2", "--gpu", m.uuid, timeout=30)
+    _kill_ours(str(tmp_path))
+
+
+def lines(log: Path, word: str) -> list[str]:
+    return [ln for ln in log.read_text().splitlines() if ln.startswith(word)] if log.exists() else []
+
+
+def connected(log: Path, n: int = 1) -> bool:
+    return len(lines(log, "connected")) >= n
+
+
+
+
+# -- the whole loop -------------------------------------------------------------------------------
+
+def test_fault_recovery_end_to_end(mps, home):
+    info = mps.start()
+    assert info["state"] == "running" and info["env"]["CUDA_VISIBLE_DEVICES"] == mps.uuid
+    assert info["compute_mode"] is None and info["compute_mode_now"] == "Default"
+    assert Path(info["pipe_dir"]) == mps.dir / "pipe"
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client(name="victim")
+    b, blog = mps.client("--fault-when", str(trigger), name="faulter")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "both clients connected")
+    code, cl = mps.json("mps", "clients")
+    assert code == 0
+    rows = {r["id"]: r for r in cl["clients"]}
+    assert rows[a]["state"] == rows[b]["state"] == "running"
+    assert rows[a]["connected"] and rows[b]["connected"] and rows[a]["policy"] == "restart"
+    old = {a: rows[a]["pid"], b: rows[b]["pid"]}
+
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert inc["outcome"] == "recovered"
+    assert [f["xid"] for f in inc["faults"]] == [31] and inc["faults"][0]["fault_class"] == "memory"
+    victims = {v["client"]: v for v in inc["victims"]}
+    assert set(victims) == {a, b}
+    assert victims[b]["role"] == "faulter" and victims[a]["role"] == "victim"
+    assert all(v["recovery"] == "restarted" for v in victims.values())
+    # Both run again, connected to the server, each started exactly twice.
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "victims reconnected")
+    assert len(lines(alog, "start")) == 2 and len(lines(blog, "start")) == 2
+    assert lines(alog, "error") == ["error CUDA error: an illegal memory access was encountered"]
+    m = mps.machine()
+    for cid in (a, b):
+        c = m["clients"][cid]
+        assert c["state"] == "running" and c["restarts"] == 1 and c["pid"] != old[cid]
+        assert alive(c["pid"]) and not alive(old[cid])
+    # Every step is in the event log, in order, and in the fault journal.
+    names = mps.names()
+    order = ["fault", "incident-opened", "drained", "server-ready", "victim-restarted",
+             "incident-closed"]
+    assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
+    journal = [json.loads(x) for x in (home.home / "faults" / "faults.jsonl").read_text().splitlines()]
+    assert {r["type"] for r in journal} >= {f"mps-{n}" for n in order}
+    assert all(r["gpu"] == mps.uuid for r in journal if r["type"].startswith("mps-"))
+    # status shows it, for people and for scripts
+    code, st = mps.json("mps", "status", "--events", "50")
+    g = st["gpus"][0]
+    assert g["state"] == "running" and g["supervisor_running"] and not g["unfinished"]
+    assert g["clients"] == {"running": 2} and g["incidents"][0]["outcome"] == "recovered"
+    human = mps("mps", "status").stdout
+    assert "incident 1: fault (Xid 31) -> recovered" in human and f"{b} (faulter): restarted" in human
+
+    res = mps("mps", "stop", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["state"] == "stopped" and sorted(out["clients_stopped"]) == sorted([a, b])
+    m = mps.machine()
+    assert not any(alive(c["pid"]) for c in m["clients"].values())
+    assert not (mps.dir / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+    assert mps.supervisor_pid() is None or not alive(mps.supervisor_pid())
+    again = mps("mps", "stop")
+    assert again.returncode == 0 and "not running" in again.stdout
+
+
+def test_server_crash_without_fault_report_is_recovered(mps):
+    env = {**mps.env, "FAKE_MPS_FAULT_MODE": "crash"}
+    mps.start(env=env, feed=False)  # no fault source: the server's death is the evidence
+    trigger = mps.tmp / "go"
+    a, alog = mps.client(name="a")
+    b, blog = mps.client("--fault-when", str(trigger), name="b")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "connected")
+    first_server = int(lines(alog, "connected")[0].split()[1])
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert inc["cause"] == "server-exit" and inc["outcome"] == "recovered"
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "reconnected")
+    second_server = int(lines(alog, "connected")[1].split()[1])
+    assert second_server != first_server and not alive(first_server)
+    assert mps.machine()["server_pid"] == second_server
+    assert "server-exited" in mps.names()
+
+
+def test_stubborn_victim_killed_hook_and_none_policies(mps):
+    mps.start()
+    trigger = mps.tmp / "go"
+    hook_out = mps.tmp / "hook.env"
+    hook = f"env | grep ^GPUOS_MPS_ | sort > {hook_out}; echo hooked"
+    s, slog = mps.client("--stubborn", "--ignore-term", name="stubborn")
+    h, hlog = mps.client(opts=("--policy", "hook", "--hook", hook), name="hooked")
+    n, nlog = mps.client("--fault-when", str(trigger), opts=("--policy", "none"), name="none")
+    wait_for(lambda: all(connected(x) for x in (slog, hlog, nlog)), 10, "connected")
+    stubborn_pid = mps.machine()["clients"][s]["pid"]
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    v = {x["client"]: x for x in inc["victims"]}
+    assert v[s]["signalled"] == "SIGKILL" and v[s]["recovery"] == "restarted"
+    assert not alive(stubborn_pid)
+    assert v[h]["recovery"] == "hook-ok" and v[n]["recovery"] == "not-recovered"
+    assert v[n]["role"] == "faulter" and inc["outcome"] == "recovered"
+    env = dict(x.split("=", 1) for x in hook_out.read_text().splitlines())
+    assert env["GPUOS_MPS_CLIENT"] == h and env["GPUOS_MPS_INCIDENT"] == "1"
+    assert env["GPUOS_MPS_FAULT_XIDS"] == "31" and env["GPUOS_MPS_VICTIM_EXIT"] == "1"
+    assert "fake_client.py" in env["GPUOS_MPS_VICTIM_CMD"] and env["GPUOS_MPS_GPU"] == mps.uuid
+    assert "hooked" in (mps.dir / "output" / f"{h}.log").read_text()
+    names = mps.names()
+    assert names.count("drain-timeout") == 2  # SIGTERM, then SIGKILL
+    m = mps.machine()
+    assert m["clients"][h]["state"] == "hooked" and m["clients"][n]["state"] == "not-recovered"
+
+
+@pytest.mark.parametrize("hold,resume", [("mps-recovering", "recover"), ("mps-spawned", "recover"),
+                                         ("mps-spawned", "start")])
+def test_supervisor_killed_mid_recovery_resumes(mps, hold, resume):
+    hold_file = mps.tmp / "held"
+    env = {**mps.env, "GPUOS_TEST_HOLD_AT": hold, "GPUOS_TEST_HOLD_FILE": str(hold_file)}
+    mps.start(env=env)
+    trigger = mps.tmp / "go"
+    a, alog = mps.client(name="a")
+    b, blog = mps.client("--fault-when", str(trigger), name="b")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "connected")
+    trigger.touch()
+    wait_for(hold_file.exists, 15, "the supervisor at the hold point")
+    sup = int(hold_file.read_text().split()[0])
+    os.kill(sup, signal.SIGKILL)
+    wait_for(lambda: not alive(sup), 5, "supervisor dead")
+    m = mps.machine()
+    assert m["state"] == "recovering"
+    code, st = mps.json("mps", "status")
+    g = st["gpus"][0]
+    assert not g["supervisor_running"] and g["unfinished"] and g["incident"]["id"] == 1
+    assert "recover" in mps("mps", "status").stdout
+    res = mps("mps", "run", "--", "true")
+    assert res.returncode == 37 and "recover" in res.stderr  # reported, not silently lost
+
+    if resume == "recover":
+        code, rec = mps.json("mps", "recover")
+        assert code == 0, rec
+        assert rec["resumed"] and rec["was"] == "recovering" and rec["state"] == "running"
+        inc = rec["incident"]
+    else:
+        info = mps.start()
+        assert info["resumed"] == "recovering"
+        inc = mps.wait_incident_closed()
+    assert all(v["recovery"] == "restarted" for v in inc["victims"]) and inc["outcome"] == "recovered"
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "victims back")
+    # Exactly once: each victim started twice in all, one process each now.
+    time.sleep(0.3)
+    assert len(lines(alog, "start")) == 2 and len(lines(blog, "start")) == 2
+    resumed = [e for e in mps.events() if e["event"] == "supervisor-resumed"]
+    assert len(resumed) == 1 and resumed[0]["was"] == "recovering"
+    adopted = [e for e in mps.events() if e["event"] == "victim-restarted" and e["adopted"]]
+    assert len(adopted) == (1 if hold == "mps-spawned" else 0)
+    assert mps.supervisor_pid() != sup and alive(mps.supervisor_pid())
+
+
+def test_dead_control_daemon_is_restarted_and_clients_left_alone(mps):
+    mps.start()
+    a, alog = mps.client(name="a")
+    wait_for(lambda: connected(alog), 10, "connected")
+    m = mps.machine()
+    pid, daemon = m["clients"][a]["pid"], m["daemon_pid"]
+    os.kill(daemon, signal.SIGKILL)
+    inc = mps.wait_incident_closed()
+    assert inc["cause"] == "daemon-exit" and inc["outcome"] == "recovered" and inc["victims"] == []
+    m = mps.machine()
+    assert m["daemon_pid"] != daemon and alive(m["daemon_pid"])
+    assert m["clients"][a]["pid"] == pid and alive(pid)  # untouched
+    assert len(lines(alog, "start")) == 1
+
+
+def test_unknown_xid_is_reported_and_recovered(mps):
+    mps.start()
+    trigger = mps.tmp / "go"
+    a, alog = mps.client(name="a")
+    b, blog = mps.client("--fault-when", str(trigger), "--xid", "4242", name="b")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "connected")
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    faults = [e for e in mps.events() if e["event"] == "fault"]
+    assert faults and faults[0]["fault"]["xid"] == 4242 and faults[0]["unknown"]
+    assert faults[0]["fault"]["fault_class"] == "unknown"
+    assert 4242 in [f["xid"] for f in inc["faults"]]  # linked to the incident, never dropped
+    assert inc["outcome"] == "recovered"
+    assert "UNKNOWN Xid" in mps("mps", "status", "--events", "100").stdout
+
+
+# -- refusals ------------------------------------------------------------------------------------------
+
+def test_foreign_daemon_is_refused(mps, fake_bin):
+    pipe = mps.tmp / "theirs"
+    env = {**mps.env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe),
+           "CUDA_VISIBLE_DEVICES": mps.uuid}
+    subprocess.run([str(fake_bin / "nvidia-cuda-mps-control"), "-d"], env=env, check=True)
+    theirs = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        res = mps("mps", "start", "--gpu", mps.uuid, "--no-kmsg", "--no-nvml")
+        assert res.returncode == 36, (res.stdout, res.stderr)
+        assert f"pid {theirs}" in res.stderr and "nothing was changed" in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+        assert not (mps.dir / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+        code, data = mps.json("mps", "start", "--gpu", mps.uuid, "--no-kmsg", "--no-nvml")
+        assert code == 36 and data["error"] == "mps-foreign"
+    finally:
+        subprocess.run([str(fake_bin / "nvidia-cuda-mps-control")], input="quit\n", text=True,
+                       env=env)
+    wait_for(lambda: not alive(theirs), 5, "their daemon gone")
+
+
+def test_daemon_for_another_gpu_is_no_conflict(mps, fake_bin):
+    pipe = mps.tmp / "other"
+    env = {**mps.env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe),
+           "CUDA_VISIBLE_DEVICES": f"GPU-{uuid.uuid4()}"}
+    subprocess.run([str(fake_bin / "nvidia-cuda-mps-control"), "-d"], env=env, check=True)
+    try:
+        assert mps.start()["state"] == "running"
+    finally:
+        subprocess.run([str(fake_bin / "nvidia-cuda-mps-control")], input="quit\n", text=True,
+                       env=env)
+
+
+def test_missing_binaries(mps, tmp_path):
+    env = {**mps.env, "GPUOS_MPS_CONTROL": str(tmp_path / "nope")}
+    res = mps("mps", "start", "--gpu", mps.uuid, env=env)
+    assert res.returncode == 35 and res.stderr.startswith("gpuos: nvidia-cuda-mps-control not found")
+    env = {k: v for k, v in mps.env.items() if k != "GPUOS_MPS_CONTROL"}
+    env["PATH"] = str(tmp_path)
+    if not any((Path(d) / "nvidia-cuda-mps-control").exists() for d in ("/usr/local/nvidia/bin", "/usr/bin")):
+        res = mps("mps", "start", "--gpu", mps.uuid, env=env)
+        assert res.returncode == 35 and "GPUOS_MPS_CONTROL" in res.stderr
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "nvidia-cuda-mps-control").write_text("#!/bin/sh\n")
+    (lonely / "nvidia-cuda-mps-control").chmod(0o755)
+    env = {**mps.env, "GPUOS_MPS_CONTROL": str(lonely / "nvidia-cuda-mps-control"), "PATH": str(lonely)}
+    res = mps("mps", "start", "--gpu", mps.uuid, env=env)
+    assert res.returncode == 35 and "nvidia-cuda-mps-server not found" in res.stderr
+    assert not mps.dir.exists()
+
+
+def test_nothing_to_talk_to(mps):
+    for args in (["mps", "status", "--gpu", mps.uuid], ["mps", "clients"], ["mps", "recover"],
+                 ["mps", "run", "--", "true"], ["mps", "policy", "get"]):
+        res = mps(*args)
+        assert res.returncode == 37, (args, res.stderr)
+    res = mps("mps", "status")
+    assert res.returncode == 0 and "no gpuos MPS supervisor" in res.stdout
+    res = mps("mps", "start", "--gpu", "banana")
+    assert res.returncode == 1 and "GPU index" in res.stderr
+
+
+def test_prohibited_gpu_is_refused_and_left_alone(mps):
+    mps.smi.write_text("Prohibited")
+    res = mps("mps", "start", "--gpu", mps.uuid, "--no-kmsg", "--no-nvml")
+    assert res.returncode == 38 and "Prohibited" in res.stderr
+    assert mps.smi.read_text() == "Prohibited"
+    assert " -c " not in (Path(str(mps.smi) + ".log").read_text())
+
+
+def test_exclusive_is_set_only_when_asked_and_restored(mps):
+    mps.start()
+    assert mps("mps", "stop").returncode == 0
+    assert " -c " not in Path(str(mps.smi) + ".log").read_text()  # never touched
+    info = mps.start("--exclusive")
+    assert info["compute_mode"]["previous"] == "Default"
+    assert info["compute_mode"]["set"] == "Exclusive_Process"
+    assert mps.smi.read_text() == "Exclusive_Process"
+    assert any("compute mode changed: Default -> Exclusive_Process" in n for n in info["notes"])
+    assert "Exclusive_Process (set by gpuos; was Default)" in mps("mps", "status").stdout
+    res = mps("mps", "stop")
+    assert res.returncode == 0 and "compute mode restored: Exclusive_Process -> Default" in res.stdout
+    assert mps.smi.read_text() == "Default"
+    assert "compute-mode-restored" in mps.names()
+
+
+def test_server_that_will_not_come_back_fails_then_recovers(mps):
+    mps.start("--restart-attempts", "2")
+    a, alog = mps.client(name="a")
+    b, blog = mps.client(name="b")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "connected")
+    refuse = mps.dir / "pipe" / "fake-refuse-starts"
+    refuse.write_text("always")  # the GPU accepts no new server (no context) for now
+    os.kill(mps.machine()["server_pid"], signal.SIGKILL)
+    wait_for(lambda: mps.machine()["state"] == "failed", 15, "the supervisor failed")
+    m = mps.machine()
+    assert "2 attempts" in m["failure"] and m["incident"]["closed"] is None
+    assert m["incident"]["cause"] in ("server-exit", "server-fault")
+    wait_for(lambda: mps.supervisor_pid() is None or not alive(mps.supervisor_pid()), 5, "exited")
+    res = mps("mps", "run", "--", "true")
+    assert res.returncode == 37 and "recover" in res.stderr
+    st = mps("mps", "status").stdout
+    assert "failed" in st and "no MPS server accepted clients" in st
+    refuse.unlink()
+    code, rec = mps.json("mps", "recover")
+    assert code == 0 and rec["state"] == "running" and rec["incident"]["outcome"] == "recovered"
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "victims back")
+
+
+def test_stop_refuses_while_others_use_the_server(mps, fake_bin):
+    mps.start()
+    log = mps.tmp / "outsider.log"
+    env = {**mps.env, "CUDA_MPS_PIPE_DIRECTORY": str(mps.dir / "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": str(mps.dir / "log")}
+    outsider = subprocess.Popen([str(fake_bin / "fake_client.py"), "--log", str(log)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: connected(log), 10, "outsider connected")
+        wait_for(lambda: outsider.pid in mps.machine()["unmanaged"], 10, "outsider noticed")
+        code, cl = mps.json("mps", "clients")
+        assert [r["state"] for r in cl["clients"] if r["pid"] == outsider.pid] == ["other"]
+        res = mps("mps", "stop")
+        assert res.returncode == 18 and str(outsider.pid) in res.stderr
+        assert mps.machine()["state"] == "running"
+        res = mps("mps", "stop", "--force")
+        assert res.returncode == 0, res.stderr
+        outsider.wait(timeout=10)  # its server is gone
+        assert outsider.returncode == 1
+    finally:
+        outsider.kill()
+        outsider.wait()
+
+
+def test_start_twice_run_wait_and_policies(mps):
+    mps.start()
+    again = mps.start()
+    assert again["already_running"] is True
+    res = mps("mps", "run", "--wait", "--", str(mps.bin / "fake_client.py"), "--log",
+              str(mps.tmp / "w.log"), "--exit-after", "0.3")
+    assert res.returncode == 0, res.stderr
+    res = mps("mps", "run", "--wait", "--", "sh", "-c", "echo to-stdout; exit 7")
+    assert res.returncode == 7 and "to-stdout" in res.stdout and "failed" in res.stderr
+    res = mps("mps", "run", "--policy", "hook", "--", "true")
+    assert res.returncode == 2 and "--hook" in res.stderr
+    c, _ = mps.client(name="p")
+    assert mps.json("mps", "policy", "get")[1]["policy"] == "restart"
+    assert mps("mps", "policy", "set", "none").returncode == 0
+    assert mps("mps", "policy", "set", "--client", c, "hook", "--hook", "echo hi").returncode == 0
+    code, got = mps.json("mps", "policy", "get", "--client", c)
+    assert (got["policy"], got["hook"], got["own"]) == ("hook", "echo hi", True)
+    assert mps.json("mps", "policy", "get")[1]["policy"] == "none"
+    res = mps("mps", "policy", "set", "--client", "c99", "none")
+    assert res.returncode == 1 and "no client c99" in res.stderr
+    # with the supervisor stopped, the state file is changed
+    assert mps("mps", "stop").returncode == 0
+    assert mps("mps", "policy", "set", "restart").returncode == 0
+    assert mps.machine()["settings"]["default_policy"] == "restart"
+
+
+def test_foreground_supervisor_stops_on_sigterm(mps):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from gpuos.cli.main import main; sys.argv[0] = 'gpuos'; main()",
+         "mps", "start", "--foreground", "--gpu", mps.uuid, "--no-kmsg", "--no-nvml", "--poll", "0.05"],
+        env=mps.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        wait_for(lambda: (mps.dir / "state.json").exists() and mps.machine()["state"] == "running",
+                 10, "running in the foreground")
+        assert mps.supervisor_pid() == proc.pid
+        a, alog = mps.client(name="fg")
+        wait_for(lambda: connected(alog), 10, "connected")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "daemon-started" in err and "client-stopped" in err  # every event, as it happens
+    assert mps.machine()["state"] == "stopped"
+
+
+def test_state_of_a_previous_boot_is_set_aside(mps):
+    mps.start()
+    mps.client("--exit-after", "30", name="old")
+    assert mps("mps", "stop").returncode == 0
+    st = mps.state()
+    st["boot_id"] = "another-boot"
+    st["machine"]["state"] = "running"  # as if the host had gone down under it
+    (mps.dir / "state.json").write_text(json.dumps(st))
+    assert mps("mps", "recover").returncode == 1  # not resumed: its processes are gone
+    info = mps.start()
+    assert not info["resumed"] and any("before the last boot" in n for n in info["notes"])
+    assert list(mps.dir.glob("state-*-previous-boot.json"))
+    assert mps.machine()["clients"] == {} and "previous-boot" in mps.names()

@@ -1,0 +1,795 @@
+"""The MPS supervisor's state machine (gpuos/mps/state.py), without processes.
+
+Every state against every kind of input; the recovery paths (restart, hook, none,
+limits, backoff, escalation); faults that are unknown, of another GPU or not ours;
+resuming from a snapshot at each step.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gpuos.mps.state import (INPUTS, Client, ClientExited, ClientRequest, ClientSpawnFailed,
+                             ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
+                             Emit, Fault, HookFinished, KillHook, Machine, PolicySet, ProbeServer,
+                             RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen,
+                             ServerStatus, Settings, SignalClient, SpawnClient, StartDaemon, State,
+                             StopDaemon, StopRequested, TerminateMpsClient, Tick, UnmanagedClients,
+                             UnmanagedGone)
+
+S = State
+SERVER, DAEMON = 555, 100
+
+# Every transition the machine may make, one "state" event each (docs/mps.md draws them).
+EDGES = {
+    (S.STARTING, S.RUNNING), (S.STARTING, S.FAILED),
+    (S.RUNNING, S.DRAINING), (S.DRAINING, S.RESTARTING),
+    (S.RESTARTING, S.RECOVERING), (S.RESTARTING, S.FAILED),
+    (S.RECOVERING, S.RUNNING), (S.RECOVERING, S.DRAINING),
+    (S.STOPPING, S.STOPPED),
+    # resume() only:
+    (S.FAILED, S.RESTARTING), (S.FAILED, S.STARTING), (S.STOPPED, S.STARTING),
+} | {(s, S.STOPPING) for s in S if s not in (S.STOPPING, S.STOPPED)}
+
+
+class Run:
+    """A machine, a clock, and what it said."""
+
+    def __init__(self, settings: Settings | None = None, gpu: str = "GPU-test"):
+        self.m = Machine(gpu, settings or Settings(drain_grace=10, kill_grace=5, restart_attempts=3,
+                                                   backoff_initial=1, backoff_max=4, max_restarts=2,
+                                                   hook_timeout=30, recent_window=10, stop_grace=10))
+        self.t = 1000.0
+        self.events: list[dict] = []
+
+    def _take(self, actions: list) -> list:
+        for a in actions:
+            if isinstance(a, Emit):
+                self.events.append(a.event)
+                if a.event["event"] == "state":
+                    edge = (S(a.event["previous"]), S(a.event["state"]))
+                    assert edge in EDGES, f"illegal transition {edge}"
+        snap = self.m.snapshot()
+        assert Machine.from_snapshot(snap).snapshot() == snap  # persisted as is, every step
+        return [a for a in actions if not isinstance(a, Emit)]
+
+    def start(self) -> list:
+        return self._take(self.m.start(self.t))
+
+    def resume(self) -> list:
+        return self._take(self.m.resume(self.t))
+
+    def feed(self, inp, dt: float = 0.0) -> list:
+        self.t += dt
+        return self._take(self.m.handle(inp, self.t))
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+    def last(self, name: str) -> dict:
+        return next(e for e in reversed(self.events) if e["event"] == name)
+
+    # -- scenarios
+    def client(self, cid: str, policy: str | None = None, hook: str | None = None, **kw) -> list:
+        return self.feed(ClientRequest(Client(id=cid, cmd=["job", cid], cwd="/w", uid=1000, gid=1000,
+                                              policy=policy, hook=hook, **kw)))
+
+    def running(self, n: int = 2, **client_kw) -> "Run":
+        assert self.start() == [StartDaemon()]
+        self.feed(DaemonUp(DAEMON))
+        for i in range(1, n + 1):
+            acts = self.client(f"c{i}", **client_kw)
+            assert acts == [SpawnClient(f"c{i}", f"GPU-test:c{i}:1")]
+            self.feed(ClientStarted(f"c{i}", 2000 + i, 77))
+        self.feed(ServerSeen(SERVER))
+        assert self.m.state is S.RUNNING
+        return self
+
+    def fault(self, pid: int | None = 2001, cls: str = "memory", ours: bool | None = True,
+              xid: int | None = 31) -> list:
+        return self.feed(Fault({"xid": xid, "fault_class": cls, "pid": pid, "source": "kmsg"}, ours))
+
+    def drained(self) -> list:
+        acts = []
+        for c in list(self.m.clients.values()):
+            if c.state == "victim" and c.pid:
+                acts += self.feed(ClientExited(c.id, 1, c.pid))
+        return acts
+
+
+def of(actions: list, kind) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+# -- starting -------------------------------------------------------------------------------
+
+def test_start_runs_the_daemon_then_queued_clients():
+    r = Run()
+    assert r.start() == [StartDaemon()]
+    assert r.client("c1") == []  # queued while starting
+    assert r.m.clients["c1"].state == "pending" and "client-queued" in r.names()
+    acts = r.feed(DaemonUp(DAEMON))
+    assert r.m.state is S.RUNNING and r.m.daemon_pid == DAEMON
+    assert acts == [SpawnClient("c1", "GPU-test:c1:1")]
+    r.feed(ClientStarted("c1", 2001, 5))
+    c = r.m.clients["c1"]
+    assert (c.state, c.pid, c.starttime) == ("running", 2001, 5)
+
+
+def test_daemon_that_fails_to_start_fails_the_supervisor():
+    r = Run()
+    r.start()
+    r.feed(DaemonFailed("nvidia-cuda-mps-control -d failed: boom"))
+    assert r.m.state is S.FAILED and "boom" in r.m.failure
+    # A failed supervisor takes no clients and moves only for a stop.
+    r.client("c9")
+    assert "c9" not in r.m.clients and "client-refused" in r.names()
+    for inp in (Tick(), DaemonUp(1), ServerSeen(2)):
+        r.feed(inp, 100)
+        assert r.m.state is S.FAILED
+    r.feed(StopRequested())
+    assert r.m.state is S.STOPPING
+
+
+def test_client_that_cannot_start_is_failed():
+    r = Run().running(1)
+    r.client("c2")
+    r.feed(ClientSpawnFailed("c2", "no such file"))
+    assert r.m.clients["c2"].state == "failed" and "client-spawn-failed" in r.names()
+    assert r.m.state is S.RUNNING
+
+
+def test_client_exits_outside_incidents():
+    r = Run().running(2)
+    r.feed(ClientExited("c1", 0, 2001))
+    assert r.m.clients["c1"].state == "exited"
+    acts = r.feed(ClientExited("c2", 3, 2002))
+    assert r.m.clients["c2"].state == "failed"
+    assert acts == [ProbeServer(SERVER)]  # a failure may be a fault: ask the server
+    assert r.m.state is S.RUNNING
+    # A stale pid (an old process of a client) is ignored.
+    r.client("c3")
+    r.feed(ClientStarted("c3", 3003))
+    r.feed(ClientExited("c3", 1, 999))
+    assert r.m.clients["c3"].state == "running"
+
+
+# -- the recovery, by policy ----------------------------------------------------------------------
+
+def test_fault_takes_every_client_and_restart_brings_them_back():
+    r = Run().running(3)
+    acts = r.fault(pid=2002)
+    assert r.m.state is S.DRAINING and acts == []
+    inc = r.m.incident
+    assert inc.cause == "fault" and inc.server_pid == SERVER
+    assert [(v.client, v.pid, v.role) for v in inc.victims] == [
+        ("c1", 2001, "victim"), ("c2", 2002, "faulter"), ("c3", 2003, "victim")]
+    opened = r.last("incident-opened")
+    assert opened["incident"] == inc.id and opened["faults"][0]["xid"] == 31
+    r.feed(ClientExited("c1", 1, 2001))
+    r.feed(ClientExited("c2", 1, 2002))
+    assert r.m.state is S.DRAINING
+    acts = r.feed(ClientExited("c3", -6, 2003))
+    assert r.m.state is S.RESTARTING
+    assert acts == [RestartServer(1000, SERVER)]
+    acts = r.feed(ServerRestarted(True, SERVER, DAEMON, "server 555 is ACTIVE"))
+    assert r.m.state is S.RECOVERING
+    assert acts == [SpawnClient(f"c{i}", f"GPU-test:c{i}:2") for i in (1, 2, 3)]
+    for i in (1, 2, 3):
+        r.feed(ClientStarted(f"c{i}", 3000 + i))
+    assert r.m.state is S.RUNNING and r.m.incident is None
+    h = r.m.history[-1]
+    assert h["outcome"] == "recovered" and h["cause"] == "fault"
+    assert [v["recovery"] for v in h["victims"]] == ["restarted"] * 3
+    assert [r.m.clients[f"c{i}"].restarts for i in (1, 2, 3)] == [1, 1, 1]
+    assert [r.m.clients[f"c{i}"].pid for i in (1, 2, 3)] == [3001, 3002, 3003]
+    closed = r.last("incident-closed")
+    assert closed["incident"] == 1 and closed["outcome"] == "recovered"
+    # Every step announced itself, in this order.
+    steps = ["incident-opened", "victim-exited", "drained", "server-ready", "victim-restarting",
+             "victim-restarted", "incident-closed"]
+    names = r.names()
+    assert [n for n in names if n in steps] == sorted((n for n in names if n in steps),
+                                                      key=lambda n: names.index(n))
+    assert all(n in names for n in steps)
+
+
+def test_hook_and_none_policies():
+    r = Run().running(0)
+    r.client("h", policy="hook", hook="resume-from-ckpt")
+    r.feed(ClientStarted("h", 2001))
+    r.client("n", policy="none")
+    r.feed(ClientStarted("n", 2002))
+    r.client("x", policy="hook")  # no hook anywhere
+    r.feed(ClientStarted("x", 2003))
+    r.fault(pid=2002)
+    r.drained()
+    acts = r.feed(ServerRestarted(True, SERVER))
+    assert acts == [RunHook("h", "GPU-test:h:hook:1:1")]
+    inc = r.m.incident
+    assert inc.victim_of("n").recovery == "not-recovered"
+    assert inc.victim_of("x").recovery == "failed" and "no hook" in inc.victim_of("x").detail
+    assert r.m.state is S.RECOVERING
+    r.feed(HookFinished("h", 0))
+    assert r.m.state is S.RUNNING
+    h = r.m.history[-1]
+    assert h["outcome"] == "partial"  # x could not be recovered
+    assert {v["client"]: v["recovery"] for v in h["victims"]} == {
+        "h": "hook-ok", "n": "not-recovered", "x": "failed"}
+    assert r.m.clients["h"].state == "hooked" and r.m.clients["n"].state == "not-recovered"
+
+
+def test_default_hook_and_policy_changes():
+    r = Run().running(1)
+    r.feed(PolicySet(None, "hook", "default-hook"))
+    assert r.m.settings.default_policy == "hook" and r.m.policy_of(r.m.clients["c1"]) == ("hook", "default-hook")
+    r.feed(PolicySet("c1", "none"))
+    assert r.m.policy_of(r.m.clients["c1"])[0] == "none"
+    r.feed(PolicySet("c1", "bogus"))
+    r.feed(PolicySet("nobody", "restart"))
+    assert r.m.clients["c1"].policy == "none"
+    assert [e["why"] for e in r.events if e["event"] == "input-ignored"] == [
+        "unknown policy 'bogus'", "no client nobody"]
+
+
+def test_hook_failures_and_timeouts():
+    r = Run().running(2, policy="hook", hook="h.sh")
+    r.fault()
+    r.drained()
+    acts = r.feed(ServerRestarted(True, SERVER))
+    assert of(acts, RunHook) == [RunHook("c1", "GPU-test:c1:hook:1:1"), RunHook("c2", "GPU-test:c2:hook:1:1")]
+    r.feed(HookFinished("c1", 2))
+    assert r.feed(Tick(), 29) == []
+    assert r.feed(Tick(), 2) == [KillHook("c2")]
+    r.feed(HookFinished("c2", -9, "hook timed out (killed)"))
+    h = r.m.history[-1]
+    assert h["outcome"] == "partial"
+    assert {v["client"]: v["recovery"] for v in h["victims"]} == {"c1": "hook-failed", "c2": "hook-failed"}
+    # A HookFinished nobody waits for is ignored.
+    r.feed(HookFinished("c1", 0))
+    assert r.last("input-ignored")["input"] == "HookFinished"
+
+
+def test_recovery_limit():
+    r = Run().running(1)  # max_restarts 2
+    for round_ in (1, 2, 3):
+        r.fault(pid=r.m.clients["c1"].pid)
+        r.drained()
+        acts = r.feed(ServerRestarted(True, SERVER))
+        if round_ < 3:
+            r.feed(ClientStarted("c1", 4000 + round_))
+            assert r.m.state is S.RUNNING
+        else:
+            assert acts == []
+            assert r.m.state is S.RUNNING
+    assert r.m.clients["c1"].state == "gave-up"
+    v = r.m.history[-1]["victims"][0]
+    assert v["recovery"] == "gave-up" and "limit 2" in v["detail"]
+    assert r.m.history[-1]["outcome"] == "partial"
+
+
+def test_per_client_limit_overrides_the_default():
+    r = Run().running(1, max_restarts=0)
+    r.fault()
+    r.drained()
+    assert r.feed(ServerRestarted(True, SERVER)) == []
+    assert r.m.clients["c1"].state == "gave-up"
+
+
+def test_restarted_victim_that_dies_again_is_recovered_again():
+    r = Run().running(2)
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))
+    acts = r.feed(ClientExited("c1", 1, 3001))  # died again before c2 was back
+    assert acts == [SpawnClient("c1", "GPU-test:c1:3")]
+    assert r.m.state is S.RECOVERING
+    r.feed(ClientStarted("c1", 3101))
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and r.m.clients["c1"].restarts == 2
+
+
+# -- draining ------------------------------------------------------------------------------------
+
+def test_victims_that_do_not_exit_are_killed():
+    r = Run().running(2)
+    r.feed(UnmanagedClients((2001, 2002, 7777)))  # 7777: not started by gpuos
+    assert r.m.unmanaged == [7777]
+    r.fault()
+    inc = r.m.incident
+    other = [v for v in inc.victims if v.client is None]
+    assert [(v.pid, v.recovery) for v in other] == [(7777, "unmanaged")]
+    r.feed(ClientExited("c1", 1, 2001))
+    assert r.feed(Tick(), 9.9) == []
+    acts = r.feed(Tick(), 0.2)
+    assert acts == [SignalClient("c2", 2002, "SIGTERM"), TerminateMpsClient(SERVER, 7777)]
+    assert r.last("drain-timeout")["stage"] == "SIGTERM"
+    acts = r.feed(Tick(), 5.1)
+    assert acts == [SignalClient("c2", 2002, "SIGKILL")]  # never signals what is not ours
+    r.feed(UnmanagedGone(7777))
+    assert r.m.state is S.DRAINING
+    acts = r.feed(Tick(), 5.1)  # c2 survived SIGKILL (stuck in D state?): go on without it
+    assert r.m.state is S.RESTARTING and of(acts, RestartServer)
+    assert "did not exit" in inc.victim_of("c2").detail
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))
+    r.feed(ClientStarted("c2", 3002))
+    h = r.m.history[-1]
+    assert h["outcome"] == "recovered"
+    assert {v["pid"]: v["recovery"] for v in h["victims"]} == {2001: "restarted", 2002: "restarted",
+                                                                7777: "unmanaged"}
+    assert {v["pid"]: v["signalled"] for v in h["victims"]}[2002] == "SIGKILL"
+
+
+def test_unmanaged_client_list_updates_drain():
+    r = Run().running(0)
+    r.feed(UnmanagedClients((7,)))
+    r.fault(pid=7)
+    assert r.m.incident.victims[0].role == "faulter"
+    r.feed(UnmanagedClients(()))
+    assert r.m.state is S.RESTARTING
+
+
+def test_client_exits_before_the_fault_report_are_its_victims():
+    r = Run().running(2)
+    r.feed(ClientExited("c2", 1, 2002), 0.1)      # the faulter dies first ...
+    r.feed(ClientExited("c1", 1, 2001), 0.1)      # ... its co-runner too
+    r.fault(pid=2002)                             # the kernel log says why, later
+    inc = r.m.incident
+    assert {(v.client, v.role, v.exited) for v in inc.victims} == {("c1", "victim", True),
+                                                                   ("c2", "faulter", True)}
+    assert r.m.state is S.RESTARTING  # nothing left to drain
+
+
+def test_old_failures_are_not_victims():
+    r = Run().running(2)
+    r.feed(ClientExited("c2", 1, 2002))
+    r.t += 60
+    r.fault(pid=2001)
+    assert [v.client for v in r.m.incident.victims] == ["c1"]
+
+
+# -- what opens an incident ---------------------------------------------------------------------------
+
+def test_server_death_with_clients_is_an_incident():
+    r = Run().running(1)
+    r.feed(ServerGone(SERVER))
+    assert r.m.state is S.DRAINING and r.m.incident.cause == "server-exit"
+    assert r.m.server_pid is None
+
+
+def test_server_death_without_clients_is_not():
+    r = Run().running(0)
+    r.feed(ServerGone(SERVER))
+    assert r.m.state is S.RUNNING and r.m.incident is None
+    assert "server-exited" in r.names()
+    r.feed(ServerGone(12345))  # not our server
+    assert r.m.state is S.RUNNING
+
+
+def test_server_reporting_fault_is_an_incident():
+    r = Run().running(1)
+    r.feed(ServerStatus(SERVER, "ACTIVE"))
+    assert r.m.state is S.RUNNING
+    r.feed(ServerStatus(SERVER, "FAULT"))
+    assert r.m.state is S.DRAINING and r.m.incident.cause == "server-fault"
+    r.feed(ServerStatus(999, "FAULT"))  # another server's status changes nothing
+
+
+def test_daemon_death_is_an_incident_and_the_restart_starts_it():
+    r = Run().running(2)
+    acts = r.feed(DaemonExited(DAEMON))
+    inc = r.m.incident
+    assert r.m.daemon_pid is None and inc.cause == "daemon-exit"
+    # Its server and clients may be fine: they are no victims, nobody is killed.
+    assert inc.victims == [] and r.m.state is S.RESTARTING and of(acts, RestartServer)
+    r.feed(ClientExited("c2", 1, 2002))  # but one that fails meanwhile is
+    assert [v.client for v in inc.victims] == ["c2"]
+    r.feed(ServerRestarted(True, 600, 101))
+    assert r.m.daemon_pid == 101 and r.m.server_pid == 600
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and r.m.clients["c1"].state == "running"
+    assert r.m.history[-1]["outcome"] == "recovered"
+    r.feed(DaemonExited(99))  # not ours
+    assert r.m.daemon_pid == 101
+
+
+def test_unknown_xid_is_reported_never_dropped():
+    r = Run().running(1)
+    acts = r.fault(pid=None, cls="unknown", xid=4242)
+    ev = r.last("fault")
+    assert ev["unknown"] is True and ev["fault"]["xid"] == 4242 and not ev["actionable"]
+    assert r.m.state is S.RUNNING and acts == [ProbeServer(SERVER)]
+    # The probe shows the damage: the incident carries the unknown Xid as its cause.
+    r.feed(ServerStatus(SERVER, "FAULT"), 0.5)
+    assert [f["xid"] for f in r.m.incident.faults] == [4242]
+    assert r.last("incident-opened")["faults"][0]["fault_class"] == "unknown"
+
+
+def test_unknown_xid_with_a_healthy_server_stays_on_record_only():
+    r = Run().running(1)
+    r.fault(pid=None, cls="unknown", xid=4242)
+    r.feed(ServerStatus(SERVER, "ACTIVE"))
+    assert r.m.state is S.RUNNING
+    assert any(e["event"] == "fault" and e["fault"]["xid"] == 4242 for e in r.events)
+    r.t += 60  # long after: not the cause of a later incident
+    r.fault(pid=2001, xid=13, cls="sm")
+    assert [f["xid"] for f in r.m.incident.faults] == [13]
+
+
+def test_faults_of_other_gpus_and_unattributed_faults():
+    r = Run().running(1)
+    r.fault(pid=99999, ours=False)
+    assert r.m.state is S.RUNNING and r.last("fault-other-gpu")["fault"]["pid"] == 99999
+    r.fault(pid=2001, ours=False)  # names our client: it is ours, whatever the GPU field says
+    assert r.m.state is S.DRAINING and r.last("fault")["attributed"] is True
+
+
+def test_fault_not_known_to_be_ours_only_probes():
+    r = Run().running(1)
+    acts = r.fault(pid=None, ours=None)
+    assert r.m.state is S.RUNNING and acts == [ProbeServer(SERVER)]
+    assert r.last("fault")["attributed"] is False
+    r.feed(ServerGone(SERVER))
+    assert r.m.incident.cause == "server-exit" and r.m.incident.faults[0]["xid"] == 31
+
+
+def test_info_faults_are_recorded_only():
+    r = Run().running(1)
+    r.fault(cls="info", xid=154)
+    assert r.m.state is S.RUNNING and r.last("fault")["fault"]["xid"] == 154
+
+
+def test_device_fault_marks_the_incident_and_the_failure():
+    r = Run().running(1)
+    r.fault(cls="device", xid=79)
+    assert r.m.incident.needs_reset
+    r.drained()
+    for _ in range(3):
+        r.feed(ServerRestarted(False, detail="no server"))
+        r.feed(Tick(), 10)
+    assert r.m.state is S.FAILED and "reset" in r.m.failure
+
+
+def test_fault_while_starting_is_kept_for_later():
+    r = Run()
+    r.start()
+    r.fault(pid=None)
+    assert r.m.state is S.STARTING and len(r.m.recent_faults) == 1
+
+
+# -- restarting the server -----------------------------------------------------------------------------
+
+def test_restart_backoff_then_failure_then_resume():
+    r = Run().running(1)
+    r.fault()
+    r.drained()
+    acts = r.feed(ServerRestarted(False, detail="server 555 is FAULT"))
+    assert acts == [] and r.m.incident.next_attempt_at == r.t + 1
+    assert r.feed(Tick(), 0.9) == []
+    assert of(r.feed(Tick(), 0.2), RestartServer)
+    r.feed(ServerRestarted(False, detail="still FAULT"))
+    assert r.m.incident.next_attempt_at == pytest.approx(r.t + 2)
+    r.feed(Tick(), 2.1)
+    r.feed(ServerRestarted(False, detail="still FAULT"))
+    assert r.m.state is S.FAILED
+    assert "3 attempts" in r.m.failure and "still FAULT" in r.m.failure
+    assert r.m.incident is not None and r.m.incident.closed is None  # unfinished: kept
+    final = r.last("server-restart-failed")
+    assert final["final"] is True
+    # `gpuos mps recover`: a new supervisor resumes the incident.
+    r2 = Run()
+    r2.m = Machine.from_snapshot(r.m.snapshot())
+    acts = r2.resume()
+    assert r2.m.state is S.RESTARTING and acts == [RestartServer(1000, SERVER)]
+    r2.feed(ServerRestarted(True, 556))
+    r2.feed(ClientStarted("c1", 3001))
+    assert r2.m.state is S.RUNNING and r2.m.history[-1]["outcome"] == "recovered"
+
+
+def test_backoff_is_capped():
+    st = Settings(backoff_initial=0.5, backoff_max=30)
+    assert [st.backoff(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+
+
+def test_restart_results_outside_restarting_are_ignored():
+    r = Run().running(1)
+    r.feed(ServerRestarted(True, 1))
+    assert r.m.state is S.RUNNING and r.m.server_pid == SERVER
+    assert r.last("input-ignored")["input"] == "ServerRestarted"
+
+
+# -- during an incident ---------------------------------------------------------------------------------
+
+def test_new_clients_wait_for_the_recovery():
+    r = Run().running(1)
+    r.fault()
+    assert r.client("late") == []
+    assert r.m.clients["late"].state == "pending"
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    acts = r.feed(ClientStarted("c1", 3001))
+    assert acts == [SpawnClient("late", "GPU-test:late:1")]
+
+
+def test_fault_during_recovery_drains_again():
+    r = Run().running(2)
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))
+    r.fault(pid=3001)
+    inc = r.m.incident
+    assert r.m.state is S.DRAINING and inc.rounds == 2 and inc.id == 1
+    assert "incident-reopened" in r.names()
+    assert inc.victim_of("c1").recovery == "pending" and inc.victim_of("c1").role == "faulter"
+    r.feed(ClientExited("c1", 1, 3001))
+    # c2's restart had not been confirmed; it still is, and then it is a victim of round 2
+    r.feed(ClientStarted("c2", 3002))
+    r.feed(ClientExited("c2", 1, 3002))
+    assert r.m.state is S.RESTARTING
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3101))
+    r.feed(ClientStarted("c2", 3102))
+    assert r.m.state is S.RUNNING and r.m.history[-1]["rounds"] == 2
+
+
+def test_more_faults_join_the_open_incident():
+    r = Run().running(2)
+    r.fault(pid=2001)
+    r.fault(pid=2002, xid=43, cls="channel")
+    inc = r.m.incident
+    assert [f["xid"] for f in inc.faults] == [31, 43]
+    assert {v.client: v.role for v in inc.victims} == {"c1": "faulter", "c2": "faulter"}
+
+
+# -- stopping ---------------------------------------------------------------------------------------------
+
+def test_stop_terminates_clients_then_the_daemon():
+    r = Run().running(2)
+    r.client("queued")
+    r.feed(ClientSpawnFailed("queued", "x"))
+    acts = r.feed(StopRequested())
+    assert r.m.state is S.STOPPING
+    assert acts == [SignalClient("c1", 2001, "SIGTERM"), SignalClient("c2", 2002, "SIGTERM")]
+    r.feed(ClientExited("c1", -15, 2001))
+    acts = r.feed(ClientExited("c2", -15, 2002))
+    assert acts == [StopDaemon()]
+    r.feed(DaemonStopped("quit"))
+    assert r.m.state is S.STOPPED and r.m.daemon_pid is None
+    assert {c.state for c in r.m.clients.values() if c.id != "queued"} == {"stopped"}
+    assert r.feed(StopRequested()) == [] and r.m.state is S.STOPPED
+
+
+def test_stop_escalates_to_sigkill_and_goes_on():
+    r = Run().running(1)
+    r.feed(StopRequested(grace=2))
+    assert r.feed(Tick(), 1) == []
+    assert r.feed(Tick(), 1.1) == [SignalClient("c1", 2001, "SIGKILL")]
+    assert r.feed(Tick(), 5.1) == []
+    assert r.feed(Tick(), 0.1) == [StopDaemon()]
+    r.feed(DaemonStopped())
+    assert r.m.state is S.STOPPED
+
+
+def test_stop_during_an_incident_aborts_it():
+    r = Run().running(1, policy="hook", hook="h")
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    acts = r.feed(StopRequested())
+    assert KillHook("c1") in acts and StopDaemon() in acts
+    assert r.m.incident is None and r.m.history[-1]["outcome"] == "aborted"
+
+
+def test_resume_after_a_kill_during_stop():
+    r = Run().running(0)
+    r.feed(StopRequested())
+    snap = r.m.snapshot()
+    r2 = Run()
+    r2.m = Machine.from_snapshot(snap)
+    assert r2.resume() == [StopDaemon()]
+
+
+# -- resuming ---------------------------------------------------------------------------------------------
+
+def test_resume_mid_recovery_adopts_by_token():
+    r = Run().running(2, policy=None)
+    r.m.clients["c2"].policy, r.m.clients["c2"].hook = "hook", "h"
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    # Killed here: c1's spawn and c2's hook were under way.
+    r2 = Run()
+    r2.m = Machine.from_snapshot(r.m.snapshot())
+    acts = r2.resume()
+    assert acts == [SpawnClient("c1", "GPU-test:c1:2", adopt=True),
+                    RunHook("c2", "GPU-test:c2:hook:1:1", adopt=True)]
+    assert r2.last("supervisor-resumed")["in_flight"] == [{"client": "c1", "recovery": "in-progress"},
+                                                           {"client": "c2", "recovery": "in-progress"}]
+    r2.feed(ClientStarted("c1", 3001, adopted=True))
+    r2.feed(HookFinished("c2", None, "gpuos was killed while the hook ran"))
+    h = r2.m.history[-1]
+    assert {v["client"]: v["recovery"] for v in h["victims"]} == {"c1": "restarted", "c2": "hook-unknown"}
+    assert h["outcome"] == "partial"
+    assert "found running after a gpuos restart" in h["victims"][0]["detail"]
+
+
+def test_resume_in_each_state():
+    # RUNNING with a client whose start was not confirmed: adopt it by its token.
+    r = Run().running(1)
+    r.client("c2")
+    r2 = Run()
+    r2.m = Machine.from_snapshot(r.m.snapshot())
+    assert r2.resume() == [SpawnClient("c2", "GPU-test:c2:1", adopt=True)]
+    # STARTING: start (or adopt) the daemon.
+    r = Run()
+    r.start()
+    assert Run.resume(_clone(r)) == [StartDaemon()]
+    # DRAINING: deadlines go on.
+    r = Run().running(1)
+    r.fault()
+    c = _clone(r)
+    assert c.resume() == [] and c.m.state is S.DRAINING
+    # FAILED at start: start again.  STOPPED: start again, forgetting stopped clients.
+    r = Run()
+    r.start()
+    r.feed(DaemonFailed("x"))
+    c = _clone(r)
+    assert c.resume() == [StartDaemon()] and c.m.state is S.STARTING and c.m.failure is None
+    r = Run().running(1)
+    r.feed(StopRequested())
+    r.feed(ClientExited("c1", 0, 2001))
+    r.feed(DaemonStopped())
+    c = _clone(r)
+    assert c.resume() == [StartDaemon()] and c.m.clients == {} and c.m.history == r.m.history
+
+
+def _clone(r: Run) -> Run:
+    c = Run()
+    c.m = Machine.from_snapshot(r.m.snapshot())
+    c.t = r.t
+    return c
+
+
+# -- every state, every input ------------------------------------------------------------------------------
+
+def _in_state(state: State | str) -> Run:
+    r = Run()
+    if state == "failed-in-incident":  # no server came back: an incident left open
+        r.running(2)
+        r.fault()
+        r.drained()
+        for _ in range(3):
+            r.feed(ServerRestarted(False, detail="no"))
+            r.feed(Tick(), 10)
+        assert r.m.state is S.FAILED and r.m.incident is not None
+        return r
+    if state is S.STARTING:
+        r.start()
+        return r
+    if state is S.FAILED:
+        r.start()
+        r.feed(DaemonFailed("x"))
+        return r
+    r.running(2, policy="hook", hook="h")
+    if state is S.RUNNING:
+        return r
+    if state is S.STOPPING:
+        r.feed(StopRequested())
+        return r
+    if state is S.STOPPED:
+        r.feed(StopRequested())
+        for c in list(r.m.clients.values()):
+            r.feed(ClientExited(c.id, 0, c.pid))
+        r.feed(DaemonStopped())
+        return r
+    r.fault()
+    if state is S.DRAINING:
+        return r
+    r.drained()
+    if state is S.RESTARTING:
+        return r
+    r.feed(ServerRestarted(True, SERVER))
+    assert state is S.RECOVERING
+    return r
+
+
+def _inputs(m: Machine) -> list:
+    cid = next(iter(m.clients), "c1")
+    pid = m.clients[cid].pid if cid in m.clients else 2001
+    return [
+        DaemonUp(DAEMON), DaemonUp(101, adopted=True), DaemonFailed("boom"), DaemonExited(DAEMON),
+        DaemonExited(4), DaemonStopped(), ServerSeen(SERVER), ServerSeen(600), ServerGone(SERVER),
+        ServerStatus(SERVER, "FAULT"), ServerStatus(SERVER, "ACTIVE"), ServerRestarted(True, 600),
+        ServerRestarted(False, detail="no"),
+        Fault({"xid": 31, "fault_class": "memory", "pid": pid}, True),
+        Fault({"xid": 4242, "fault_class": "unknown", "pid": None}, None),
+        Fault({"xid": 31, "fault_class": "memory", "pid": 1}, False),
+        Fault({"xid": 79, "fault_class": "device"}, True),
+        Fault({}, None),
+        ClientRequest(Client(id="new", cmd=["x"], cwd="/", uid=0, gid=0)),
+        ClientStarted(cid, 3001), ClientSpawnFailed(cid, "x"), ClientExited(cid, 1, pid),
+        ClientExited(cid, 0), ClientExited("nobody", 1), UnmanagedClients((7777,)),
+        UnmanagedGone(7777), HookFinished(cid, 0), HookFinished(cid, None),
+        PolicySet(None, "none"), PolicySet(cid, "bogus"), StopRequested(), StopRequested(0), Tick(),
+        object(), "garbage", None,
+    ]
+
+
+TERMINAL_MOVES = {S.STOPPED: {S.STOPPED}, S.FAILED: {S.FAILED, S.STOPPING}}
+
+
+@pytest.mark.parametrize("state", list(S) + ["failed-in-incident"],
+                         ids=lambda s: getattr(s, "value", s))
+def test_every_input_in_every_state(state):
+    probe = _in_state(state)
+    assert probe.m.state is (S.FAILED if state == "failed-in-incident" else state)
+    inputs = _inputs(probe.m)
+    assert {type(i) for i in inputs if type(i) in INPUTS} == set(INPUTS)  # every kind covered
+    for inp, dt in itertools.product(inputs, (0.0, 1e6)):
+        r = _in_state(state)
+        before = r.m.state
+        r.feed(inp, dt)  # never raises; every transition is an edge (checked in Run._take)
+        after = r.m.state
+        if before in TERMINAL_MOVES:
+            assert after in TERMINAL_MOVES[before], (inp, after)
+        if type(inp) not in INPUTS:
+            assert after is before and r.last("input-ignored")["why"] == "unknown input"
+        # whatever happened, it can be written down and read back (Run._take), and the
+        # incident's victims are never lost
+        if r.m.incident and probe.m.incident and r.m.incident.id == probe.m.incident.id:
+            assert {v.client for v in probe.m.incident.victims} <= {v.client for v in r.m.incident.victims}
+
+
+def test_unknown_fault_with_failing_clients_is_an_incident():
+    # The clients die first, the unknown Xid comes after: evidence enough.
+    r = Run().running(2)
+    r.feed(ClientExited("c1", 1, 2001), 0.1)
+    r.feed(ClientExited("c2", 1, 2002), 0.1)
+    r.fault(pid=2002, cls="unknown", xid=4242)
+    assert r.m.incident is not None and r.m.incident.cause == "fault"
+    assert [f["xid"] for f in r.m.incident.faults] == [4242]
+    assert r.m.state is S.RESTARTING
+    # The other way round: the unknown Xid first, then a client fails.
+    r = Run().running(2)
+    r.fault(pid=None, cls="unknown", xid=4242, ours=None)
+    assert r.m.state is S.RUNNING
+    r.feed(ClientExited("c1", 1, 2001), 0.5)
+    assert r.m.incident is not None and [v.client for v in r.m.incident.victims] == ["c1", "c2"]
+    # An info event is no evidence.
+    r = Run().running(1)
+    r.fault(cls="info", xid=154)
+    acts = r.feed(ClientExited("c1", 1, 2001))
+    assert r.m.state is S.RUNNING and acts == [ProbeServer(SERVER)]
+
+
+def test_every_edge_is_reachable():
+    seen: set = set()
+
+    def take(r: Run) -> None:
+        seen.update((S(e["previous"]), S(e["state"])) for e in r.events if e["event"] == "state")
+
+    for state in list(S) + ["failed-in-incident"]:
+        r = _in_state(state)
+        take(r)
+        stopper = _in_state(state)
+        stopper.feed(StopRequested())
+        take(stopper)
+        if state in (S.FAILED, S.STOPPED, "failed-in-incident"):
+            c = _clone(r)
+            c.resume()
+            take(c)
+    r = _in_state(S.RECOVERING)
+    r.fault(pid=r.m.clients["c1"].pid)       # a fault while recovering: drain again
+    take(r)
+    r = Run().running(1)
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))       # recovered
+    take(r)
+    assert seen == EDGES, (EDGES - seen, seen - EDGES)

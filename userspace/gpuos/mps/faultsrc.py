@@ -1,0 +1,200 @@
+"""Fault events for the MPS supervisor.
+
+Two kinds of source, both optional:
+
+- the fault stream of gpuos.faults (kernel log Xid lines and NVML events, classified
+  and joined: faults/watch.py), read in the supervisor's loop;
+- feed files (`gpuos mps start --fault-feed FILE`): JSON lines of fault events as
+  `gpuos faults watch --json` prints them or the fault journal stores them, followed
+  from where the last supervisor stopped reading (the offsets are in the state file).
+
+Nothing is dropped: a line that is not a fault event the supervisor understands
+becomes an event of class "unknown" carrying its text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .gpu import GpuRef
+from .store import tail
+
+
+class FaultSource(Protocol):
+    """What the supervisor needs of a source: poll() -> (fault dicts, notes); close()."""
+
+    def poll(self) -> tuple[list[dict], list[str]]: ...
+    def close(self) -> None: ...
+
+
+def _norm_pci(pci: str) -> str:
+    try:
+        from ..faults.kmsg import normalize_pci
+        return normalize_pci(pci)
+    except ImportError:  # pragma: no cover - the faults package is part of gpuos
+        return pci.strip().lower()
+
+
+def gpu_match(ev: dict, gpu: GpuRef) -> bool | None:
+    """Whether a fault event names gpu: True, False, or None when it cannot be told."""
+    uuid, pci = ev.get("gpu_uuid"), ev.get("pci")
+    if uuid and gpu.uuid:
+        return str(uuid).lower() == gpu.uuid.lower()
+    if pci and gpu.pci:
+        return _norm_pci(str(pci)) == _norm_pci(gpu.pci)
+    return None
+
+
+def event_dict(ev: Any) -> dict:
+    """A FaultEvent (or a dict of one) as a plain dict with fault_class a string."""
+    if isinstance(ev, dict):
+        d = dict(ev)
+    elif hasattr(ev, "to_json"):
+        d = ev.to_json()
+    else:
+        from dataclasses import asdict
+        d = asdict(ev)
+    fc = d.get("fault_class")
+    d["fault_class"] = getattr(fc, "value", fc) or "unknown"
+    return d
+
+
+def unknown_event(text: str, source: str, **extra: Any) -> dict:
+    return {"xid": None, "fault_class": "unknown", "source": source, "text": text,
+            "pci": "", "action": "reported; not understood by the MPS supervisor", "extra": extra}
+
+
+def parse_feed_line(line: str, source: str) -> dict | None:
+    """One feed line as a fault dict; None for records that are not faults (journal notes)."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return unknown_event(line, source)
+    if not isinstance(rec, dict):
+        return unknown_event(line, source)
+    kind = rec.get("type")
+    if kind == "kmsg-gap":
+        return unknown_event(f"kernel log records lost (seq {rec.get('first')}..{rec.get('last')})",
+                             source, kmsg_gap=rec)
+    if kind not in (None, "fault"):
+        return None  # another writer's record in the fault journal (e.g. our own "mps-...")
+    if "xid" not in rec and "fault_class" not in rec:
+        return unknown_event(line, source)
+    try:
+        from ..faults.model import FaultEvent
+        from ..faults.xid import classify
+        fields = dict(rec)
+        fields.setdefault("pci", "")
+        fields.setdefault("time", 0.0)
+        fields.setdefault("source", source)
+        fields.setdefault("action", "")
+        had_class = fields.get("fault_class") not in (None, "")
+        ev = FaultEvent.from_json(fields)
+        if not had_class and ev.xid is not None:
+            ev = classify(ev)
+        d = ev.to_json()
+    except Exception:  # an older or newer shape: keep what it says
+        d = dict(rec)
+        d.setdefault("fault_class", "unknown")
+    d.pop("type", None)
+    return event_dict(d)
+
+
+class FeedFiles:
+    """Follows JSON-lines files of fault events from stored byte offsets."""
+
+    def __init__(self, paths: list[str], offsets: dict[str, int] | None = None):
+        self.paths = [str(Path(p).absolute()) for p in paths]
+        self.offsets: dict[str, int] = dict(offsets or {})
+        for p in self.paths:
+            if p not in self.offsets:  # first time: from the end, history is not news
+                try:
+                    self.offsets[p] = os.path.getsize(p)
+                except OSError:
+                    self.offsets[p] = 0
+
+    def poll(self) -> tuple[list[dict], list[str]]:
+        out: list[dict] = []
+        notes: list[str] = []
+        for p in self.paths:
+            off = self.offsets.get(p, 0)
+            try:
+                size = os.path.getsize(p)
+            except OSError:
+                continue
+            if size < off:
+                notes.append(f"fault feed {p} shrank (rotated or truncated): reading it from its start")
+                off = 0
+            for off, line in tail(Path(p), off):
+                ev = parse_feed_line(line, f"feed:{p}")
+                if ev is not None:
+                    out.append(ev)
+            self.offsets[p] = off
+        return out, notes
+
+    def close(self) -> None:
+        pass
+
+
+class StreamSource:
+    """gpuos.faults.watch.FaultStream on the kernel log and/or NVML, polled without waiting."""
+
+    def __init__(self, kmsg: bool, nvml: bool):
+        from ..faults import kmsg as kmsg_mod
+        from ..faults.nvml import NvmlSource, NvmlUnavailable
+        from ..faults.watch import FaultStream
+        self.notes: list[str] = []
+        klog = nv = None
+        if kmsg:
+            try:
+                klog = kmsg_mod.open_kernel_log()
+            except kmsg_mod.KernelLogUnavailable as exc:
+                self.notes.append(f"kernel log unavailable: {exc.message}")
+        if nvml:
+            try:
+                nv = NvmlSource()
+            except NvmlUnavailable as exc:
+                self.notes.append(f"NVML events unavailable: {exc}")
+        self.stream = FaultStream(klog, nv) if (klog or nv) else None
+
+    def poll(self) -> tuple[list[dict], list[str]]:
+        notes, self.notes = self.notes, []
+        if self.stream is None:
+            return [], notes
+        from ..faults.kmsg import KmsgGap
+        from ..faults.watch import Notice
+        out: list[dict] = []
+        for item in self.stream.poll(0):
+            if isinstance(item, KmsgGap):
+                out.append(unknown_event(item.describe(), "kmsg", kmsg_gap=item.to_json()))
+            elif isinstance(item, Notice):
+                notes.append(item.text)
+            else:
+                out.append(event_dict(item))
+        return out, notes
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
+def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,
+                 note: Callable[[str], None]) -> tuple[list[FaultSource], FeedFiles | None]:
+    sources: list[FaultSource] = []
+    files = FeedFiles(feeds, offsets) if feeds else None
+    if files is not None:
+        sources.append(files)
+    if kmsg or nvml:
+        try:
+            sources.append(StreamSource(kmsg, nvml))
+        except ImportError as exc:  # pragma: no cover - the faults package is part of gpuos
+            note(f"fault stream unavailable: {exc}")
+    if not sources:
+        note("no fault source: incidents are found from server and client exits only")
+    return sources, files

@@ -1,0 +1,1087 @@
+"""The MPS supervisor's state machine: inputs in, actions out.
+
+Pure: no processes, no clock, no files.  ``Machine.handle(input, now)`` updates the
+machine and returns the actions the runtime (supervisor.py) must carry out, each
+step announced by an ``Emit`` action (the events of docs/mps.md).  The runtime
+persists ``Machine.snapshot()`` before it acts, so a gpuos killed at any point
+resumes from the snapshot with ``Machine.resume(now)``.
+
+    STARTING --daemon up--> RUNNING --fault / server died or faulted--> DRAINING
+    DRAINING --every victim gone (or killed)--> RESTARTING
+    RESTARTING --server accepts clients--> RECOVERING --every victim handled--> RUNNING
+    RESTARTING --attempts exhausted--> FAILED;  STARTING --daemon failed--> FAILED
+    any --stop--> STOPPING --clients and daemon gone--> STOPPED
+
+Stock MPS takes every client of a server down when one of them faults, and the
+server accepts no new client until all of them have exited; so every client of
+the server is a victim, the machine waits for them to go (killing those that do
+not), makes sure a server is back, then recovers each victim by its policy:
+``restart`` (run its command again), ``hook`` (run a recovery command) or ``none``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class State(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    RESTARTING = "restarting"
+    RECOVERING = "recovering"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+INCIDENT_STATES = frozenset({State.DRAINING, State.RESTARTING, State.RECOVERING})
+POLICIES = ("restart", "hook", "none")
+# Fault classes (faults/model.py FaultClass values) that take an MPS server's clients down.
+ACTIONABLE = frozenset({"memory", "sm", "copy", "channel", "device"})
+# Victim recovery outcomes; "pending" and "in-progress" are not outcomes yet.
+RECOVERY_OK = frozenset({"restarted", "hook-ok", "not-recovered", "unmanaged"})
+RECOVERY_DONE = RECOVERY_OK | {"hook-failed", "hook-unknown", "gave-up", "failed"}
+HISTORY_KEPT = 50
+
+
+@dataclass
+class Settings:
+    """The supervisor's knobs (`gpuos mps start` options); persisted with the state."""
+
+    drain_grace: float = 10.0       # s victims get to exit on their own after a fault
+    kill_grace: float = 5.0         # s from SIGTERM to SIGKILL, and from SIGKILL to giving up
+    restart_attempts: int = 8       # tries to get a server that accepts clients
+    backoff_initial: float = 0.5    # s before the 2nd try; doubles each time
+    backoff_max: float = 30.0
+    max_restarts: int = 3           # fault restarts of one client, over its lifetime
+    hook_timeout: float = 300.0     # s a recovery hook may run
+    recent_window: float = 10.0     # s: a client that failed this long before a fault is a victim
+    stop_grace: float = 10.0        # s clients get to exit at `gpuos mps stop`
+    default_policy: str = "restart"
+    default_hook: str | None = None
+
+    def backoff(self, attempt: int) -> float:
+        return min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempt - 1))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Settings":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Client:
+    """A client started through `gpuos mps run`: what it takes to run it again."""
+
+    id: str
+    cmd: list[str]
+    cwd: str
+    uid: int
+    gid: int
+    policy: str | None = None       # None: the supervisor's default policy
+    hook: str | None = None
+    max_restarts: int | None = None
+    output: str | None = None       # file for its stdout and stderr
+    pid: int | None = None
+    starttime: int | None = None    # /proc starttime: (pid, starttime) names one process
+    # pending | starting | running | exited | failed | victim | hooked | not-recovered
+    # | gave-up | stopped | cancelled
+    state: str = "pending"
+    restarts: int = 0               # times restarted after a fault
+    spawns: int = 0                 # times started, for spawn tokens
+    spawn_token: str | None = None  # in the environment of the last spawn: finds it after a crash
+    exit_status: int | None = None  # returncode, -N for signal N, None if unknown
+    exited_at: float | None = None
+    started_at: float | None = None
+
+
+@dataclass
+class Victim:
+    client: str | None              # a managed client's id; None: a client gpuos did not start
+    pid: int | None
+    role: str = "victim"            # "faulter" when a fault event names it
+    exited: bool = False
+    exit_status: int | None = None
+    signalled: str | None = None    # what gpuos sent to make it go
+    # pending | in-progress | restarted | hook-ok | hook-failed | hook-unknown | not-recovered
+    # | gave-up | failed | unmanaged
+    recovery: str = "pending"
+    detail: str = ""
+    token: str | None = None        # spawn/hook token while in progress
+    hook_deadline: float | None = None
+
+
+@dataclass
+class Incident:
+    id: int
+    opened: float
+    cause: str                      # fault | server-exit | server-fault | daemon-exit
+    server_pid: int | None
+    faults: list[dict] = field(default_factory=list)
+    victims: list[Victim] = field(default_factory=list)
+    needs_reset: bool = False       # a DEVICE-class fault: the GPU may need a reset
+    rounds: int = 1                 # a fault during recovery drains again
+    drain_stage: int = 0            # 0 waiting, 1 SIGTERM sent, 2 SIGKILL sent, 3 gave up
+    stage_deadline: float | None = None
+    restart_attempts: int = 0
+    next_attempt_at: float | None = None
+    restart_detail: str = ""
+    server_ready_at: float | None = None
+    closed: float | None = None
+    outcome: str | None = None      # recovered | partial | aborted
+
+    def victim_of(self, client_id: str) -> Victim | None:
+        return next((v for v in self.victims if v.client == client_id), None)
+
+    def summary(self) -> dict:
+        return {"id": self.id, "opened": self.opened, "closed": self.closed, "cause": self.cause,
+                "outcome": self.outcome, "rounds": self.rounds, "needs_reset": self.needs_reset,
+                "faults": [{k: f.get(k) for k in ("xid", "fault_class", "pid", "source")}
+                           for f in self.faults],
+                "victims": [{"client": v.client, "pid": v.pid, "role": v.role,
+                             "exit_status": v.exit_status, "signalled": v.signalled,
+                             "recovery": v.recovery, "detail": v.detail} for v in self.victims]}
+
+
+# -- inputs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DaemonUp:
+    pid: int
+    adopted: bool = False           # it was running already (a resumed supervisor)
+
+
+@dataclass(frozen=True)
+class DaemonFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class DaemonExited:
+    pid: int
+
+
+@dataclass(frozen=True)
+class DaemonStopped:
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ServerSeen:
+    pid: int
+
+
+@dataclass(frozen=True)
+class ServerGone:
+    pid: int
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    pid: int
+    status: str                     # get_server_status's answer (ACTIVE, FAULT, ...)
+
+
+@dataclass(frozen=True)
+class ServerRestarted:
+    ok: bool
+    server_pid: int | None = None
+    daemon_pid: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Fault:
+    event: dict                     # a FaultEvent as a dict (fault_class as its value)
+    ours: bool | None = None        # names our GPU: True, another: False, none: None
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    client: Client
+
+
+@dataclass(frozen=True)
+class ClientStarted:
+    client_id: str
+    pid: int
+    starttime: int | None = None
+    adopted: bool = False           # found running by its token after a gpuos restart
+
+
+@dataclass(frozen=True)
+class ClientSpawnFailed:
+    client_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClientExited:
+    client_id: str
+    status: int | None              # returncode (-N: signal N); None: unknown
+    pid: int | None = None          # the process that exited; a stale one is ignored
+
+
+@dataclass(frozen=True)
+class UnmanagedClients:
+    """get_client_list of our server, less the clients gpuos started."""
+
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class UnmanagedGone:
+    pid: int
+
+
+@dataclass(frozen=True)
+class HookFinished:
+    client_id: str
+    returncode: int | None          # None: unknown (adopted, or lost in a gpuos crash)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    client_id: str | None           # None: the default policy
+    policy: str
+    hook: str | None = None
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    grace: float | None = None
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
+          ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
+          ClientExited, UnmanagedClients, UnmanagedGone, HookFinished, PolicySet, StopRequested,
+          Tick)
+
+
+# -- actions -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Emit:
+    event: dict
+
+
+@dataclass(frozen=True)
+class StartDaemon:
+    pass
+
+
+@dataclass(frozen=True)
+class StopDaemon:
+    pass
+
+
+@dataclass(frozen=True)
+class SpawnClient:
+    client_id: str
+    token: str
+    adopt: bool = False             # first look for a process started with this token
+
+
+@dataclass(frozen=True)
+class SignalClient:
+    client_id: str
+    pid: int
+    signal: str                     # "SIGTERM" | "SIGKILL"
+
+
+@dataclass(frozen=True)
+class TerminateMpsClient:
+    server_pid: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class ProbeServer:
+    pid: int
+
+
+@dataclass(frozen=True)
+class RestartServer:
+    uid: int | None                 # the clients' user: MPS servers are per user
+    old_server_pid: int | None
+
+
+@dataclass(frozen=True)
+class RunHook:
+    client_id: str
+    token: str
+    adopt: bool = False             # a resumed supervisor: the hook may be running already
+
+
+@dataclass(frozen=True)
+class KillHook:
+    client_id: str
+
+
+Action = Any
+
+
+class Machine:
+    """One GPU's MPS supervisor, as data.  Not thread-safe: one runtime drives it."""
+
+    def __init__(self, gpu: str, settings: Settings | None = None):
+        self.gpu = gpu
+        self.settings = settings or Settings()
+        self.state = State.STARTING
+        self.daemon_pid: int | None = None
+        self.server_pid: int | None = None
+        self.server_status: str | None = None
+        self.clients: dict[str, Client] = {}
+        self.unmanaged: list[int] = []
+        self.incident: Incident | None = None
+        self.history: list[dict] = []
+        self.next_incident = 1
+        self.failure: str | None = None
+        self.recent_faults: list[dict] = []
+        self.stop_stage = 0
+        self.stop_deadline: float | None = None
+        self._out: list[Action] = []
+        self._now = 0.0
+
+    # -- entry points ---------------------------------------------------------------
+    def start(self, now: float) -> list[Action]:
+        """A fresh supervisor: start the control daemon."""
+        self._begin(now)
+        self.state = State.STARTING
+        self.failure = None
+        self._emit("supervisor-started")
+        self._out.append(StartDaemon())
+        return self._end()
+
+    def resume(self, now: float) -> list[Action]:
+        """A supervisor started over a snapshot: pick up where the last one stopped."""
+        self._begin(now)
+        was = self.state
+        inc = self.incident
+        self._emit("supervisor-resumed", was=was.value,
+                   in_flight=[{"client": v.client, "recovery": v.recovery}
+                              for v in (inc.victims if inc else []) if v.recovery == "in-progress"])
+        if was is State.STOPPED:
+            self.clients = {k: c for k, c in self.clients.items() if c.state in ("pending",)}
+            self._goto(State.STARTING, "started again")
+            self._out.append(StartDaemon())
+        elif was is State.STARTING:
+            self._out.append(StartDaemon())
+        elif was is State.FAILED:
+            self.failure = None
+            if inc is not None and inc.closed is None:
+                inc.restart_attempts = 0
+                inc.next_attempt_at = None
+                self._goto(State.RESTARTING, "recovery resumed")
+                self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+            else:
+                self._goto(State.STARTING, "started again")
+                self._out.append(StartDaemon())
+        elif was is State.RESTARTING:
+            assert inc is not None
+            inc.next_attempt_at = None
+            self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+        elif was is State.RECOVERING:
+            assert inc is not None
+            for v in inc.victims:
+                if v.recovery == "in-progress" and v.client in self.clients:
+                    c = self.clients[v.client]
+                    if v.token and ":hook:" in v.token:  # by what was started, not the policy now
+                        self._out.append(RunHook(c.id, v.token, adopt=True))
+                    elif v.token:
+                        self._out.append(SpawnClient(c.id, v.token, adopt=True))
+                    else:
+                        v.recovery = "pending"
+            for v in inc.victims:
+                if v.recovery == "pending":
+                    self._recover(v)
+            self._check_recovered()
+        elif was is State.STOPPING:
+            if self.stop_stage >= 3:
+                self._out.append(StopDaemon())
+            else:
+                self._stop_progress()
+        if self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING):
+            for c in self.clients.values():
+                if c.state == "starting" and c.spawn_token and not self._in_progress(c.id):
+                    self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True))
+        return self._end()
+
+    def handle(self, inp: Any, now: float) -> list[Action]:
+        self._begin(now)
+        handler = _HANDLERS.get(type(inp))
+        if handler is None:
+            self._emit("input-ignored", input=type(inp).__name__, why="unknown input")
+        else:
+            handler(self, inp)
+        return self._end()
+
+    # -- queries -----------------------------------------------------------------------
+    def live_clients(self) -> list[Client]:
+        return [c for c in self.clients.values() if c.state in ("running", "starting") and c.pid]
+
+    def watched_unmanaged(self) -> list[int]:
+        """Pids of clients gpuos did not start that an incident waits for."""
+        inc = self.incident
+        if inc is None or self.state is not State.DRAINING:
+            return []
+        return [v.pid for v in inc.victims if v.client is None and not v.exited and v.pid]
+
+    def policy_of(self, c: Client) -> tuple[str, str | None]:
+        return self._policy(c), c.hook or self.settings.default_hook
+
+    # -- persistence ---------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return {
+            "gpu": self.gpu, "state": self.state.value, "settings": asdict(self.settings),
+            "daemon_pid": self.daemon_pid, "server_pid": self.server_pid,
+            "server_status": self.server_status,
+            "clients": {k: asdict(c) for k, c in self.clients.items()},
+            "unmanaged": list(self.unmanaged),
+            "incident": asdict(self.incident) if self.incident else None,
+            "history": list(self.history), "next_incident": self.next_incident,
+            "failure": self.failure, "recent_faults": list(self.recent_faults),
+            "stop_stage": self.stop_stage, "stop_deadline": self.stop_deadline,
+        }
+
+    @classmethod
+    def from_snapshot(cls, d: dict) -> "Machine":
+        m = cls(d["gpu"], Settings.from_dict(d.get("settings", {})))
+        m.state = State(d["state"])
+        m.daemon_pid, m.server_pid = d.get("daemon_pid"), d.get("server_pid")
+        m.server_status = d.get("server_status")
+        m.clients = {k: Client(**v) for k, v in d.get("clients", {}).items()}
+        m.unmanaged = list(d.get("unmanaged", []))
+        inc = d.get("incident")
+        if inc:
+            inc = dict(inc)
+            inc["victims"] = [Victim(**v) for v in inc.get("victims", [])]
+            m.incident = Incident(**inc)
+        m.history = list(d.get("history", []))
+        m.next_incident = d.get("next_incident", 1)
+        m.failure = d.get("failure")
+        m.recent_faults = list(d.get("recent_faults", []))
+        m.stop_stage, m.stop_deadline = d.get("stop_stage", 0), d.get("stop_deadline")
+        return m
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _begin(self, now: float) -> None:
+        self._out = []
+        self._now = now
+
+    def _end(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, event: str, **data: Any) -> None:
+        ev = {"time": self._now, "gpu": self.gpu, "event": event, "state": self.state.value,
+              "incident": self.incident.id if self.incident and self.incident.closed is None
+              else None}
+        ev.update(data)
+        self._out.append(Emit(ev))
+
+    def _goto(self, new: State, why: str) -> None:
+        if new is self.state:
+            return
+        old, self.state = self.state, new
+        self._emit("state", previous=old.value, why=why)
+
+    def _policy(self, c: Client) -> str:
+        return c.policy or self.settings.default_policy
+
+    def _in_progress(self, client_id: str) -> bool:
+        v = self.incident.victim_of(client_id) if self.incident else None
+        return v is not None and v.recovery == "in-progress"
+
+    def _victim_uid(self) -> int | None:
+        inc = self.incident
+        for v in inc.victims if inc else []:
+            if v.client in self.clients:
+                return self.clients[v.client].uid
+        for c in self.clients.values():
+            return c.uid
+        return None
+
+    def _spawn(self, c: Client) -> str:
+        c.spawns += 1
+        c.spawn_token = f"{self.gpu}:{c.id}:{c.spawns}"
+        c.state = "starting"
+        c.pid = c.starttime = c.exit_status = c.exited_at = None
+        self._out.append(SpawnClient(c.id, c.spawn_token))
+        return c.spawn_token
+
+    def _spawn_pending(self) -> None:
+        for c in self.clients.values():
+            if c.state == "pending":
+                self._spawn(c)
+
+    def _recent_failures(self) -> list[Client]:
+        horizon = self._now - self.settings.recent_window
+        return [c for c in self.clients.values()
+                if c.state == "failed" and (c.exited_at or 0) >= horizon]
+
+    def _prune_recent(self) -> None:
+        horizon = self._now - self.settings.recent_window
+        self.recent_faults = [f for f in self.recent_faults if f.get("seen", 0) >= horizon]
+
+    # -- incidents -----------------------------------------------------------------------
+    def _open_incident(self, cause: str, fault: dict | None = None) -> None:
+        """Every client of the server is a victim, except when only the daemon died: then its
+        server and clients may well be fine, and only those that fail are victims."""
+        self._prune_recent()
+        inc = Incident(id=self.next_incident, opened=self._now, cause=cause,
+                       server_pid=self.server_pid)
+        self.next_incident += 1
+        inc.faults = [f["event"] for f in self.recent_faults]
+        self.recent_faults = []
+        if fault is not None:
+            inc.faults.append(fault)
+        self.incident = inc
+        horizon = self._now - self.settings.recent_window
+        for c in self.clients.values():
+            # A client still being started is not one yet: if the server refuses it, it fails
+            # and becomes a late victim.
+            if c.state == "running" and cause != "daemon-exit":
+                inc.victims.append(Victim(client=c.id, pid=c.pid))
+                c.state = "victim"
+            elif c.state == "failed" and (c.exited_at or 0) >= horizon:
+                inc.victims.append(Victim(client=c.id, pid=c.pid, exited=True,
+                                          exit_status=c.exit_status))
+                c.state = "victim"
+        managed_pids = {c.pid for c in self.clients.values() if c.pid}
+        for pid in self.unmanaged if cause != "daemon-exit" else []:
+            if pid not in managed_pids:
+                inc.victims.append(Victim(client=None, pid=pid, recovery="unmanaged",
+                                          detail="not started by gpuos mps run: cannot be restarted"))
+        for f in inc.faults:
+            self._mark_faulter(f)
+            if f.get("fault_class") == "device":
+                inc.needs_reset = True
+        self._emit("incident-opened", cause=cause, server_pid=inc.server_pid,
+                   faults=inc.faults, needs_reset=inc.needs_reset,
+                   victims=[{"client": v.client, "pid": v.pid, "role": v.role} for v in inc.victims])
+        self._begin_drain()
+
+    def _mark_faulter(self, fault: dict) -> None:
+        pid = fault.get("pid")
+        for v in self.incident.victims if self.incident else []:
+            if pid is not None and v.pid == pid:
+                v.role = "faulter"
+
+    def _begin_drain(self) -> None:
+        inc = self.incident
+        inc.drain_stage = 0
+        inc.stage_deadline = self._now + self.settings.drain_grace
+        self._goto(State.DRAINING, f"incident {inc.id}: waiting for the server's clients to exit")
+        self._check_drained()
+
+    def _undrained(self) -> list[Victim]:
+        return [v for v in self.incident.victims if not v.exited]
+
+    def _check_drained(self) -> None:
+        if self.state is State.DRAINING and not self._undrained():
+            self._emit("drained", victims=len(self.incident.victims))
+            self._begin_restart()
+
+    def _drain_tick(self) -> None:
+        inc = self.incident
+        if inc.stage_deadline is None or self._now < inc.stage_deadline:
+            return
+        left = self._undrained()
+        if inc.drain_stage == 0:
+            for v in left:
+                if v.client is not None and v.pid:
+                    v.signalled = "SIGTERM"
+                    self._out.append(SignalClient(v.client, v.pid, "SIGTERM"))
+                elif v.pid and inc.server_pid:
+                    v.signalled = "terminate_client"
+                    self._out.append(TerminateMpsClient(inc.server_pid, v.pid))
+            self._emit("drain-timeout", stage="SIGTERM", pids=[v.pid for v in left])
+        elif inc.drain_stage == 1:
+            for v in left:
+                if v.client is not None and v.pid:
+                    v.signalled = "SIGKILL"
+                    self._out.append(SignalClient(v.client, v.pid, "SIGKILL"))
+            self._emit("drain-timeout", stage="SIGKILL", pids=[v.pid for v in left])
+        else:
+            self._emit("drain-gave-up", pids=[v.pid for v in left],
+                       why="still running after SIGKILL (or not ours to kill); restarting anyway")
+            for v in left:
+                v.exited = True
+                v.detail = (v.detail + "; " if v.detail else "") + "did not exit"
+            inc.drain_stage = 3
+            self._check_drained()
+            return
+        inc.drain_stage += 1
+        inc.stage_deadline = self._now + self.settings.kill_grace
+
+    def _begin_restart(self) -> None:
+        inc = self.incident
+        inc.restart_attempts = 0
+        inc.next_attempt_at = None
+        self._goto(State.RESTARTING, f"incident {inc.id}: bringing a server back")
+        self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+
+    def _on_restart_result(self, r: ServerRestarted) -> None:
+        inc = self.incident
+        if r.daemon_pid:
+            self.daemon_pid = r.daemon_pid
+        if r.ok:
+            self.server_pid = r.server_pid
+            self.server_status = "ACTIVE"
+            inc.server_ready_at = self._now
+            self._emit("server-ready", server_pid=r.server_pid, attempts=inc.restart_attempts + 1,
+                       detail=r.detail)
+            self._begin_recovery()
+            return
+        inc.restart_attempts += 1
+        inc.restart_detail = r.detail
+        if inc.restart_attempts >= self.settings.restart_attempts:
+            self.failure = (f"incident {inc.id}: no MPS server accepted clients after "
+                            f"{inc.restart_attempts} attempts ({r.detail})"
+                            + ("; the GPU may need a reset (a device fault), which gpuos never does"
+                               if inc.needs_reset else ""))
+            self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
+                       final=True)
+            self._goto(State.FAILED, self.failure)
+            return
+        delay = self.settings.backoff(inc.restart_attempts)
+        inc.next_attempt_at = self._now + delay
+        self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
+                   retry_in=delay, final=False)
+
+    def _begin_recovery(self) -> None:
+        self._goto(State.RECOVERING, f"incident {self.incident.id}: recovering the victims")
+        for v in self.incident.victims:
+            if v.recovery == "pending":
+                self._recover(v)
+        self._check_recovered()
+
+    def _recover(self, v: Victim) -> None:
+        c = self.clients.get(v.client) if v.client else None
+        if c is None:
+            v.recovery = "unmanaged"
+            return
+        policy = self._policy(c)
+        limit = c.max_restarts if c.max_restarts is not None else self.settings.max_restarts
+        if policy == "none":
+            v.recovery, c.state = "not-recovered", "not-recovered"
+            self._emit("victim-not-recovered", client=c.id, pid=v.pid, why="policy none")
+        elif c.restarts >= limit:
+            v.recovery, c.state = "gave-up", "gave-up"
+            v.detail = f"already recovered {c.restarts} times (limit {limit})"
+            self._emit("victim-gave-up", client=c.id, pid=v.pid, restarts=c.restarts, limit=limit)
+        elif policy == "hook":
+            hook = c.hook or self.settings.default_hook
+            if not hook:
+                v.recovery, c.state = "failed", "not-recovered"
+                v.detail = "policy hook but no hook command configured"
+                self._emit("victim-recovery-failed", client=c.id, pid=v.pid, detail=v.detail)
+                return
+            c.restarts += 1
+            v.recovery = "in-progress"
+            v.token = f"{self.gpu}:{c.id}:hook:{self.incident.id}:{self.incident.rounds}"
+            v.hook_deadline = self._now + self.settings.hook_timeout
+            self._emit("hook-started", client=c.id, pid=v.pid, hook=hook)
+            self._out.append(RunHook(c.id, v.token))
+        else:
+            v.recovery = "in-progress"
+            v.token = self._spawn(c)
+            self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd)
+
+    def _check_recovered(self) -> None:
+        inc = self.incident
+        if self.state is not State.RECOVERING or inc is None:
+            return
+        if any(v.recovery not in RECOVERY_DONE for v in inc.victims):
+            return
+        ok = all(v.recovery in RECOVERY_OK for v in inc.victims)
+        self._close_incident("recovered" if ok else "partial")
+        self._goto(State.RUNNING, "recovered" if ok else "recovered in part")
+        self._spawn_pending()
+
+    def _close_incident(self, outcome: str) -> None:
+        inc = self.incident
+        inc.closed, inc.outcome = self._now, outcome
+        summary = inc.summary()
+        self.history = (self.history + [summary])[-HISTORY_KEPT:]
+        self._emit("incident-closed", outcome=outcome, incident=inc.id,
+                   seconds=round(self._now - inc.opened, 3), victims=summary["victims"])
+        self.incident = None
+
+    # -- stopping ------------------------------------------------------------------------
+    def _begin_stop(self, grace: float | None) -> None:
+        if self.incident is not None:
+            for v in self.incident.victims:
+                if v.recovery == "in-progress" and v.token and ":hook:" in v.token:
+                    self._out.append(KillHook(v.client))
+            self._close_incident("aborted")
+        self._goto(State.STOPPING, "stop requested")
+        self.stop_stage = 0
+        self.stop_deadline = self._now + (self.settings.stop_grace if grace is None else grace)
+        for c in self.clients.values():
+            if c.state == "pending":
+                c.state = "cancelled"
+        for c in self.live_clients():
+            self._out.append(SignalClient(c.id, c.pid, "SIGTERM"))
+        self._stop_progress()
+
+    def _stop_progress(self) -> None:
+        live = self.live_clients()
+        if self.stop_stage < 3 and (not live or self.stop_stage == 2):
+            self.stop_stage = 3
+            self._emit("daemon-stopping", daemon_pid=self.daemon_pid,
+                       left=[c.pid for c in live])
+            self._out.append(StopDaemon())
+            return
+        if self.stop_stage < 2 and self.stop_deadline is not None and self._now >= self.stop_deadline:
+            if self.stop_stage == 0:
+                for c in live:
+                    self._out.append(SignalClient(c.id, c.pid, "SIGKILL"))
+                self._emit("stop-timeout", pids=[c.pid for c in live])
+            self.stop_stage += 1
+            self.stop_deadline = self._now + self.settings.kill_grace
+
+    # -- input handlers ----------------------------------------------------------------------
+    def _on_daemon_up(self, i: DaemonUp) -> None:
+        self.daemon_pid = i.pid
+        self._emit("daemon-adopted" if i.adopted else "daemon-started", daemon_pid=i.pid)
+        if self.state is State.STARTING:
+            self._goto(State.RUNNING, "the control daemon is up")
+            self._spawn_pending()
+
+    def _on_daemon_failed(self, i: DaemonFailed) -> None:
+        self._emit("daemon-start-failed", reason=i.reason)
+        if self.state is State.STARTING:
+            self.failure = i.reason
+            self._goto(State.FAILED, i.reason)
+
+    def _on_daemon_exited(self, i: DaemonExited) -> None:
+        if i.pid != self.daemon_pid:
+            return
+        self.daemon_pid = None
+        self._emit("daemon-exited", daemon_pid=i.pid)
+        if self.state is State.RUNNING:
+            self._open_incident("daemon-exit")
+
+    def _on_daemon_stopped(self, i: DaemonStopped) -> None:
+        if self.state is not State.STOPPING:
+            self._emit("input-ignored", input="DaemonStopped", why=f"not stopping ({self.state.value})")
+            return
+        self.daemon_pid = self.server_pid = None
+        self.server_status = None
+        self._emit("daemon-stopped", detail=i.detail)
+        self._goto(State.STOPPED, "stopped")
+
+    def _on_server_seen(self, i: ServerSeen) -> None:
+        if i.pid == self.server_pid:
+            return
+        self.server_pid, self.server_status = i.pid, None
+        self._emit("server-started", server_pid=i.pid)
+
+    def _on_server_gone(self, i: ServerGone) -> None:
+        if i.pid != self.server_pid:
+            return
+        self.server_pid, self.server_status = None, None
+        self._emit("server-exited", server_pid=i.pid)
+        if self.state is State.RUNNING:
+            if self.live_clients() or self.unmanaged or self._recent_failures():
+                self._open_incident("server-exit")
+
+    def _on_server_status(self, i: ServerStatus) -> None:
+        if i.pid != self.server_pid:
+            return
+        changed = i.status != self.server_status
+        self.server_status = i.status
+        if changed:
+            self._emit("server-status", server_pid=i.pid, status=i.status)
+        if self.state is State.RUNNING and "FAULT" in i.status.upper():
+            self._open_incident("server-fault")
+
+    def _on_fault(self, i: Fault) -> None:
+        ev = dict(i.event)
+        cls = str(ev.get("fault_class") or "unknown")
+        ev["fault_class"] = cls
+        pid = ev.get("pid")
+        ours_pids = {c.pid for c in self.live_clients()} | {self.server_pid} | set(self.unmanaged)
+        by_pid = pid is not None and pid in ours_pids
+        if i.ours is False and not by_pid:
+            self._emit("fault-other-gpu", fault=ev)
+            return
+        attributed = bool(i.ours) or by_pid
+        self._emit("fault", fault=ev, attributed=attributed, actionable=cls in ACTIONABLE,
+                   unknown=cls == "unknown")
+        if self.state in (State.STOPPING, State.STOPPED, State.FAILED):
+            return
+        if cls not in ACTIONABLE or not attributed:
+            # Reported, never dropped: an unknown Xid, or one not known to be ours, opens an
+            # incident only with evidence: clients of ours that failed around it, a server
+            # that reports FAULT (probe) or dies.
+            self.recent_faults.append({"seen": self._now, "event": ev})
+            self._prune_recent()
+            if self.state is State.RUNNING and cls != "info" and self._recent_failures():
+                self._open_incident("fault")
+            elif self.server_pid and self.state is State.RUNNING:
+                self._out.append(ProbeServer(self.server_pid))
+            return
+        if self.state is State.STARTING:
+            self.recent_faults.append({"seen": self._now, "event": ev})
+            return
+        if self.state is State.RUNNING:
+            self._open_incident("fault", ev)
+            return
+        inc = self.incident
+        inc.faults.append(ev)
+        if cls == "device":
+            inc.needs_reset = True
+        if self.state is State.RECOVERING:
+            # The server went down again while we were recovering: drain again.
+            inc.rounds += 1
+            for c in self.live_clients():
+                v = inc.victim_of(c.id)
+                if v is None:
+                    inc.victims.append(Victim(client=c.id, pid=c.pid))
+                else:
+                    v.pid, v.exited, v.exit_status, v.signalled = c.pid, False, None, None
+                    v.recovery, v.token = "pending", None
+                c.state = "victim"
+            self._mark_faulter(ev)
+            self._emit("incident-reopened", round=inc.rounds)
+            self._begin_drain()
+        else:
+            self._mark_faulter(ev)
+
+    def _on_client_request(self, i: ClientRequest) -> None:
+        c = i.client
+        if c.id in self.clients:
+            self._emit("input-ignored", input="ClientRequest", why=f"client {c.id} exists")
+            return
+        if self.state in (State.STOPPING, State.STOPPED, State.FAILED):
+            self._emit("client-refused", client=c.id, why=f"supervisor {self.state.value}")
+            return
+        c.state = "pending"
+        self.clients[c.id] = c
+        self._emit("client-added", client=c.id, cmd=c.cmd, cwd=c.cwd, uid=c.uid,
+                   policy=self._policy(c))
+        if self.state is State.RUNNING:
+            self._spawn(c)
+        else:
+            self._emit("client-queued", client=c.id, why=f"supervisor {self.state.value}")
+
+    def _on_client_started(self, i: ClientStarted) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.state != "starting":
+            self._emit("input-ignored", input="ClientStarted", client=i.client_id,
+                       why="not starting")
+            return
+        c.pid, c.starttime, c.started_at, c.state = i.pid, i.starttime, self._now, "running"
+        v = self.incident.victim_of(c.id) if self.incident else None
+        if v is not None and v.recovery == "in-progress":
+            c.restarts += 1
+            v.recovery = "restarted"
+            v.detail = f"new pid {i.pid}" + (" (found running after a gpuos restart)" if i.adopted else "")
+            self._emit("victim-restarted", client=c.id, pid=i.pid, old_pid=v.pid,
+                       restarts=c.restarts, adopted=i.adopted)
+            self._check_recovered()
+        else:
+            self._emit("client-started", client=c.id, pid=i.pid, adopted=i.adopted)
+        if self.state is State.STOPPING:
+            self._out.append(SignalClient(c.id, c.pid, "SIGTERM"))
+
+    def _on_client_spawn_failed(self, i: ClientSpawnFailed) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.state != "starting":
+            self._emit("input-ignored", input="ClientSpawnFailed", client=i.client_id,
+                       why="not starting")
+            return
+        c.state, c.exited_at = "failed", self._now
+        v = self.incident.victim_of(c.id) if self.incident else None
+        if v is not None and v.recovery == "in-progress":
+            v.recovery, v.detail = "failed", i.reason
+            self._emit("victim-recovery-failed", client=c.id, detail=i.reason)
+            self._check_recovered()
+        else:
+            self._emit("client-spawn-failed", client=c.id, reason=i.reason)
+        if self.state is State.STOPPING:
+            self._stop_progress()
+
+    def _on_client_exited(self, i: ClientExited) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.state not in ("running", "starting", "victim") \
+                or (i.pid is not None and c.pid is not None and i.pid != c.pid):
+            self._emit("input-ignored", input="ClientExited", client=i.client_id, pid=i.pid,
+                       why="not running" if c is None or i.pid is None or c.pid is None
+                       else f"stale pid (the client is now pid {c.pid})")
+            return
+        c.exit_status, c.exited_at = i.status, self._now
+        ok = i.status == 0
+        if self.state is State.STOPPING:
+            c.state = "stopped"
+            self._emit("client-stopped", client=c.id, pid=c.pid, status=i.status)
+            self._stop_progress()
+            return
+        inc = self.incident
+        v = inc.victim_of(c.id) if inc else None
+        if inc is not None and v is not None and v.recovery in ("pending", "in-progress") \
+                and not v.exited:
+            v.exited, v.exit_status = True, i.status
+            c.state = "victim"
+            self._emit("victim-exited", client=c.id, pid=c.pid, status=i.status,
+                       signalled=v.signalled)
+            self._check_drained()
+            return
+        if inc is not None and not ok and self.state in INCIDENT_STATES:
+            # A late victim, or a restarted one that died again: recover it in this incident.
+            if v is None:
+                v = Victim(client=c.id, pid=c.pid)
+                inc.victims.append(v)
+            else:
+                v.pid, v.signalled, v.recovery, v.token = c.pid, None, "pending", None
+            v.exited, v.exit_status = True, i.status
+            c.state = "victim"
+            self._emit("victim-exited", client=c.id, pid=c.pid, status=i.status, late=True)
+            if self.state is State.RECOVERING:
+                self._recover(v)
+                self._check_recovered()
+            return
+        if ok:
+            c.state = "exited"
+            self._emit("client-exited", client=c.id, pid=c.pid, status=i.status)
+            return
+        c.state = "failed"
+        self._emit("client-failed", client=c.id, pid=c.pid, status=i.status)
+        if self.state is not State.RUNNING:
+            return
+        self._prune_recent()
+        if any(f["event"].get("fault_class") != "info" for f in self.recent_faults):
+            self._open_incident("fault")  # the fault reported just before was the cause
+        elif self.server_pid:
+            self._out.append(ProbeServer(self.server_pid))
+
+    def _on_unmanaged(self, i: UnmanagedClients) -> None:
+        managed = {c.pid for c in self.clients.values() if c.pid}
+        pids = sorted(set(i.pids) - managed)
+        if pids != self.unmanaged:
+            self._emit("unmanaged-clients", pids=pids, previous=self.unmanaged)
+            self.unmanaged = pids
+        if self.state is State.DRAINING:
+            for v in self.incident.victims:
+                if v.client is None and not v.exited and v.pid not in pids:
+                    v.exited = True
+                    self._emit("victim-exited", client=None, pid=v.pid, status=None)
+            self._check_drained()
+
+    def _on_unmanaged_gone(self, i: UnmanagedGone) -> None:
+        if i.pid in self.unmanaged:
+            self.unmanaged.remove(i.pid)
+        inc = self.incident
+        for v in inc.victims if inc else []:
+            if v.client is None and v.pid == i.pid and not v.exited:
+                v.exited = True
+                self._emit("victim-exited", client=None, pid=v.pid, status=None)
+        self._check_drained()
+
+    def _on_hook_finished(self, i: HookFinished) -> None:
+        inc = self.incident
+        v = inc.victim_of(i.client_id) if inc else None
+        if v is None or v.recovery != "in-progress":
+            self._emit("input-ignored", input="HookFinished", client=i.client_id,
+                       why="no hook running")
+            return
+        c = self.clients[i.client_id]
+        if i.returncode == 0:
+            v.recovery = "hook-ok"
+        elif i.returncode is None:
+            v.recovery = "hook-unknown"
+        else:
+            v.recovery = "hook-failed"
+        v.detail = i.detail or (f"hook exit status {i.returncode}" if i.returncode is not None
+                                else "hook exit status unknown")
+        v.hook_deadline = None
+        c.state = "hooked" if i.returncode == 0 else "not-recovered"
+        self._emit("hook-finished", client=c.id, returncode=i.returncode, recovery=v.recovery,
+                   detail=v.detail)
+        self._check_recovered()
+
+    def _on_policy_set(self, i: PolicySet) -> None:
+        if i.policy not in POLICIES:
+            self._emit("input-ignored", input="PolicySet", why=f"unknown policy {i.policy!r}")
+            return
+        if i.client_id is None:
+            self.settings.default_policy = i.policy
+            if i.hook is not None:
+                self.settings.default_hook = i.hook
+        else:
+            c = self.clients.get(i.client_id)
+            if c is None:
+                self._emit("input-ignored", input="PolicySet", why=f"no client {i.client_id}")
+                return
+            c.policy = i.policy
+            if i.hook is not None:
+                c.hook = i.hook
+        self._emit("policy-set", client=i.client_id, policy=i.policy, hook=i.hook)
+
+    def _on_stop(self, i: StopRequested) -> None:
+        if self.state is State.STOPPED:
+            return
+        if self.state is State.STOPPING:
+            return
+        self._begin_stop(i.grace)
+
+    def _on_tick(self, i: Tick) -> None:
+        if self.state is State.DRAINING:
+            self._drain_tick()
+        elif self.state is State.RESTARTING:
+            inc = self.incident
+            if inc.next_attempt_at is not None and self._now >= inc.next_attempt_at:
+                inc.next_attempt_at = None
+                self._emit("server-restart-attempt", attempt=inc.restart_attempts + 1)
+                self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+        elif self.state is State.RECOVERING:
+            for v in self.incident.victims:
+                if v.recovery == "in-progress" and v.hook_deadline and self._now >= v.hook_deadline:
+                    v.hook_deadline = None
+                    v.detail = "hook timed out"
+                    self._emit("hook-timeout", client=v.client)
+                    self._out.append(KillHook(v.client))
+        elif self.state is State.STOPPING:
+            self._stop_progress()
+
+    def _on_restart(self, i: ServerRestarted) -> None:
+        if self.state is not State.RESTARTING:
+            self._emit("input-ignored", input="ServerRestarted", why=f"not restarting ({self.state.value})")
+            return
+        self._on_restart_result(i)
+
+
+_HANDLERS = {
+    DaemonUp: Machine._on_daemon_up,
+    DaemonFailed: Machine._on_daemon_failed,
+    DaemonExited: Machine._on_daemon_exited,
+    DaemonStopped: Machine._on_daemon_stopped,
+    ServerSeen: Machine._on_server_seen,
+    ServerGone: Machine._on_server_gone,
+    ServerStatus: Machine._on_server_status,
+    ServerRestarted: Machine._on_restart,
+    Fault: Machine._on_fault,
+    ClientRequest: Machine._on_client_request,
+    ClientStarted: Machine._on_client_started,
+    ClientSpawnFailed: Machine._on_client_spawn_failed,
+    ClientExited: Machine._on_client_exited,
+    UnmanagedClients: Machine._on_unmanaged,
+    UnmanagedGone: Machine._on_unmanaged_gone,
+    HookFinished: Machine._on_hook_finished,
+    PolicySet: Machine._on_policy_set,
+    StopRequested: Machine._on_stop,
+    Tick: Machine._on_tick,
+}
+assert set(_HANDLERS) == set(INPUTS)

@@ -1,0 +1,752 @@
+"""The MPS supervisor process: drives the state machine (state.py) with real processes.
+
+One per GPU, holding supervisor.lock.  Its loop, every `poll` seconds:
+
+1. requests on supervisor.sock (`gpuos mps run|stop|policy`), SIGTERM/SIGINT (= stop);
+2. exits of the clients and hooks it started (or adopted after a restart);
+3. fault events (faults/watch.py's stream, feed files);
+4. the MPS daemon: alive? its servers (get_server_list), the server's clients
+   (get_client_list) and status (get_server_status);
+5. a timer tick.
+
+Each input goes through the machine; the events it emits are appended to
+events.jsonl (and the fault journal), the new state is written to state.json, and only
+then are its actions carried out.  So a supervisor killed at any point is resumed from
+state.json by the next one (`gpuos mps start` or `gpuos mps recover`): what it had
+started is found again by pid and start time or by the token in its environment.
+
+Run as ``python -m gpuos.mps.supervisor --dir DIR [--fresh]`` (what `gpuos mps start`
+does), or in the foreground by `gpuos mps start --foreground`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import procs
+from ..config import Paths
+from ..errors import (ALL_ERRORS, Busy, GpuosError, MpsFailed, MpsNotReady, MpsNotRunning,
+                      NotPermitted)
+from ..journal import HOLD_ENV, HOLD_FILE_ENV
+from .control import (MpsCommandError, MpsControl, find_mps_binaries, foreign_daemons,
+                      server_ready)
+from .faultsrc import FeedFiles, gpu_match, open_sources
+from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
+from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
+                     spec_path, start_client, start_hook, starttime)
+from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFailed,
+                    ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit, Fault,
+                    HookFinished, KillHook, Machine, PolicySet, ProbeServer, RestartServer, RunHook,
+                    ServerGone, ServerRestarted, ServerSeen, ServerStatus, SignalClient,
+                    SpawnClient, StartDaemon, State, StopDaemon, StopRequested,
+                    TerminateMpsClient, Tick, UnmanagedClients)
+from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
+
+MAX_REQUEST = 1 << 20
+
+
+@dataclass
+class Options:
+    feeds: list[str] = field(default_factory=list)
+    feed_offsets: dict[str, int] = field(default_factory=dict)
+    kmsg: bool = True
+    nvml: bool = True
+    poll: float = 0.25          # s between loop turns
+    mps_poll: float = 0.5       # s between get_server_list calls
+    status_poll: float = 2.0    # s between get_server_status / get_client_list calls
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Options":
+        d = d or {}
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# -- the supervisor's socket -------------------------------------------------------------------
+
+class _UnixPath:
+    """A unix socket path that may be longer than sun_path: reached through /proc/self/fd."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def __enter__(self) -> str:
+        s = str(self.path)
+        if len(s.encode()) < 100:
+            return s
+        self.fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        return f"/proc/self/fd/{self.fd}/{self.path.name}"
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def request(dirs: MpsDirs, req: dict, timeout: float = 30.0) -> dict:
+    """Send one request to the supervisor of dirs; its reply.  GpuosError on a refusal."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        with _UnixPath(dirs.socket) as addr:
+            try:
+                s.connect(addr)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise MpsNotRunning(f"no gpuos MPS supervisor answers on {dirs.socket}") from None
+        s.sendall(json.dumps(req).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        raise GpuosError(f"the MPS supervisor did not answer in {timeout:g} s") from None
+    finally:
+        s.close()
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise GpuosError(f"the MPS supervisor gave no answer ({data[:100]!r})") from None
+    if not reply.get("ok"):
+        kind = reply.get("error", "error")
+        cls = next((e for e in ALL_ERRORS if e.kind == kind), GpuosError)
+        raise cls(reply.get("message", "the supervisor refused"))
+    return reply
+
+
+# -- the runtime ------------------------------------------------------------------------------
+
+def journal_mirror(paths: Paths) -> Callable[[dict], None] | None:
+    """Appends our events to the shared fault journal (faults/journal.py), if there is one."""
+    try:
+        from ..faults.journal import FaultJournal
+    except ImportError:  # pragma: no cover - part of gpuos
+        return None
+    journal = FaultJournal(getattr(paths, "faults", paths.home / "faults"))
+    return lambda ev: journal.append({**ev, "type": f"mps-{ev['event']}"})
+
+
+class Supervisor:
+    def __init__(self, paths: Paths, dirs: MpsDirs, say: Callable[[str], None] | None = None):
+        self.paths, self.dirs, self.say = paths, dirs, say
+        self.store = StateStore(dirs)
+        saved = self.store.load()
+        if saved is None:
+            raise MpsNotRunning(f"no MPS state in {dirs.root}")
+        self.saved = saved
+        self.gpu = GpuRef.from_dict(saved.gpu)
+        self.machine = Machine.from_snapshot(saved.machine)
+        self.options = Options.from_dict(saved.options)
+        self.binaries = find_mps_binaries()
+        self.control = MpsControl(self.binaries, dirs.pipe, dirs.log, self.gpu.visible)
+        self.events = EventLog(dirs.events, journal_mirror(paths))
+        self.lock = SupervisorLock(dirs)
+        self.children: dict[int, tuple[str, str, subprocess.Popen]] = {}
+        self.adopted: dict[int, tuple[str, str, int | None]] = {}
+        self.hooks: dict[str, int] = {}
+        self.inbox: collections.deque = collections.deque()
+        self.daemon_start: int | None = None
+        self.feeds: FeedFiles | None = None
+        self.sources: list = []
+        self._last_saved: str | None = None
+        self._stop_signal = False
+        self._next_mps = 0.0
+        self._next_status = 0.0
+        self._watch_error: str | None = None
+        self.listener: socket.socket | None = None
+
+    # -- life ---------------------------------------------------------------------------
+    def run(self, fresh: bool = False, stop: float | None | bool = False) -> int:
+        """Supervise until STOPPED or FAILED; the exit status (0, or MpsFailed's code).
+
+        stop: do not resume, stop right away (grace seconds, or None for the default).
+        """
+        if not self.lock.try_acquire():
+            raise Busy(f"another gpuos MPS supervisor runs for {self.gpu.describe()}")
+        try:
+            return self._run(fresh, stop)
+        finally:
+            self._shutdown()
+            self.lock.release()
+
+    def _run(self, fresh: bool, stop) -> int:
+        self.dirs.create()
+        self.saved.supervisor = {"pid": os.getpid(), "starttime": starttime(os.getpid())}
+        self.saved.boot_id = boot_id()
+        self._listen()
+        self._signals()
+        self.sources, self.feeds = open_sources(self.options.feeds, self.options.feed_offsets,
+                                                self.options.kmsg, self.options.nvml,
+                                                lambda n: self.inbox.append(("note", n)))
+        # What a previous supervisor started and may still run: watched by pid and start time.
+        inc = self.machine.incident
+        for c in self.machine.clients.values():
+            v = inc.victim_of(c.id) if inc else None
+            if c.pid and (c.state == "running" or (c.state == "victim" and v and not v.exited)):
+                self.adopted[c.pid] = ("client", c.id, c.starttime)
+        recorded = self.machine.daemon_pid
+        daemon_ok = recorded is not None and self.control.daemon_pid() == recorded
+        if daemon_ok:
+            self.daemon_start = starttime(recorded)
+        now = time.time()
+        if stop is not False:
+            acts = self.machine.handle(StopRequested(None if stop is True else stop), now)
+        elif fresh:
+            acts = self.machine.start(now)
+        else:
+            acts = self.machine.resume(now)
+        self._apply(acts)
+        if recorded is not None and not daemon_ok and self.machine.daemon_pid == recorded \
+                and self.machine.state not in (State.STARTING, State.STOPPING, State.STOPPED):
+            self.inbox.append(DaemonExited(recorded))  # it died (or its pid was reused) meanwhile
+        self._drain()
+        sel = selectors.DefaultSelector()
+        sel.register(self.listener, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        while self.machine.state not in (State.STOPPED, State.FAILED):
+            for key, _ in sel.select(timeout=self.options.poll):
+                if key.data == "listen":
+                    self._accept()
+                else:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+            if self._stop_signal:
+                self._stop_signal = False
+                self._feed(StopRequested())
+            self._reap()
+            self._faults()
+            self._watch_mps()
+            self._feed(Tick())
+        sel.close()
+        if self.machine.state is State.STOPPED:
+            self._restore_compute_mode()
+            return 0
+        return MpsFailed.exit_code
+
+    def _listen(self) -> None:
+        try:
+            self.dirs.socket.unlink()
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with _UnixPath(self.dirs.socket) as addr:
+            s.bind(addr)
+        os.chmod(self.dirs.socket, 0o666)  # anyone may ask; SO_PEERCRED says who asks
+        s.listen(16)
+        s.setblocking(False)
+        self.listener = s
+
+    def _signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+        def on_stop(signum, frame):
+            self._stop_signal = True
+            try:
+                os.write(self._wake_w, b"s")
+            except OSError:
+                pass
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+
+        def on_child(signum, frame):
+            try:
+                os.write(self._wake_w, b"c")
+            except OSError:  # the pipe is full: the loop is awake anyway
+                pass
+        signal.signal(signal.SIGCHLD, on_child)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _shutdown(self) -> None:
+        for src in self.sources:
+            try:
+                src.close()
+            except Exception:
+                pass
+        if self.listener is not None:
+            self.listener.close()
+            try:
+                self.dirs.socket.unlink()
+            except FileNotFoundError:
+                pass
+        try:
+            self._persist()
+        except Exception:
+            pass
+
+    # -- the machine ---------------------------------------------------------------------
+    def _feed(self, inp: Any) -> None:
+        self.inbox.append(inp)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self.inbox:
+            inp = self.inbox.popleft()
+            if isinstance(inp, tuple) and inp[0] == "note":
+                self._event({"time": time.time(), "gpu": self.machine.gpu, "event": "note",
+                             "state": self.machine.state.value, "incident": None, "note": inp[1]})
+                continue
+            self._apply(self.machine.handle(inp, time.time()))
+
+    def _apply(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Emit):
+                self._event(a.event)
+        self._persist()
+        for a in actions:
+            if not isinstance(a, Emit):
+                self._act(a)
+
+    def _persist(self) -> None:
+        self.saved.machine = self.machine.snapshot()
+        opts = asdict(self.options)
+        if self.feeds is not None:
+            opts["feed_offsets"] = dict(self.feeds.offsets)
+        self.saved.options = opts
+        text = json.dumps(self.saved.to_dict(), sort_keys=True)
+        if text != self._last_saved:
+            self.store.save(self.saved)
+            self._last_saved = text
+
+    def _event(self, ev: dict) -> None:
+        self.events.append(ev)
+        if self.say is not None:
+            self.say(describe_event(ev))
+
+    def _hold(self, name: str) -> None:
+        """Tests: stop here (GPUOS_TEST_HOLD_AT=name) so that they can kill us at a known step."""
+        if os.environ.get(HOLD_ENV) == name:
+            Path(os.environ[HOLD_FILE_ENV]).write_text(f"{os.getpid()} {name}\n")
+            while True:
+                time.sleep(3600)
+
+    def _note(self, action: str, detail: str) -> None:
+        self._event({"time": time.time(), "gpu": self.machine.gpu, "event": "action-failed",
+                     "state": self.machine.state.value,
+                     "incident": self.machine.incident.id if self.machine.incident else None,
+                     "action": action, "detail": detail})
+
+    # -- actions ---------------------------------------------------------------------------
+    def _act(self, a: Any) -> None:
+        handler = getattr(self, "_do_" + type(a).__name__, None)
+        if handler is None:
+            self._note(type(a).__name__, "no handler for this action")
+            return
+        try:
+            handler(a)
+        except Exception as exc:  # a bug or a surprise: say it, and give the machine its answer
+            why = f"{type(exc).__name__}: {exc}"
+            self._note(type(a).__name__, why)
+            answer = {
+                StartDaemon: lambda: DaemonFailed(why),
+                StopDaemon: lambda: DaemonStopped(f"error: {why}"),
+                SpawnClient: lambda: ClientSpawnFailed(a.client_id, why),
+                RestartServer: lambda: ServerRestarted(False, detail=why),
+                RunHook: lambda: HookFinished(a.client_id, None, why),
+            }.get(type(a))
+            if answer is not None:
+                self.inbox.append(answer())
+
+    def _do_StartDaemon(self, a: StartDaemon) -> None:
+        pid = self.control.daemon_pid()
+        if pid is not None:
+            self.daemon_start = starttime(pid)
+            self.inbox.append(DaemonUp(pid, adopted=True))
+            return
+        foreign = foreign_daemons(self.dirs.pipe, None, self.gpu, self.binaries)
+        if foreign:
+            self.inbox.append(DaemonFailed("an MPS control daemon gpuos did not start serves "
+                                           f"this GPU: {'; '.join(foreign)}"))
+            return
+        try:
+            pid = self.control.start_daemon()
+        except MpsCommandError as exc:
+            self.inbox.append(DaemonFailed(str(exc)))
+            return
+        self.daemon_start = starttime(pid)
+        self.inbox.append(DaemonUp(pid))
+
+    def _do_StopDaemon(self, a: StopDaemon) -> None:
+        pid = self.control.daemon_pid()  # only a live control daemon of our pipe directory
+        servers: list[int] = []
+        try:
+            servers = self.control.server_list()
+        except MpsCommandError:
+            pass
+        grace = max(2.0, self.machine.settings.kill_grace)
+        ok = self.control.quit(timeout=grace)
+        detail = "quit"
+        if not ok:
+            for p, sig in [(q, signal.SIGTERM) for q in [pid, *servers] if q] + \
+                          [(q, signal.SIGKILL) for q in [pid, *servers] if q]:
+                if procs.alive(p):
+                    try:
+                        os.kill(p, sig)
+                    except OSError:
+                        pass
+                    deadline = time.monotonic() + grace
+                    while procs.alive(p) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+            detail = "quit did not stop it in time: signalled"
+        self.inbox.append(DaemonStopped(detail))
+
+    def _do_SpawnClient(self, a: SpawnClient) -> None:
+        c = self.machine.clients[a.client_id]
+        recovering = self.machine.state is State.RECOVERING
+        if a.adopt:
+            found = find_by_token(a.token)
+            if found is not None:
+                pid, st = found
+                self.adopted[pid] = ("client", c.id, st)
+                self.inbox.append(ClientStarted(c.id, pid, st, adopted=True))
+                return
+        if recovering:
+            self._hold("mps-recovering")
+        try:
+            p = start_client(self.dirs, self.gpu, c, a.token)
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+            self.inbox.append(ClientSpawnFailed(c.id, f"cannot start {c.cmd[0] if c.cmd else '?'}: "
+                                                      f"{exc}"))
+            return
+        self.children[p.pid] = ("client", c.id, p)
+        if recovering:
+            self._hold("mps-spawned")
+        self.inbox.append(ClientStarted(c.id, p.pid, starttime(p.pid)))
+
+    def _do_SignalClient(self, a: SignalClient) -> None:
+        c = self.machine.clients.get(a.client_id)
+        if c is None or c.pid != a.pid or not same_process(a.pid, c.starttime):
+            return
+        if not signal_tree(a.pid, SIGNALS[a.signal]):
+            self._note("SignalClient", f"cannot send {a.signal} to pid {a.pid}")
+
+    def _do_TerminateMpsClient(self, a: TerminateMpsClient) -> None:
+        try:
+            self.control.terminate_client(a.server_pid, a.pid)
+        except MpsCommandError as exc:
+            self._note("TerminateMpsClient", str(exc))
+
+    def _do_ProbeServer(self, a: ProbeServer) -> None:
+        try:
+            servers = self.control.server_list()
+        except MpsCommandError as exc:
+            self._note("ProbeServer", str(exc))
+            return
+        if a.pid not in servers or not procs.alive(a.pid):
+            self.inbox.append(ServerGone(a.pid))
+            return
+        try:
+            self.inbox.append(ServerStatus(a.pid, self.control.server_status(a.pid)))
+        except MpsCommandError as exc:
+            self._note("ProbeServer", str(exc))
+
+    def _do_RestartServer(self, a: RestartServer) -> None:
+        self._hold("mps-restarting")
+        self.inbox.append(self._restart_server(a.uid, a.old_server_pid))
+
+    def _restart_server(self, uid: int | None, old: int | None) -> ServerRestarted:
+        daemon = self.control.daemon_pid()
+        if daemon is None:
+            foreign = foreign_daemons(self.dirs.pipe, None, self.gpu, self.binaries)
+            if foreign:
+                return ServerRestarted(False, detail="a foreign MPS daemon appeared: "
+                                                     + "; ".join(foreign))
+            try:
+                daemon = self.control.start_daemon()
+            except MpsCommandError as exc:
+                return ServerRestarted(False, detail=f"control daemon: {exc}")
+            self.daemon_start = starttime(daemon)
+        try:
+            servers = [s for s in self.control.server_list() if procs.alive(s)]
+            for s in ([old] if old in servers else []) + [s for s in servers if s != old]:
+                status = self.control.server_status(s)
+                if server_ready(status):
+                    return ServerRestarted(True, s, daemon, f"server {s} is {status}")
+            if servers:
+                return ServerRestarted(False, daemon_pid=daemon,
+                                       detail=f"server {servers[0]} is "
+                                              f"{self.control.server_status(servers[0]) or 'not ready'}")
+            self.control.start_server(os.geteuid() if uid is None else uid)
+            deadline = time.monotonic() + 10.0
+            last = "no server appeared"
+            while time.monotonic() < deadline:
+                for s in self.control.server_list():
+                    if not procs.alive(s):
+                        continue
+                    status = self.control.server_status(s)
+                    if server_ready(status):
+                        return ServerRestarted(True, s, daemon, f"started server {s} ({status})")
+                    last = f"server {s} is {status or 'not ready'}"
+                time.sleep(0.1)
+            return ServerRestarted(False, daemon_pid=daemon, detail=last)
+        except MpsCommandError as exc:
+            return ServerRestarted(False, daemon_pid=daemon, detail=str(exc))
+
+    def _do_RunHook(self, a: RunHook) -> None:
+        c = self.machine.clients[a.client_id]
+        if a.adopt:
+            found = find_by_token(a.token)
+            if found is not None:
+                pid, st = found
+                self.adopted[pid] = ("hook", c.id, st)
+                self.hooks[c.id] = pid
+                return
+            self.inbox.append(HookFinished(c.id, None, "gpuos was killed while the hook ran; it "
+                                                       "was not run again (its outcome is unknown)"))
+            return
+        inc = self.machine.incident
+        v = inc.victim_of(c.id) if inc else None
+        info = {"id": inc.id if inc else None, "pid": v.pid if v else c.pid,
+                "exit_status": v.exit_status if v else c.exit_status,
+                "xids": [f.get("xid") for f in (inc.faults if inc else [])]}
+        hook = self.machine.policy_of(c)[1] or ""
+        self._hold("mps-recovering")
+        try:
+            p = start_hook(self.dirs, self.gpu, c, hook, a.token, info)
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+            self.inbox.append(HookFinished(c.id, 127, f"cannot start the hook: {exc}"))
+            return
+        self.children[p.pid] = ("hook", c.id, p)
+        self.hooks[c.id] = p.pid
+
+    def _do_KillHook(self, a: KillHook) -> None:
+        pid = self.hooks.get(a.client_id)
+        if pid is not None:
+            signal_tree(pid, signal.SIGKILL)
+
+    # -- watching ------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        for pid, (kind, cid, p) in list(self.children.items()):
+            rc = p.poll()
+            if rc is None:
+                continue
+            del self.children[pid]
+            if kind == "client":
+                self.inbox.append(ClientExited(cid, rc, pid))
+            else:
+                self.hooks.pop(cid, None)
+                self.inbox.append(HookFinished(cid, rc, "hook timed out (killed)" if rc == -9 else ""))
+        for pid, (kind, cid, st) in list(self.adopted.items()):
+            if same_process(pid, st):
+                continue
+            del self.adopted[pid]
+            if kind == "client":
+                self.inbox.append(ClientExited(cid, None, pid))
+            else:
+                self.hooks.pop(cid, None)
+                self.inbox.append(HookFinished(cid, None, "the hook found running after a gpuos "
+                                                          "restart exited; exit status unknown"))
+        self._drain()
+
+    def _faults(self) -> None:
+        for src in self.sources:
+            try:
+                evs, notes = src.poll()
+            except Exception as exc:  # a source broke: say so once, keep the others
+                self.sources.remove(src)
+                self.inbox.append(("note", f"fault source stopped: {exc}"))
+                continue
+            for n in notes:
+                self.inbox.append(("note", n))
+            for ev in evs:
+                self.inbox.append(Fault(ev, gpu_match(ev, self.gpu)))
+        self._drain()
+
+    def _watch_mps(self) -> None:
+        m = self.machine
+        now = time.monotonic()
+        if m.state in (State.STARTING, State.STOPPING, State.RESTARTING) or now < self._next_mps:
+            return
+        self._next_mps = now + self.options.mps_poll
+        if m.daemon_pid is not None and not same_process(m.daemon_pid, self.daemon_start):
+            self._feed(DaemonExited(m.daemon_pid))
+            return
+        if m.daemon_pid is None:
+            return
+        try:
+            servers = [s for s in self.control.server_list() if procs.alive(s)]
+        except MpsCommandError as exc:
+            if str(exc) != self._watch_error:
+                self._watch_error = str(exc)
+                self._note("get_server_list", str(exc))
+            return
+        self._watch_error = None
+        if m.server_pid is not None and m.server_pid not in servers:
+            self._feed(ServerGone(m.server_pid))
+        if m.state in (State.STOPPING, State.STOPPED, State.FAILED):
+            return
+        cur = m.server_pid if m.server_pid in servers else (servers[0] if servers else None)
+        if cur is not None and cur != m.server_pid:
+            self._feed(ServerSeen(cur))
+        if cur is None or now < self._next_status:
+            return
+        self._next_status = now + self.options.status_poll
+        try:
+            self._feed(UnmanagedClients(tuple(self.control.client_list(cur))))
+            if self.machine.state is State.RUNNING:
+                self._feed(ServerStatus(cur, self.control.server_status(cur)))
+        except MpsCommandError as exc:
+            self._note("get_client_list/get_server_status", str(exc))
+
+    # -- requests --------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            conn.setblocking(True)
+            conn.settimeout(5.0)
+            try:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+                _, uid, gid = struct.unpack("3i", creds)
+                data = b""
+                while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                try:
+                    reply = self._request(json.loads(data), uid, gid)
+                except GpuosError as exc:
+                    reply = {"ok": False, "error": exc.kind, "exit_code": exc.exit_code,
+                             "message": exc.message}
+                except (ValueError, KeyError, TypeError) as exc:
+                    reply = {"ok": False, "error": "error", "exit_code": 1,
+                             "message": f"bad request: {exc}"}
+                conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            except OSError:
+                return
+
+    def _may_control(self, uid: int) -> None:
+        if uid not in (0, os.geteuid()):
+            raise NotPermitted(f"uid {uid} may not control the MPS supervisor of uid {os.geteuid()}")
+
+    def _request(self, req: dict, uid: int, gid: int) -> dict:
+        op = req.get("op")
+        m = self.machine
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "state": m.state.value}
+        if op == "run":
+            return self._run_request(req, uid, gid)
+        if op == "stop":
+            self._may_control(uid)
+            grace = req.get("grace")
+            self._feed(StopRequested(None if grace is None else float(grace)))
+            return {"ok": True, "state": self.machine.state.value}
+        if op == "policy":
+            cid = req.get("client")
+            if cid is not None:
+                c = m.clients.get(cid)
+                if c is None:
+                    raise GpuosError(f"no client {cid} on {self.gpu.describe()}")
+                if uid not in (0, os.geteuid(), c.uid):
+                    raise NotPermitted(f"uid {uid} may not change client {cid}'s policy")
+            else:
+                self._may_control(uid)
+            if req.get("policy") not in POLICIES:
+                raise GpuosError(f"unknown policy {req.get('policy')!r}")
+            self._feed(PolicySet(cid, req["policy"], req.get("hook")))
+            return {"ok": True}
+        raise GpuosError(f"unknown request {op!r}")
+
+    def _run_request(self, req: dict, uid: int, gid: int) -> dict:
+        m = self.machine
+        if m.state in (State.STOPPING, State.STOPPED):
+            raise MpsNotRunning(f"the MPS supervisor of {self.gpu.describe()} is stopping")
+        if m.state is State.FAILED:
+            raise MpsNotReady(f"the MPS supervisor of {self.gpu.describe()} failed: {m.failure}")
+        if os.geteuid() != 0 and uid != os.geteuid():
+            raise NotPermitted(f"the supervisor runs as uid {os.geteuid()}, not root: it can only "
+                               f"start clients of its own user")
+        cmd = [str(x) for x in req["cmd"]]
+        if not cmd:
+            raise GpuosError("no command")
+        policy = req.get("policy")
+        if policy is not None and policy not in POLICIES:
+            raise GpuosError(f"unknown policy {policy!r}")
+        n = 1 + max([int(k[1:]) for k in m.clients if k[1:].isdigit()] or [0])
+        cid = f"c{n}"
+        ClientSpec(cmd=cmd, cwd=str(req["cwd"]), env={str(k): str(v) for k, v in req["env"].items()},
+                   uid=uid, gid=gid).save(spec_path(self.dirs, cid))
+        c = Client(id=cid, cmd=cmd, cwd=str(req["cwd"]), uid=uid, gid=gid, policy=policy,
+                   hook=req.get("hook"), max_restarts=req.get("max_restarts"),
+                   output=req.get("output"))
+        self._feed(ClientRequest(c))
+        c = self.machine.clients.get(cid, c)
+        return {"ok": True, "client": cid, "pid": c.pid, "state": c.state,
+                "supervisor_state": self.machine.state.value,
+                "output": str(output_path(self.dirs, c)),
+                "policy": self.machine.policy_of(c)[0]}
+
+    # -- compute mode --------------------------------------------------------------------------
+    def _restore_compute_mode(self) -> None:
+        cm = self.saved.compute_mode
+        if not cm or not cm.get("set") or cm.get("restored"):
+            return
+        ev = {"time": time.time(), "gpu": self.machine.gpu, "state": self.machine.state.value,
+              "incident": None, "previous": cm["set"], "mode": cm["previous"]}
+        try:
+            ComputeMode(find_nvidia_smi()).set(self.gpu, cm["previous"])
+            cm["restored"] = cm["previous"]
+            self._event({**ev, "event": "compute-mode-restored"})
+        except GpuosError as exc:
+            cm["restore_error"] = exc.message
+            self._event({**ev, "event": "compute-mode-restore-failed", "detail": exc.message})
+        self._persist()
+
+
+# -- starting a supervisor ------------------------------------------------------------------------
+
+def spawn_supervisor(dirs: MpsDirs, fresh: bool) -> subprocess.Popen:
+    """Start `python -m gpuos.mps.supervisor` detached (own session, output to supervisor.log)."""
+    import gpuos
+    env = dict(os.environ)
+    pkg_parent = str(Path(gpuos.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    dirs.create()
+    log = os.open(dirs.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        argv = [sys.executable, "-m", "gpuos.mps.supervisor", "--dir", str(dirs.root.absolute())]
+        if fresh:
+            argv.append("--fresh")
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True, close_fds=True, cwd="/")
+    finally:
+        os.close(log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpuos.mps.supervisor")
+    ap.add_argument("--dir", required=True, help="the GPU's directory under $GPUOS_HOME/mps")
+    ap.add_argument("--fresh", action="store_true", help="start anew (else resume the state)")
+    args = ap.parse_args(argv)
+    dirs = MpsDirs(Path(args.dir))
+    paths = Paths.from_env()
+    say = lambda s: print(s, flush=True)  # noqa: E731  (supervisor.log)
+    try:
+        sup = Supervisor(paths, dirs, say=say)
+        return sup.run(fresh=args.fresh)
+    except GpuosError as exc:
+        print(f"gpuos mps supervisor: {exc.message}", flush=True)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
