@@ -1,0 +1,701 @@
+#!/usr/bin/env python3
+"""MPS faults: blast radius and recovery times, stock MPS against gpuos-supervised MPS.
+
+For each N (co-running clients: N-1 inference loops and one training loop, all
+`python -m gpuos.workloads.mps_client`, each writing a heartbeat after every iteration),
+each fault kind of gpuos-inject, and each mode:
+
+- stock: `nvidia-cuda-mps-control -d` in private pipe/log directories (the compute mode
+  is never changed), the clients started with its environment;
+- supervised: `gpuos mps start` (private GPUOS_HOME, defaults otherwise), the clients
+  through `gpuos mps run --policy restart`;
+
+once every client has made progress, `gpuos faults watch --json --no-journal` is started
+(to time detection) and then `gpuos faults inject --kind K --json` as one more MPS
+client. Measured, from the fault (the moment the injector's `armed` line arrived; it
+faults right after, --delay 0):
+
+- which clients died (exit status, or for supervised ones a new pid in the heartbeat);
+- detection: first Xid event from the watch (its arrival; the kernel's timestamp too),
+  and for supervised MPS the supervisor's first `fault`/`incident-opened` event;
+- server back: the first fresh probe client (`gpuos faults inject --kind none`) that
+  succeeds (supervised: probes begin once the supervisor says `server-ready`, so that a
+  probe does not join the incident), and the supervisor's `server-ready`;
+- each victim's downtime: fault to its first heartbeat of a new run (supervised), or
+  "not recovered" (stock: nothing restarts it); a client that survived: fault to its
+  next heartbeat.
+
+    python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised]
+                                [--budget 540] [--scenario-timeout 150] [--quick]
+                                [--out bench/results] [--update-readme]
+    python3 bench/mps_faults.py --readme-from bench/results/mps-faults-H100-DATE.json
+
+Writes bench/results/mps-faults-<gpu>-<date>.json after every scenario (scenarios of an
+earlier run of the same day and GPU are kept, the ones run again replaced), prints a
+Markdown table; progress on stderr.  Every process it starts carries a marker in its
+environment and is killed at the end of its scenario, whatever happened.  Exits 1 if a
+scenario failed to run (a fault that kills clients is a result, not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpuos import __version__
+from gpuos.faults import inject as inj
+from gpuos.workloads.run import kill_tree
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- mps-faults-table -->", "<!-- /mps-faults-table -->"
+MARKER = "GPUOS_MPS_BENCH"
+FAULT_KINDS = [k for k in inj.KINDS if k != "none"]
+ACTIONABLE = {"memory", "sm", "copy", "channel", "device", "unknown"}
+MIN_SCENARIO_S = 40
+READY_TIMEOUT = 90.0      # all clients' first heartbeat (8 cold torch starts under MPS)
+PROBE_TIMEOUT = 20.0
+SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
+STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
+SURVIVE_S = {"stock": 5.0, "supervised": 20.0}  # progress this long past the fault: a survivor
+                                                # (supervised: past the drain's SIGTERM/SIGKILL)
+GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
+
+
+def log(msg: str) -> None:
+    print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def gpuos_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuos.cli", *args]
+
+
+def client_cmd(mode: str, heartbeat: Path, size: int) -> list[str]:
+    return [sys.executable, "-m", "gpuos.workloads.mps_client", "--mode", mode,
+            "--heartbeat", str(heartbeat), "--size", str(size), "--max-seconds", "900"]
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+class Lines:
+    """A child whose stdout lines are read by a thread and stamped with their arrival time."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], stderr_path: Path):
+        self.cmd = cmd
+        self.err = open(stderr_path, "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.err, text=True, start_new_session=True)
+        self.started = time.time()
+        self.lines: list[tuple[float, str]] = []
+        self.ended: float | None = None
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+        self.proc.wait()
+        self.ended = time.time()
+
+    def json_lines(self) -> list[tuple[float, dict]]:
+        out = []
+        for t, line in list(self.lines):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append((t, obj))
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._t.join(timeout=2)
+        self.err.close()
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries MARKER=marker (ours, the daemon's, the server's,
+    the supervisor's and every client it started), never this process."""
+    needle = f"{MARKER}={marker}".encode()
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        pid = int(d.name)
+        if pid == os.getpid():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(pid)
+    return out
+
+
+def sweep(marker: str) -> list[int]:
+    """SIGKILL every process of this run that is left (and its descendants)."""
+    left = marked_pids(marker)
+    for pid in left:
+        kill_tree(pid)
+    return left
+
+
+def read_heartbeat(path: Path) -> tuple[float, int, int] | None:
+    try:
+        t, it, pid = path.read_text().split()[:3]
+        return float(t), int(it), int(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, out: Path) -> tuple[int | None, str]:
+    """Run cmd to the end (stdout to a file, so a detached grandchild holding it cannot make
+    us wait); None when killed at the limit.  Its stdout."""
+    with open(out, "w+") as f:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            code = None
+        f.seek(0)
+        return code, f.read()
+
+
+def last_json(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+# -- one scenario -------------------------------------------------------------------------------
+
+class ScenarioFailed(Exception):
+    pass
+
+
+class Scenario:
+    def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
+                 size: int):
+        self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.deadline = time.monotonic() + limit
+        self.dir = workdir
+        self.dir.mkdir(parents=True)
+        self.gpu = gpu
+        self.marker = f"{os.getpid()}-{mode}-{n}-{kind}-{time.monotonic_ns()}"
+        self.env = dict(os.environ, **{MARKER: self.marker})
+        for k in [k for k in self.env if k.startswith("CUDA_MPS_")]:
+            del self.env[k]
+        self.mps_env: dict[str, str] = {}
+        self.children: list[Lines] = []
+        self.clients: list[dict[str, Any]] = []
+        self.r: dict[str, Any] = {"mode": mode, "n": n, "kind": kind, "notes": []}
+        self.t_fault: float | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def note(self, msg: str) -> None:
+        self.r["notes"].append(msg)
+        log(f"{self.mode} N={self.n} {self.kind}: {msg}")
+
+    # -- MPS up and down ---------------------------------------------------------------------
+    def start_stock(self) -> None:
+        from gpuos.mps.control import MpsControl, find_mps_binaries
+
+        self.ctl = MpsControl(find_mps_binaries(self.env), self.dir / "pipe", self.dir / "log",
+                              self.gpu.get("uuid"), base_env=self.env)
+        (self.dir / "pipe").mkdir()
+        self.r["daemon_pid"] = self.ctl.start_daemon(timeout=15)
+        self.mps_env = self.ctl.env()
+
+    def start_supervised(self) -> None:
+        self.home = self.dir / "h"
+        self.env["GPUOS_HOME"] = str(self.home)
+        code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60"),
+                                self.env, min(90, self.left()), self.dir / "mps-start.out")
+        info = last_json(out)
+        if code != 0 or not info or not info.get("ok"):
+            raise ScenarioFailed(f"gpuos mps start: exit {code}: {out.strip()[-800:]}")
+        self.r["supervisor_pid"], self.r["daemon_pid"] = info["supervisor_pid"], info["daemon_pid"]
+        self.mps_env = dict(self.env, **info["env"])
+        self.events_file = Path(info["pipe_dir"]).parent / "events.jsonl"
+
+    def stop(self) -> None:
+        for c in self.children:
+            c.kill()
+        if self.mode == "stock" and hasattr(self, "ctl"):
+            for c in self.clients:
+                if c.get("proc") is not None and c["proc"].poll() is None:
+                    kill_tree(c["proc"].pid)
+            ok = self.ctl.quit(timeout=15)
+            if not ok:
+                self.note("the MPS daemon did not quit in 15 s: killed")
+        elif self.mode == "supervised" and hasattr(self, "home"):
+            code, out = run_bounded(gpuos_cmd("mps", "stop", "--json", "--timeout", "45"),
+                                    self.env, 60, self.dir / "mps-stop.out")
+            self.r["stop"] = {"exit": code, "reply": last_json(out)}
+            if code != 0:
+                self.note(f"gpuos mps stop: exit {code}: {out.strip()[-400:]}")
+        left = sweep(self.marker)
+        if left:
+            self.note(f"killed {len(left)} leftover processes: {left}")
+
+    # -- clients ---------------------------------------------------------------------------
+    def start_clients(self) -> None:
+        for i in range(self.n):
+            role = "train" if i == self.n - 1 else "infer"
+            hb = self.dir / f"hb{i}"
+            cmd = client_cmd(role, hb, self.size)
+            c: dict[str, Any] = {"id": i, "role": role, "heartbeat": hb}
+            if self.mode == "stock":
+                out = open(self.dir / f"client{i}.log", "w")
+                c["proc"] = subprocess.Popen(cmd, env=self.mps_env, stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+                out.close()
+                c["pid"] = c["proc"].pid
+            else:
+                code, text = run_bounded(
+                    gpuos_cmd("mps", "run", "--policy", "restart", "--json",
+                              "--output", str(self.dir / f"client{i}.log"), "--", *cmd),
+                    self.env, 30, self.dir / f"run{i}.out")
+                reply = last_json(text)
+                if code != 0 or not reply:
+                    raise ScenarioFailed(f"gpuos mps run: exit {code}: {text.strip()[-600:]}")
+                c["client"], c["pid"] = reply.get("client"), reply.get("pid")
+            self.clients.append(c)
+        deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
+        while time.monotonic() < deadline:
+            beats = [read_heartbeat(c["heartbeat"]) for c in self.clients]
+            if all(beats):
+                for c, b in zip(self.clients, beats):
+                    c["pid"] = b[2]
+                return
+            dead = [c["id"] for c in self.clients if c.get("proc") is not None and c["proc"].poll() is not None]
+            if dead:
+                raise ScenarioFailed(f"clients {dead} exited before their first iteration "
+                                     f"(see {self.dir}/client*.log)")
+            time.sleep(0.1)
+        raise ScenarioFailed("not every client made progress in time "
+                             f"({sum(1 for c in self.clients if read_heartbeat(c['heartbeat']))}/{self.n})")
+
+    # -- the fault ---------------------------------------------------------------------------
+    def events(self) -> list[dict]:
+        if self.mode != "supervised":
+            return []
+        out = []
+        try:
+            for line in self.events_file.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        except OSError:
+            pass
+        return out
+
+    def fault(self) -> None:
+        self.watch = Lines(gpuos_cmd("faults", "watch", "--json", "--no-journal"), self.env,
+                           self.dir / "watch.err")
+        self.children.append(self.watch)
+        time.sleep(2.0)  # kmsg opened at its end, NVML registered
+        if self.watch.proc.poll() is not None:
+            self.note(f"gpuos faults watch exited {self.watch.proc.returncode}: "
+                      f"{(self.dir / 'watch.err').read_text().strip()[-300:]}")
+        for c in self.clients:
+            b = read_heartbeat(c["heartbeat"])
+            c["before"] = b
+        self.faulter = Lines(gpuos_cmd("faults", "inject", "--kind", self.kind, "--json"),
+                             self.mps_env, self.dir / "faulter.err")
+        self.children.append(self.faulter)
+        deadline = time.monotonic() + min(60, self.left() - 10)
+        while time.monotonic() < deadline:
+            armed = [t for t, o in self.faulter.json_lines() if o.get("stage") == "armed"]
+            if armed:
+                self.t_fault = armed[0]
+                break
+            if self.faulter.ended is not None:
+                break
+            time.sleep(0.02)
+        self.r["faulter_started"] = self.faulter.started
+        if self.t_fault is None:
+            self.faulter.kill()
+            raise ScenarioFailed(f"the injector never armed: exit {self.faulter.proc.returncode}: "
+                                 f"{(self.dir / 'faulter.err').read_text().strip()[-400:]}; "
+                                 f"{[l for _, l in self.faulter.lines][-3:]}")
+        self.r["t_fault"] = self.t_fault
+
+    def probe(self) -> tuple[bool, float, str]:
+        code, out = run_bounded(gpuos_cmd("faults", "inject", "--kind", "none", "--json"),
+                                self.mps_env, min(PROBE_TIMEOUT, max(1, self.left())),
+                                self.dir / "probe.out")
+        last = last_json(out) or {}
+        return code == 0, time.time(), f"exit {code} {last.get('stage')} {last.get('error', '')}".strip()
+
+    def observe(self) -> None:
+        """Until every client is resolved, the server is back and the fault was seen, or the
+        scenario's time is up."""
+        t0 = self.t_fault
+        assert t0 is not None
+        probes: list[dict] = []
+        server_back: float | None = None
+        probe_thread: threading.Thread | None = None
+        probe_result: list[tuple[bool, float, str, float]] = []
+
+        def probe_once() -> None:
+            started = time.time()
+            ok, t, what = self.probe()
+            probe_result.append((ok, t, what, started))
+
+        resolved_at: float | None = None
+        while self.left() > 5:
+            now = time.time()
+            for c in self.clients:
+                self.update_client(c, t0)
+            evs = self.events()
+            ready = next((e for e in evs if e.get("event") == "server-ready" and e["time"] >= t0 - 1), None)
+            closed = next((e for e in evs if e.get("event") == "incident-closed" and e["time"] >= t0 - 1), None)
+            # probes: stock once the faulter is gone; supervised once the supervisor has a server
+            may_probe = (self.faulter.ended is not None if self.mode == "stock"
+                         else (ready is not None or closed is not None or now - t0 > 60))
+            if server_back is None and may_probe and probe_thread is None:
+                probe_thread = threading.Thread(target=probe_once, daemon=True)
+                probe_thread.start()
+            if probe_thread is not None and not probe_thread.is_alive():
+                ok, t, what, started = probe_result[-1]
+                probes.append({"started_s": started - t0, "ended_s": t - t0, "ok": ok, "result": what})
+                probe_thread = None
+                if ok:
+                    server_back = t
+                else:
+                    time.sleep(0.5)
+            clients_done = all(c.get("resolved") for c in self.clients)
+            sup_done = self.mode == "stock" or closed is not None
+            if clients_done and sup_done and self.faulter.ended is not None:
+                resolved_at = resolved_at or time.monotonic()
+                waited = time.monotonic() - resolved_at
+                if server_back is not None and waited >= SETTLE_S:
+                    break
+                if self.mode == "stock" and server_back is None and waited >= GIVE_UP_S:
+                    self.note(f"no probe client succeeded within {GIVE_UP_S:.0f} s of the clients' end")
+                    break
+            time.sleep(0.05)
+        else:
+            self.note("scenario time limit reached before everything was resolved")
+        if probe_thread is not None:
+            probe_thread.join(timeout=PROBE_TIMEOUT + 5)
+        self.r["probes"] = probes
+        self.r["server_back_s"] = None if server_back is None else server_back - t0
+
+    def update_client(self, c: dict, t0: float) -> None:
+        """Died: exited (stock) or a new pid in its heartbeat (supervised).  Back: its first
+        heartbeat after the fault from a new run (supervised) or, for a survivor, its next."""
+        if c.get("resolved") and not c.get("survived"):
+            return  # survivors are still watched: a later death counts
+        b = read_heartbeat(c["heartbeat"])
+        proc = c.get("proc")
+        if proc is not None and proc.poll() is not None and "exit" not in c:
+            c["exit"], c["exited_s"] = proc.returncode, time.time() - t0
+            c["died"], c["survived"] = True, False
+            c["resolved"] = True  # stock: nothing restarts it
+            return
+        if (self.mode == "stock" and not c.get("resolved") and time.time() - t0 > STALL_S
+                and (b is None or b[0] < t0)):
+            c["died"], c["stalled"], c["resolved"] = True, True, True
+            return
+        if self.mode == "supervised" and not c.get("died") and not _alive(c["pid"]):
+            c["died"], c["exited_s"] = True, time.time() - t0
+        if b is None:
+            return
+        t, it, pid = b
+        if pid != c["pid"] or (c.get("before") and it < c["before"][1]):
+            c["died"], c["survived"] = True, False
+            c.setdefault("exited_s", None)
+            c["new_pid"], c["back_s"], c["resolved"] = pid, t - t0, True
+        elif t > t0 and not c.get("died") and c.get("before") and it > c["before"][1]:
+            # progress after the fault from the same process: alive, if it goes on
+            c.setdefault("next_beat_s", t - t0)
+            if t - t0 > SURVIVE_S[self.mode]:
+                c["survived"], c["resolved"] = True, True
+
+    def summarize(self) -> None:
+        t0 = self.t_fault
+        assert t0 is not None
+        fl = self.faulter.json_lines()
+        self.r["faulter"] = {"exit": self.faulter.proc.returncode,
+                             "stages": [{"arrived_s": t - t0, **o} for t, o in fl],
+                             "ended_s": None if self.faulter.ended is None else self.faulter.ended - t0}
+        faulter_pid = next((o.get("pid") for _, o in fl if o.get("pid")), None)
+        self.r["faulter_pid"] = faulter_pid
+        watch = [(t, o) for t, o in self.watch.json_lines() if o.get("type") == "fault"]
+        self.r["watch_events"] = [{"arrived_s": t - t0, "kernel_s": o.get("time", t) - t0,
+                                   "xid": o.get("xid"), "class": o.get("fault_class"),
+                                   "pid": o.get("pid"), "source": o.get("source")} for t, o in watch]
+        first = next(((t, o) for t, o in watch if o.get("fault_class") in ACTIONABLE
+                      and o.get("time", t) >= t0 - 1), None)
+        self.r["detect_s"] = None if first is None else first[0] - t0
+        self.r["detect_kernel_s"] = None if first is None else first[1].get("time", first[0]) - t0
+        self.r["detect_xid"] = None if first is None else first[1].get("xid")
+        if self.mode == "supervised":
+            evs = [e for e in self.events() if e.get("time", 0) >= t0 - 1]
+            self.r["supervisor_events"] = [{k: e.get(k) for k in
+                                            ("time", "event", "state", "incident", "client", "pid",
+                                             "old_pid", "cause", "outcome", "seconds", "why")}
+                                           for e in evs]
+
+            def first_of(*names: str) -> float | None:
+                e = next((e for e in evs if e.get("event") in names), None)
+                return None if e is None else e["time"] - t0
+
+            self.r["supervisor_detect_s"] = first_of("fault", "incident-opened")
+            self.r["incident_opened_s"] = first_of("incident-opened")
+            self.r["supervisor_server_ready_s"] = first_of("server-ready")
+            self.r["incident_closed_s"] = first_of("incident-closed")
+            closed = next((e for e in evs if e.get("event") == "incident-closed"), None)
+            self.r["incident_outcome"] = closed.get("outcome") if closed else None
+        rows = []
+        for c in self.clients:
+            row = {k: c.get(k) for k in ("id", "role", "pid", "client", "died", "exit", "exited_s",
+                                         "stalled", "new_pid", "back_s", "next_beat_s", "survived")}
+            row["before"] = list(c["before"]) if c.get("before") else None
+            if c.get("died"):
+                row["downtime_s"] = c.get("back_s")  # None: not recovered
+            else:
+                row["downtime_s"] = c.get("next_beat_s")
+            rows.append(row)
+        self.r["clients"] = rows
+        died = [c for c in rows if c["died"]]
+        self.r["clients_died"] = len(died)
+        downs = [c["downtime_s"] for c in died]
+        self.r["victims_recovered"] = sum(1 for d in downs if d is not None)
+        rec = [d for d in downs if d is not None]
+        self.r["downtime_median_s"] = statistics.median(rec) if rec else None
+        self.r["downtime_max_s"] = max(rec) if rec and len(rec) == len(downs) else None
+
+    def run(self) -> dict[str, Any]:
+        t_start = time.monotonic()
+        try:
+            self.start_stock() if self.mode == "stock" else self.start_supervised()
+            self.start_clients()
+            self.fault()
+            self.observe()
+            self.summarize()
+        except ScenarioFailed as exc:
+            self.r["error"] = str(exc)
+            log(f"{self.mode} N={self.n} {self.kind}: FAILED: {exc}")
+        except Exception as exc:  # noqa: BLE001 - record, clean up, go on with the next
+            self.r["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"{self.mode} N={self.n} {self.kind}: FAILED: {self.r['error']}")
+        finally:
+            try:
+                self.stop()
+            except Exception as exc:  # noqa: BLE001
+                self.note(f"cleanup: {type(exc).__name__}: {exc}")
+                sweep(self.marker)
+        self.r["wall_s"] = time.monotonic() - t_start
+        return self.r
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# -- host, results, table ------------------------------------------------------------------------
+
+def host_info() -> dict[str, Any]:
+    from gpuos.mps.gpu import find_nvidia_smi
+
+    info: dict[str, Any] = {"device": "unknown", "driver": "unknown", "uuid": None}
+    smi = find_nvidia_smi()
+    if smi:
+        try:
+            out = subprocess.run([str(smi), "-i", "0", "--query-gpu=name,driver_version,uuid,compute_mode",
+                                  "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=30).stdout.strip()
+            name, driver, uuid, cmode = [s.strip() for s in out.splitlines()[0].split(",")]
+            info.update(device=name, driver=driver, uuid=uuid, compute_mode=cmode)
+        except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
+            pass
+    info.update(gpuos=__version__, host={"hostname": socket.gethostname(), "kernel": platform.release(),
+                                         "cpus": os.cpu_count(), "python": platform.python_version(),
+                                         "euid": os.geteuid()})
+    return info
+
+
+def short_name(device: str) -> str:
+    return device.removeprefix("NVIDIA ").split()[0]
+
+
+def key(mode: str, n: int, kind: str) -> str:
+    return f"{mode}/{n}/{kind}"
+
+
+def fmt_s(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [f"{r['device']}, driver {r['driver']}, gpuos {r['gpuos']}, {r['date'][:10]}; N clients "
+             "(N-1 inference loops, 1 training loop) plus the faulting injector as one more MPS client; "
+             "times in seconds from the fault. Detection: first Xid event of `gpuos faults watch` "
+             "(supervised: / the supervisor's first fault event). Server back: first probe client "
+             "that succeeds. Downtime: fault to a victim's first iteration of its new run."
+             + (" **Smoke run (--quick).**" if r.get("quick") else ""), "",
+             "| mode | N | kind | clients died | detection s | server back s | victim downtime median / max s | notes |",
+             "|---|---|---|---|---|---|---|---|"]
+    order = {"stock": 0, "supervised": 1}
+    for k in sorted(r["scenarios"], key=lambda k: (int(k.split("/")[1]), k.split("/")[2],
+                                                    order.get(k.split("/")[0], 2))):
+        s = r["scenarios"][k]
+        if "error" in s:
+            lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | — | — | — | — | failed: "
+                         f"{s['error'][:120].replace('|', '/')} |")
+            continue
+        det = fmt_s(s.get("detect_s"))
+        if s["mode"] == "supervised":
+            det += f" / {fmt_s(s.get('supervisor_detect_s'))}"
+        died, rec = s["clients_died"], s["victims_recovered"]
+        if died == 0:
+            down = "no victims"
+        elif rec == 0:
+            down = "not recovered"
+        else:
+            down = f"{fmt_s(s['downtime_median_s'])} / {fmt_s(s['downtime_max_s'])}"
+            if rec < died:
+                down += f" ({died - rec} not recovered)"
+        notes = "; ".join(s.get("notes", []))[:120].replace("|", "/")
+        if s["mode"] == "supervised" and s.get("incident_outcome"):
+            notes = f"incident {s['incident_outcome']}" + (f"; {notes}" if notes else "")
+        lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | {died}/{s['n']} | {det} | "
+                     f"{fmt_s(s.get('server_back_s'))} | {down} | {notes} |")
+    return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])])
+
+
+def update_readme(table: str, source: Path) -> None:
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    where = source.relative_to(README.parent) if source.is_relative_to(README.parent) else source.name
+    README.write_text(text[:start] + f"\nLatest run ([JSON]({where})):\n\n{table}\n" + text[end:])
+    log(f"updated {README}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", default="2,4,8", help="Numbers of co-running clients [2,4,8].")
+    ap.add_argument("--kinds", default=",".join(FAULT_KINDS),
+                    help=f"Fault kinds [{','.join(FAULT_KINDS)}].")
+    ap.add_argument("--modes", default="stock,supervised")
+    ap.add_argument("--size", type=int, default=1024, help="The clients' MLP width [1024].")
+    ap.add_argument("--budget", type=float, default=540, help="Seconds for the whole benchmark [540].")
+    ap.add_argument("--scenario-timeout", type=float, default=150, help="Seconds for one scenario [150].")
+    ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--update-readme", action="store_true", help="Rewrite README.md's table.")
+    ap.add_argument("--readme-from", metavar="JSON",
+                    help="Only rewrite README.md's table from this result (no GPU needed).")
+    a = ap.parse_args()
+    if a.readme_from:
+        src = Path(a.readme_from).resolve()
+        update_readme(markdown(json.loads(src.read_text())), src)
+        return
+    if a.quick:
+        a.n, a.kinds = "2", "oob-write,trap"
+    ns = [int(x) for x in a.n.split(",")]
+    kinds, modes = a.kinds.split(","), a.modes.split(",")
+    bad = set(kinds) - set(FAULT_KINDS)
+    if bad:
+        ap.error(f"unknown kinds: {', '.join(sorted(bad))} (have: {', '.join(FAULT_KINDS)})")
+    if set(modes) - {"stock", "supervised"}:
+        ap.error("--modes: stock and/or supervised")
+    if any(n < 1 for n in ns):
+        ap.error("--n: at least 1 client")
+    try:
+        inj.inject_binary()
+    except inj.InjectorMissing as exc:
+        sys.exit(f"mps_faults: {exc}")
+    budget_end = time.monotonic() + a.budget
+    result: dict[str, Any] = {
+        "benchmark": "mps_faults",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **host_info(), "quick": a.quick, "client_size": a.size, "scenarios": {}, "notes": [],
+    }
+    path = Path(a.out).resolve() / f"mps-faults-{short_name(result['device'])}-{result['date'][:10]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():  # an earlier part of today's run: keep its scenarios
+        try:
+            result["scenarios"] = json.loads(path.read_text()).get("scenarios", {})
+        except ValueError:
+            pass
+    ran_failed = False
+    tmp = Path(tempfile.mkdtemp(prefix="gmb-", dir="/tmp"))  # short: MPS socket paths are limited
+    try:
+        i = 0
+        for n in ns:
+            for kind in kinds:
+                for mode in modes:
+                    left = budget_end - time.monotonic()
+                    if left < MIN_SCENARIO_S:
+                        note = f"{key(mode, n, kind)}: skipped, the {a.budget:.0f} s budget was spent"
+                        result["notes"].append(note)
+                        log(note)
+                        continue
+                    log(f"{mode} N={n} {kind}: starting ({left:.0f} s of budget left)")
+                    i += 1
+                    s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
+                                 result, a.size).run()
+                    result["scenarios"][key(mode, n, kind)] = s
+                    ran_failed |= "error" in s
+                    if "error" not in s:
+                        log(f"{mode} N={n} {kind}: died {s['clients_died']}/{n}, detect "
+                            f"{fmt_s(s.get('detect_s'))} s, server back {fmt_s(s.get('server_back_s'))} s, "
+                            f"recovered {s['victims_recovered']}, downtime max {fmt_s(s.get('downtime_max_s'))} s")
+                    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    finally:
+        if ran_failed:
+            log(f"logs of the scenarios kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    log(f"wrote {path}")
+    table = markdown(result)
+    print(table)
+    if a.update_readme:
+        update_readme(table, path)
+    sys.exit(1 if ran_failed else 0)
+
+
+if __name__ == "__main__":
+    main()

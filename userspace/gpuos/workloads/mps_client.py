@@ -1,0 +1,102 @@
+"""A small CUDA client that says when it makes progress: for MPS fault benchmarks and tests.
+
+    python -m gpuos.workloads.mps_client --mode infer|train --heartbeat FILE [--size N]
+
+A torch loop on the GPU: ``infer`` runs an MLP forward on fresh random inputs (a serving
+loop), ``train`` trains a small MLP with SGD.  After every iteration (synchronized, so
+the GPU really did the work) FILE is replaced atomically by one line
+``<unix time> <iteration> <pid>``: a harness sees when the client last made progress,
+and a restarted client by its pid changing and its iteration starting again at 1.
+
+Any CUDA error (a co-runner's fault under MPS poisons this client's context) exits 3
+after one line on stderr; other failures exit 1; SIGTERM/SIGINT exit 0.  It stops by
+itself after --max-seconds.  GPU memory: a few MiB of weights and activations at the
+default size (well under 1 GiB even at --size 4096), plus the CUDA context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+EXIT_CUDA = 3
+
+
+def _beat(path: str, tmp: str, iteration: int) -> None:
+    with open(tmp, "w") as f:
+        f.write(f"{time.time():.6f} {iteration} {os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("infer", "train"), required=True)
+    ap.add_argument("--heartbeat", required=True, metavar="FILE")
+    ap.add_argument("--size", type=int, default=1024, help="Width of the MLP [1024].")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--sleep", type=float, default=0.0, metavar="S",
+                    help="Pause between iterations (a serving loop's idle time) [0].")
+    ap.add_argument("--max-seconds", type=float, default=3600.0,
+                    help="Exit 0 after this long, whatever happens [3600].")
+    a = ap.parse_args(argv)
+
+    stop = False
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    path = os.path.abspath(a.heartbeat)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    deadline = time.monotonic() + a.max_seconds
+
+    import torch
+
+    try:
+        dev = torch.device("cuda")
+        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(a.size, a.size), torch.nn.ReLU(),
+            torch.nn.Linear(a.size, a.size), torch.nn.ReLU(),
+            torch.nn.Linear(a.size, 16)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3) if a.mode == "train" else None
+        if opt is None:
+            model.eval()
+        it = 0
+        while not stop and time.monotonic() < deadline:
+            x = torch.randn(a.batch, a.size, device=dev)
+            if opt is not None:
+                y = torch.randn(a.batch, 16, device=dev)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            else:
+                with torch.inference_mode():
+                    model(x).sum()
+            torch.cuda.synchronize()
+            it += 1
+            _beat(path, tmp, it)
+            if a.sleep:
+                time.sleep(a.sleep)
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError subclasses for CUDA errors
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cuda = "cuda" in text.lower() or "accelerator" in type(exc).__name__.lower()
+        print(f"mps_client: pid {os.getpid()}: {'CUDA error' if cuda else 'error'}: {text}",
+              file=sys.stderr, flush=True)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        # A poisoned context can make interpreter teardown hang or fail: leave at once.
+        os._exit(EXIT_CUDA if cuda else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
