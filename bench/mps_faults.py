@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -58,7 +57,7 @@ from typing import Any
 
 from gpuos import __version__
 from gpuos.faults import inject as inj
-from gpuos.workloads.run import kill_tree
+from gpuos.workloads.run import kill_tree, last_json_object
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- mps-faults-table -->", "<!-- /mps-faults-table -->"
@@ -183,17 +182,6 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, out: Path) 
         return code, f.read()
 
 
-def last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
-
-
 # -- one scenario -------------------------------------------------------------------------------
 
 class ScenarioFailed(Exception):
@@ -240,7 +228,7 @@ class Scenario:
         self.env["GPUOS_HOME"] = str(self.home)
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60"),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
-        info = last_json(out)
+        info = last_json_object(out)
         if code != 0 or not info or not info.get("ok"):
             raise ScenarioFailed(f"gpuos mps start: exit {code}: {out.strip()[-800:]}")
         self.r["supervisor_pid"], self.r["daemon_pid"] = info["supervisor_pid"], info["daemon_pid"]
@@ -260,7 +248,7 @@ class Scenario:
         elif self.mode == "supervised" and hasattr(self, "home"):
             code, out = run_bounded(gpuos_cmd("mps", "stop", "--json", "--timeout", "45"),
                                     self.env, 60, self.dir / "mps-stop.out")
-            self.r["stop"] = {"exit": code, "reply": last_json(out)}
+            self.r["stop"] = {"exit": code, "reply": last_json_object(out)}
             if code != 0:
                 self.note(f"gpuos mps stop: exit {code}: {out.strip()[-400:]}")
         left = sweep(self.marker)
@@ -286,7 +274,7 @@ class Scenario:
                     gpuos_cmd("mps", "run", "--policy", "restart", "--json",
                               "--output", str(self.dir / f"client{i}.log"), "--", *cmd),
                     self.env, 30, self.dir / f"run{i}.out")
-                reply = last_json(text)
+                reply = last_json_object(text)
                 if code != 0 or not reply:
                     raise ScenarioFailed(f"gpuos mps run: exit {code}: {text.strip()[-600:]}")
                 c["client"], c["pid"] = reply.get("client"), reply.get("pid")
@@ -356,7 +344,7 @@ class Scenario:
         code, out = run_bounded(gpuos_cmd("faults", "inject", "--kind", "none", "--json"),
                                 self.mps_env, min(PROBE_TIMEOUT, max(1, self.left())),
                                 self.dir / "probe.out")
-        last = last_json(out) or {}
+        last = last_json_object(out) or {}
         return code == 0, time.time(), f"exit {code} {last.get('stage')} {last.get('error', '')}".strip()
 
     def observe(self) -> None:

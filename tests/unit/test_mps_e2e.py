@@ -177,7 +177,7 @@ def test_fault_recovery_end_to_end(mps, home):
     assert [f["xid"] for f in inc["faults"]] == [31] and inc["faults"][0]["fault_class"] == "memory"
     victims = {v["client"]: v for v in inc["victims"]}
     assert set(victims) == {a, b}
-    assert victims[b]["role"] == "faulter" and victims[a]["role"] == "victim"
+    assert victims[b]["role"] == "named" and victims[a]["role"] == "victim"
     assert all(v["recovery"] == "restarted" for v in victims.values())
     # Both run again, connected to the server, each started exactly twice.
     wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "victims reconnected")
@@ -202,7 +202,7 @@ def test_fault_recovery_end_to_end(mps, home):
     assert g["state"] == "running" and g["supervisor_running"] and not g["unfinished"]
     assert g["clients"] == {"running": 2} and g["incidents"][0]["outcome"] == "recovered"
     human = mps("mps", "status").stdout
-    assert "incident 1: fault (Xid 31) -> recovered" in human and f"{b} (faulter): restarted" in human
+    assert "incident 1: fault (Xid 31) -> recovered" in human and f"{b} (named by the fault): restarted" in human
 
     res = mps("mps", "stop", "--json")
     assert res.returncode == 0, res.stderr
@@ -250,7 +250,7 @@ def test_stubborn_victim_killed_hook_and_none_policies(mps):
     assert v[s]["signalled"] == "SIGKILL" and v[s]["recovery"] == "restarted"
     assert not alive(stubborn_pid)
     assert v[h]["recovery"] == "hook-ok" and v[n]["recovery"] == "not-recovered"
-    assert v[n]["role"] == "faulter" and inc["outcome"] == "recovered"
+    assert v[n]["role"] == "named" and inc["outcome"] == "recovered"
     env = dict(x.split("=", 1) for x in hook_out.read_text().splitlines())
     assert env["GPUOS_MPS_CLIENT"] == h and env["GPUOS_MPS_INCIDENT"] == "1"
     assert env["GPUOS_MPS_FAULT_XIDS"] == "31" and env["GPUOS_MPS_VICTIM_EXIT"] == "1"

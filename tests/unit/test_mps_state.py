@@ -165,7 +165,7 @@ def test_fault_takes_every_client_and_restart_brings_them_back():
     inc = r.m.incident
     assert inc.cause == "fault" and inc.server_pid == SERVER
     assert [(v.client, v.pid, v.role) for v in inc.victims] == [
-        ("c1", 2001, "victim"), ("c2", 2002, "faulter"), ("c3", 2003, "victim")]
+        ("c1", 2001, "victim"), ("c2", 2002, "named"), ("c3", 2003, "victim")]
     opened = r.last("incident-opened")
     assert opened["incident"] == inc.id and opened["faults"][0]["xid"] == 31
     r.feed(ClientExited("c1", 1, 2001))
@@ -328,19 +328,19 @@ def test_unmanaged_client_list_updates_drain():
     r = Run().running(0)
     r.feed(UnmanagedClients((7,)))
     r.fault(pid=7)
-    assert r.m.incident.victims[0].role == "faulter"
+    assert r.m.incident.victims[0].role == "named"
     r.feed(UnmanagedClients(()))
     assert r.m.state is S.RESTARTING
 
 
 def test_client_exits_before_the_fault_report_are_its_victims():
     r = Run().running(2)
-    r.feed(ClientExited("c2", 1, 2002), 0.1)      # the faulter dies first ...
+    r.feed(ClientExited("c2", 1, 2002), 0.1)      # the named one dies first ...
     r.feed(ClientExited("c1", 1, 2001), 0.1)      # ... its co-runner too
     r.fault(pid=2002)                             # the kernel log says why, later
     inc = r.m.incident
     assert {(v.client, v.role, v.exited) for v in inc.victims} == {("c1", "victim", True),
-                                                                   ("c2", "faulter", True)}
+                                                                   ("c2", "named", True)}
     assert r.m.state is S.RESTARTING  # nothing left to drain
 
 
@@ -525,7 +525,7 @@ def test_fault_during_recovery_drains_again():
     inc = r.m.incident
     assert r.m.state is S.DRAINING and inc.rounds == 2 and inc.id == 1
     assert "incident-reopened" in r.names()
-    assert inc.victim_of("c1").recovery == "pending" and inc.victim_of("c1").role == "faulter"
+    assert inc.victim_of("c1").recovery == "pending" and inc.victim_of("c1").role == "named"
     r.feed(ClientExited("c1", 1, 3001))
     # c2's restart had not been confirmed; it still is, and then it is a victim of round 2
     r.feed(ClientStarted("c2", 3002))
@@ -543,7 +543,7 @@ def test_more_faults_join_the_open_incident():
     r.fault(pid=2002, xid=43, cls="channel")
     inc = r.m.incident
     assert [f["xid"] for f in inc.faults] == [31, 43]
-    assert {v.client: v.role for v in inc.victims} == {"c1": "faulter", "c2": "faulter"}
+    assert {v.client: v.role for v in inc.victims} == {"c1": "named", "c2": "named"}
 
 
 # -- stopping ---------------------------------------------------------------------------------------------

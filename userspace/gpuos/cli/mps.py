@@ -500,7 +500,7 @@ def _victims_line(inc: dict) -> str:
     parts = []
     for v in inc["victims"]:
         who = v["client"] or f"pid {v['pid']}"
-        parts.append(f"{who}{' (faulter)' if v['role'] == 'faulter' else ''}: {v['recovery']}")
+        parts.append(f"{who}{' (named by the fault)' if v['role'] == 'named' else ''}: {v['recovery']}")
     return "; ".join(parts) or "none"
 
 

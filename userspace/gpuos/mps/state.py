@@ -102,7 +102,8 @@ class Client:
 class Victim:
     client: str | None              # a managed client's id; None: a client gpuos did not start
     pid: int | None
-    role: str = "victim"            # "faulter" when a fault event names it
+    role: str = "victim"            # "named" when a fault event names its pid (under MPS
+                                    # that need not be the faulter: docs/mps.md)
     exited: bool = False
     exit_status: int | None = None
     signalled: str | None = None    # what gpuos sent to make it go
@@ -563,7 +564,7 @@ class Machine:
                 inc.victims.append(Victim(client=None, pid=pid, recovery="unmanaged",
                                           detail="not started by gpuos mps run: cannot be restarted"))
         for f in inc.faults:
-            self._mark_faulter(f)
+            self._mark_named(f)
             if f.get("fault_class") == "device":
                 inc.needs_reset = True
         self._emit("incident-opened", cause=cause, server_pid=inc.server_pid,
@@ -571,11 +572,11 @@ class Machine:
                    victims=[{"client": v.client, "pid": v.pid, "role": v.role} for v in inc.victims])
         self._begin_drain()
 
-    def _mark_faulter(self, fault: dict) -> None:
+    def _mark_named(self, fault: dict) -> None:
         pid = fault.get("pid")
         for v in self.incident.victims if self.incident else []:
             if pid is not None and v.pid == pid:
-                v.role = "faulter"
+                v.role = "named"
 
     def _begin_drain(self) -> None:
         inc = self.incident
@@ -854,11 +855,11 @@ class Machine:
                     v.pid, v.exited, v.exit_status, v.signalled = c.pid, False, None, None
                     v.recovery, v.token = "pending", None
                 c.state = "victim"
-            self._mark_faulter(ev)
+            self._mark_named(ev)
             self._emit("incident-reopened", round=inc.rounds)
             self._begin_drain()
         else:
-            self._mark_faulter(ev)
+            self._mark_named(ev)
 
     def _on_client_request(self, i: ClientRequest) -> None:
         c = i.client

@@ -73,6 +73,23 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) -
     return Finished(list(cmd), code, out, err, time.monotonic() - t0)
 
 
+def last_json_object(text: str) -> dict | None:
+    """The last top-level JSON object in a command's output: the last of JSON lines, or a
+    pretty-printed object (`gpuos ... --json`), with any other lines around it."""
+    lines = text.splitlines()
+    decoder = json.JSONDecoder()
+    for i in range(len(lines) - 1, -1, -1):
+        if not lines[i].startswith("{"):
+            continue
+        try:
+            obj, _ = decoder.raw_decode("\n".join(lines[i:]))
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
 def kill_tree(root: int) -> None:
     """SIGKILL root and all its descendants.  They are stopped first, until no new one
     appears, so none can fork or be reparented away while we look."""
