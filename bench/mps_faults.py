@@ -71,6 +71,7 @@ SETTLE_S = 3.0            # after everything is resolved: late watch events (NVM
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
 SURVIVE_S = {"stock": 5.0, "supervised": 20.0}  # progress this long past the fault: a survivor
                                                 # (supervised: past the drain's SIGTERM/SIGKILL)
+NO_INCIDENT_S = 5.0       # supervised: the faulter gone this long and no incident: none will come
 GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
 
 
@@ -370,9 +371,14 @@ class Scenario:
             evs = self.events()
             ready = next((e for e in evs if e.get("event") == "server-ready" and e["time"] >= t0 - 1), None)
             closed = next((e for e in evs if e.get("event") == "incident-closed" and e["time"] >= t0 - 1), None)
+            opened = any(e.get("event") == "incident-opened" and e["time"] >= t0 - 1 for e in evs)
+            # A fault that stays in the faulter (seen: a device-side assert) opens no incident:
+            # once the faulter is gone this long without one, the supervisor has nothing to do.
+            quiet = (self.mode == "supervised" and not opened and self.faulter.ended is not None
+                     and now - self.faulter.ended > NO_INCIDENT_S)
             # probes: stock once the faulter is gone; supervised once the supervisor has a server
             may_probe = (self.faulter.ended is not None if self.mode == "stock"
-                         else (ready is not None or closed is not None or now - t0 > 60))
+                         else (ready is not None or closed is not None or quiet or now - t0 > 60))
             if server_back is None and may_probe and probe_thread is None:
                 probe_thread = threading.Thread(target=probe_once, daemon=True)
                 probe_thread.start()
@@ -385,7 +391,7 @@ class Scenario:
                 else:
                     time.sleep(0.5)
             clients_done = all(c.get("resolved") for c in self.clients)
-            sup_done = self.mode == "stock" or closed is not None
+            sup_done = self.mode == "stock" or closed is not None or (quiet and not opened)
             if clients_done and sup_done and self.faulter.ended is not None:
                 resolved_at = resolved_at or time.monotonic()
                 waited = time.monotonic() - resolved_at
@@ -585,8 +591,10 @@ def markdown(r: dict[str, Any]) -> str:
             if rec < died:
                 down += f" ({died - rec} not recovered)"
         notes = "; ".join(s.get("notes", []))[:120].replace("|", "/")
-        if s["mode"] == "supervised" and s.get("incident_outcome"):
-            notes = f"incident {s['incident_outcome']}" + (f"; {notes}" if notes else "")
+        if s["mode"] == "supervised":
+            what = f"incident {s['incident_outcome']}" if s.get("incident_outcome") else (
+                "no incident" if s.get("incident_opened_s") is None else "incident not closed")
+            notes = what + (f"; {notes}" if notes else "")
         lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | {died}/{s['n']} | {det} | "
                      f"{fmt_s(s.get('server_back_s'))} | {down} | {notes} |")
     return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])])

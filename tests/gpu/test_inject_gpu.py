@@ -40,13 +40,14 @@ CODES = {
 # kind -> the Xid lines the kernel log must show: (Xid, a text the line must carry or None,
 # whether it names the injector's pid).  As measured on H100, driver 580.159.04: the SM
 # exception's Xid 13 lines name no process (they come just before the Xid 43 that does);
-# a trap shows no Xid 13 at all, only Xid 43.
+# a trap or a device-side assert shows no Xid 13 at all, only Xid 43.
 XIDS: dict[str, list[tuple[int, str | None, bool]]] = {
     "oob-write": [(31, "ACCESS_TYPE_VIRT_WRITE", True)],
     "oob-read": [(31, "ACCESS_TYPE_VIRT_READ", True)],
     "ro-write": [(31, "ACCESS_TYPE_VIRT_WRITE", True)],
     "illegal-instruction": [(13, "Illegal Instruction", False), (43, None, True)],
     "trap": [(43, None, True)],
+    "assert": [(43, None, True)],
 }
 FAULTING = [k for k in inj.KINDS if k != "none"]
 TIMEOUT = 120
