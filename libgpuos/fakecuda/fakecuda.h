@@ -18,6 +18,8 @@
  *   fake_indirect(float **ptrs, int nptrs, int n)         ptrs[j][i] = j + 1 (ptrs: device array)
  *   fake_opaque(float *out, int n)                        out[i] = 7; param info: NOT_SUPPORTED
  *   fake_noop(void *a, void *b, void *c, void *d)         nothing
+ *   fake_gather(struct fake_gather_arg g, float *out, int n)  out[i] = sum over j of g.src[j][i]
+ *                                                         (16 pointers in one by-value struct)
  *   gpuos_fp_hash(const struct fakecuda_fp_seg *segs, unsigned nsegs, uint64_t *out,
  *                 uint64_t nchunks)   out[first_chunk + c] = FNV-1a of 4 KiB chunk c of each seg
  *   gpuos_fp_diff(const uint64_t *before, const uint64_t *after, uint64_t nchunks,
@@ -38,6 +40,11 @@ extern "C" {
 #endif
 
 /* The by-value parameter of fake_struct (24 bytes). */
+#define FAKE_GATHER_SRCS 16
+struct fake_gather_arg {
+	const float *src[FAKE_GATHER_SRCS];
+};
+
 struct fake_struct_arg {
 	int n;
 	int pad;

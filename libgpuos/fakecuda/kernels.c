@@ -81,6 +81,25 @@ static void k_opaque(void **p)
 		out[i] = 7.0f;
 }
 
+struct a_gather { struct fake_gather_arg g; float *out; int n; };
+static void k_gather(void **p)
+{
+	struct fake_gather_arg g = ARG(struct fake_gather_arg, 0);
+	float *out = ARG(float *, 1);
+	int n = ARG(int, 2);
+	for (int j = 0; j < FAKE_GATHER_SRCS; j++)
+		if (!fake_range_ok(g.src[j], 4LL * n))
+			return;
+	if (!fake_range_ok(out, 4LL * n))
+		return;
+	for (int i = 0; i < n; i++) {
+		float sum = 0.0f;
+		for (int j = 0; j < FAKE_GATHER_SRCS; j++)
+			sum += g.src[j][i];
+		out[i] = sum;
+	}
+}
+
 struct a_noop { void *a, *b, *c, *d; };
 static void k_noop(void **p)
 {
@@ -147,6 +166,7 @@ const struct fk fake_kernels[] = {
 	{"fake_indirect", k_indirect, L3(struct a_indirect, ptrs, nptrs, n), 0, 0},
 	{"fake_opaque", k_opaque, L2(struct a_opaque, out, n), 1, 0},
 	{"fake_noop", k_noop, L4(struct a_noop, a, b, c, d), 0, 0},
+	{"fake_gather", k_gather, L3(struct a_gather, g, out, n), 0, 0},
 	{"gpuos_fp_hash", k_hash, L4(struct a_hash, segs, nsegs, out, nchunks), 0, 1},
 	{"gpuos_fp_diff", k_diff, L5(struct a_diff, before, after, nchunks, changed, count), 0, 1},
 };

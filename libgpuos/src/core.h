@@ -184,10 +184,12 @@ struct gpuos_alloc {
 	uint32_t pad;
 };
 
-/* A sorted array of non-overlapping ranges. */
+/* A sorted array of non-overlapping ranges.  gen changes with every change that moves or
+ * resizes an entry (write lock held), so that a reader may cache an entry's index. */
 struct gpuos_map {
 	struct gpuos_alloc *v;
 	size_t n, cap;
+	uint64_t gen;
 	const char *what; /* for the out-of-memory reason */
 };
 

@@ -19,13 +19,25 @@
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull
 #define DEDUPE_BITS 12 /* 4096 slots: at most GPUOS_MAX_BUFS used, so probes stay short */
+#define DEDUPE_LINEAR 8 /* up to this many buffers a launch's list is searched instead */
+#define LOOKUP_BITS 8  /* the per-thread lookup cache: 256 entries */
+#define LOOKUP_GRAIN 16 /* keyed by the address's 64 KiB block */
 #define MAX_PARAM_BUFFER 65536 /* `extra` buffers above this are not scanned */
 
 _Static_assert((1u << DEDUPE_BITS) >= 2 * GPUOS_MAX_BUFS, "dedupe set too small");
 
+/* A launch's pointers mostly point where the last launches' did: each thread keeps the
+ * allocations it found last, by address block, valid while the map's gen is unchanged. */
+struct lookup_ent {
+	uint64_t base, size, gen;
+	size_t idx;
+};
+
 struct scratch {
 	struct gpuos_scan s;
 	uint32_t gen;
+	uint32_t small_idx[DEDUPE_LINEAR]; /* allocation indices of bufs[0..DEDUPE_LINEAR) */
+	struct lookup_ent lookup[1u << LOOKUP_BITS];
 	struct {
 		uint32_t gen, idx;
 	} seen[1u << DEDUPE_BITS];
@@ -260,19 +272,45 @@ static inline uint64_t fnv(uint64_t h, const uint8_t *p, size_t n)
 	return h;
 }
 
+/* The hash set of allocation indices seen in this launch (per-launch generations). */
+static int seen_before_hashed(struct scratch *x, uint32_t idx)
+{
+	uint32_t key = idx + 1, mask = (1u << DEDUPE_BITS) - 1, i = (key * 0x9e3779b1u) >> (32 - DEDUPE_BITS);
+	for (; x->seen[i].gen == x->gen; i = (i + 1) & mask)
+		if (x->seen[i].idx == key)
+			return 1;
+	x->seen[i].gen = x->gen;
+	x->seen[i].idx = key;
+	return 0;
+}
+
+/* Is allocation idx in this launch's list already?  Marks it seen when not. */
+static int seen_before(struct scratch *x, uint32_t idx)
+{
+	uint32_t n = x->s.nbuf;
+	if (n <= DEDUPE_LINEAR) {
+		for (uint32_t i = 0; i < n; i++)
+			if (x->small_idx[i] == idx)
+				return 1;
+		if (n < DEDUPE_LINEAR) {
+			x->small_idx[n] = idx;
+			return 0;
+		}
+		/* The list outgrows a linear search: from here on the hash set holds it all. */
+		for (uint32_t i = 0; i < n; i++)
+			seen_before_hashed(x, x->small_idx[i]);
+	}
+	return seen_before_hashed(x, idx);
+}
+
 static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, uint16_t param, uint32_t off)
 {
-	uint32_t idx = (uint32_t)(a - gpuos_allocs.v) + 1;
-	uint32_t mask = (1u << DEDUPE_BITS) - 1, i = (idx * 0x9e3779b1u) >> (32 - DEDUPE_BITS);
-	for (; x->seen[i].gen == x->gen; i = (i + 1) & mask)
-		if (x->seen[i].idx == idx)
-			return;
+	if (seen_before(x, (uint32_t)(a - gpuos_allocs.v)))
+		return;
 	if (x->s.nbuf == GPUOS_MAX_BUFS) {
 		x->s.lflags |= GPUOS_LAUNCH_TRUNCATED;
 		return;
 	}
-	x->seen[i].gen = x->gen;
-	x->seen[i].idx = idx;
 	struct gpuos_rec_buf *b = &x->bufs[x->s.nbuf++];
 	b->base = a->base;
 	b->size = a->end - a->base;
@@ -283,13 +321,32 @@ static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, 
 	b->offset = off;
 }
 
+/* The allocation containing v, or NULL (read lock held): through the thread's cache. */
+static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
+{
+	const struct gpuos_map *m = &gpuos_allocs;
+	if (!m->n || v < m->v[0].base || v >= m->v[m->n - 1].end)
+		return NULL; /* most words that are no pointers end here */
+	struct lookup_ent *e = &x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_BITS)];
+	if (e->gen == m->gen && v - e->base < e->size)
+		return &m->v[e->idx];
+	const struct gpuos_alloc *a = gpuos_map_find(m, v);
+	if (a) {
+		e->base = a->base;
+		e->size = a->end - a->base;
+		e->idx = (size_t)(a - m->v);
+		e->gen = m->gen;
+	}
+	return a;
+}
+
 static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_t param)
 {
 	size_t off = 0;
 	for (; off + 8 <= size; off += 8) {
 		uint64_t v;
 		memcpy(&v, p + off, 8);
-		const struct gpuos_alloc *a = gpuos_map_find(&gpuos_allocs, v);
+		const struct gpuos_alloc *a = lookup(x, v);
 		if (a)
 			add_buf(x, a, v, param, (uint32_t)off);
 		else

@@ -37,6 +37,7 @@ static int map_reserve(struct gpuos_map *m, size_t more)
 {
 	if (m->n + more <= m->cap)
 		return 0;
+	m->gen++;
 	size_t cap = m->cap ? m->cap * 2 : 256;
 	while (cap < m->n + more)
 		cap *= 2;
@@ -81,6 +82,7 @@ size_t gpuos_map_span(const struct gpuos_map *m, uint64_t lo, uint64_t hi, size_
 
 static void remove_n(struct gpuos_map *m, size_t i, size_t n)
 {
+	m->gen++;
 	memmove(&m->v[i], &m->v[i + n], (m->n - i - n) * sizeof *m->v);
 	m->n -= n;
 }
@@ -94,6 +96,7 @@ int gpuos_map_insert(struct gpuos_map *m, const struct gpuos_alloc *a)
 {
 	if (a->end <= a->base)
 		return 0;
+	m->gen++;
 	/* Whatever overlaps is stale (freed by a path we do not see): the new range wins. */
 	size_t n, i = span(m, a->base, a->end, &n, 0);
 	if (n) {
@@ -118,6 +121,7 @@ ssize_t gpuos_map_index(const struct gpuos_map *m, uint64_t base)
 int gpuos_map_cut(struct gpuos_map *m, uint64_t lo, uint64_t hi, void (*cut)(const struct gpuos_alloc *part))
 {
 	size_t n, i = span(m, lo, hi, &n, 0);
+	m->gen++;
 	for (size_t j = i; j < i + n; j++) {
 		struct gpuos_alloc *e = &m->v[j], part = *e;
 		if (part.base < lo)
@@ -155,6 +159,7 @@ static int vmm_joinable(const struct gpuos_alloc *a, const struct gpuos_alloc *b
 void gpuos_vmm_rebuild(uint64_t lo, uint64_t hi)
 {
 	struct gpuos_map *m = &gpuos_allocs;
+	m->gen++;
 	/* Drop the runs overlapping [lo, hi), widening it to cover them... */
 	size_t n, i = span(m, lo, hi, &n, 0);
 	for (size_t j = i + n; j-- > i;) {
@@ -342,6 +347,7 @@ void gpuos_track_forget(void)
 	for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
 		maps[i]->v = NULL;
 		maps[i]->n = maps[i]->cap = 0;
+		maps[i]->gen++;
 	}
 	memset(&T, 0, sizeof T);
 }

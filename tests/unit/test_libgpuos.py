@@ -30,7 +30,7 @@ from gpuos.intercept.runner import CTL_MAGIC, REPLY
 
 REPO = Path(__file__).resolve().parents[2]
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
-PROGS = ("t_direct", "t_dlsym", "t_procaddr", "t_graph", "t_validate", "t_fork")
+PROGS = ("t_direct", "t_dlsym", "t_procaddr", "t_graph", "t_validate", "t_fork", "t_scan")
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +131,26 @@ def test_every_path_to_the_driver_is_seen(build, env, tmp_path, prog):
 def test_results_identical_with_and_without_libgpuos(build, env, tmp_path, prog):
     ref = plain(build, env, prog, "5")
     got, report, _ = traced(build, env, tmp_path, prog, "5")
-    strip = lambda outs: [{k: v for k, v in o.items() if k not in ("pid", "parent_pid", "child_pid", "buffers", "indirect_targets", "ops")}
+    strip = lambda outs: [{k: v for k, v in o.items() if k not in ("pid", "parent_pid", "child_pid", "buffers", "indirect_targets", "ops", "expect")}
                           for o in outs]
     assert strip(got) == strip(ref)
     assert all(p["state"] == "on" for p in report["processes"]), report["processes"]
+
+
+@pytest.mark.parametrize("seed", ["3", "17"])
+def test_scan_follows_a_changing_map(build, env, tmp_path, seed):
+    """Launches between frees and new allocations (addresses reused, sizes changed), with
+    more distinct buffers than the short list holds and repeats: each launch's buffers
+    are exactly the live allocations its pointers point into, in order of appearance."""
+    (out,), report, log = traced(build, env, tmp_path, "t_scan", seed)
+    assert out["ok"]
+    launches = [r for r in of_type(log, "launch")]
+    assert len(launches) == len(out["expect"])
+    for i, (rec, want) in enumerate(zip(launches, out["expect"])):
+        assert [[b["base"], b["size"]] for b in rec["bufs"]] == want, f"launch {i}"
+    assert any(len(w) > 8 for w in out["expect"])  # past the short list
+    bases = [b for w in out["expect"] for b, _ in w]
+    assert len(set(bases)) < len(bases)  # addresses came back
 
 
 def test_passive_without_gpuos_run(build, env):
