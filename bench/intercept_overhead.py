@@ -172,7 +172,8 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
                    workdir: Path) -> dict[str, Any]:
     args = step_args(name, a.quick)
     reps = a.reps * 3 if name in CHEAP else a.reps
-    entry: dict[str, Any] = {"args": args, "reps": reps, "runs": []}
+    entry: dict[str, Any] = {"args": args, "reps": reps, "runs": [],
+                             "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None}
     try:
         for rep in range(reps):
             for mode in ("plain", "gpuos"):
@@ -227,6 +228,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         "benchmark": "intercept_overhead",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
+        "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None,
         "order": "plain, gpuos, plain, gpuos, ... per workload; then one validation run",
         "workloads": {}, "notes": [],
     }
@@ -280,11 +282,13 @@ def markdown(r: dict[str, Any]) -> str:
              f"plain and `gpuos run` interleaved, {r['reps']} of each (noop-launch and cupy: "
              f"{3 * r['reps']}); medians; plain spread: how far the plain runs alone were apart "
              f"(max/min). {latency}."
+             + (f" Every run pinned to CPUs {r['cpus'][0]}-{r['cpus'][-1]}." if r.get("cpus") else "")
              + (" **Smoke run (--quick): 3 timed steps per run, too short to measure "
                 "throughput overhead; the identity and validation columns stand.**"
                 if r.get("quick") else ""),
              "", head, "|" + "---|" * (head.count("|") - 1)]
-    lines += ["| " + " | ".join([name, *timed_cells(w), *validation_cells(w)]) + " |"
+    lines += ["| " + " | ".join([name + (" (pinned)" if w.get("cpus") and not r.get("cpus") else ""),
+                                 *timed_cells(w), *validation_cells(w)]) + " |"
               for name, w in r["workloads"].items()]
     return "\n".join(lines + [f"\n{note}" for note in r["notes"]])
 
@@ -348,6 +352,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="Smoke run: 1 rep of 3 steps.")
     ap.add_argument("--budget", type=float, default=900, help="Seconds for the whole benchmark.")
     ap.add_argument("--run-timeout", type=float, default=300, help="Seconds for one run.")
+    ap.add_argument("--cpus", metavar="LIST",
+                    help="Pin every run to these CPUs (e.g. 4-11): on a shared VM the CPUs a run "
+                         "lands on change its speed by more than the overhead being measured.")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--update-readme", action="store_true", help="Rewrite README.md's table.")
     ap.add_argument("--readme-from", metavar="JSON", nargs="+",
@@ -363,6 +370,13 @@ def main() -> None:
         ap.error(f"unknown workloads: {', '.join(sorted(unknown))} (have: {', '.join(WORKLOADS)})")
     if a.quick:
         a.reps = 1
+    if a.cpus:
+        try:
+            cpus = {c for part in a.cpus.split(",") for c in (
+                range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
+            os.sched_setaffinity(0, cpus)  # the runs, started from here, inherit it
+        except (ValueError, OSError) as exc:
+            ap.error(f"--cpus {a.cpus}: {exc}")
     result, path = measure(a, names)
     table = markdown(result)
     print(table)
