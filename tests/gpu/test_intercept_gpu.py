@@ -31,9 +31,11 @@ SMALL = {
     "gpt-graphs": SMALL_GPT,
     "cupy": ["--size", "512"],
 }
-# The documented fallback for a blind spot validation found (README): CuPy's float32 matmul
-# runs a cuBLAS CUTLASS SIMT SGEMM that writes a buffer none of its parameters points into.
-FALLBACK = {"cupy": ["--touch-all", "cutlass_80_simt_sgemm"]}
+# The documented fallback for a blind spot validation found (README): CuPy's batched float32
+# matmul runs a cuBLAS batched GEMM that reads the output's address from a pointer array in
+# device memory; which kernel depends on the size (H100: an xmma FFMA GEMM at --size 512, the
+# CUTLASS SIMT SGEMM at 1024).
+FALLBACK = {"cupy": ["--touch-all", "cutlass_80_simt_sgemm", "--touch-all", "xmma_gemm_f32f32_f32f32"]}
 # Counters that must be non-zero for the workload's process, beyond launches.
 MORE_COUNTERS = {"gpt-graphs": ["graph_launches"]}
 RUN_TIMEOUT = 240  # one run; the GPU host's pytest stops a test at 300 s

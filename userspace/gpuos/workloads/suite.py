@@ -5,7 +5,8 @@
 
 Runs one workload on cuda:0 and prints one line at the end (with --json, a JSON object):
 workload, steps, warmup, batch, seconds (the timed steps only, between two device
-synchronizations), steps_per_s, items_per_s, checksum, torch, cuda, device, pid.
+synchronizations), cpu_s (the CPU time all the process's threads spent in those steps),
+steps_per_s, items_per_s, checksum, torch, cuda, device, pid.
 
 The checksum is the sha256 of the exact bytes of the final state: for training every
 parameter after the last step and the last loss, for inference every output of the timed
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # Keys of the JSON line that differ between two runs of the same workload.
-VOLATILE_KEYS = ("seconds", "steps_per_s", "items_per_s", "ns_per_launch", "pid")
+VOLATILE_KEYS = ("seconds", "cpu_s", "steps_per_s", "items_per_s", "ns_per_launch", "pid")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Measured:
     seconds: float
     checksum: str
     info: dict[str, Any]  # versions, device, extras
+    cpu_s: float | None = None  # process CPU time of the timed steps
 
 
 # -- PyTorch ------------------------------------------------------------------------------------
@@ -74,14 +76,15 @@ def sha256_tensors(torch, tensors) -> str:
 
 
 def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None]):
-    """Run warmup steps, then time `steps` steps; returns (seconds, their return values)."""
+    """Run warmup steps, then time `steps` steps; returns (seconds, CPU seconds of the whole
+    process, their return values)."""
     for _ in range(warmup):
         step()
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = [step() for _ in range(steps)]
     sync()
-    return time.perf_counter() - t0, out
+    return time.perf_counter() - t0, time.process_time() - c0, out
 
 
 def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tuple],
@@ -101,17 +104,17 @@ def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tupl
         opt.step()
         return loss
 
-    seconds, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
     checksum = sha256_tensors(torch, [*params, losses[-1]])
-    return Measured(seconds, checksum, torch_info(torch, extra or {}))
+    return Measured(seconds, checksum, torch_info(torch, extra or {}), cpu)
 
 
 def infer(a: argparse.Namespace, torch, step: Callable[[], Any],
           extra: dict[str, Any] | None = None) -> Measured:
     """Time inference steps; checksum every output of the timed steps."""
     with torch.no_grad():
-        seconds, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
-    return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}))
+        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+    return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}), cpu)
 
 
 def resnet(a: argparse.Namespace, training: bool) -> Measured:
@@ -284,9 +287,9 @@ def cupy_suite(a: argparse.Namespace) -> Measured:
         normalize((BLOCKS,), (THREADS,), (mixed, norms[done:], state, count))
         done += 1
 
-    seconds, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize)
+    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize)
     checksum = hashlib.sha256(state.get().tobytes() + norms.get().tobytes()).hexdigest()
-    return Measured(seconds, checksum, cupy_info(cupy))
+    return Measured(seconds, checksum, cupy_info(cupy), cpu)
 
 
 def noop_launch(a: argparse.Namespace) -> Measured:
@@ -403,7 +406,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def report(a: argparse.Namespace, m: Measured) -> dict[str, Any]:
     return {"workload": a.workload, "steps": a.steps, "warmup": a.warmup, "batch": a.batch,
-            "seconds": m.seconds, "steps_per_s": a.steps / m.seconds,
+            "seconds": m.seconds, "cpu_s": m.cpu_s, "steps_per_s": a.steps / m.seconds,
             "items_per_s": a.steps * a.batch / m.seconds, "checksum": m.checksum,
             "pid": os.getpid(), **m.info}
 
