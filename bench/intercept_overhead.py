@@ -34,12 +34,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import readme_table
 from gpuos import __version__
 from gpuos.workloads.run import Finished, private_caches, run, suite_cmd, under_gpuos
 from gpuos.workloads.suite import WORKLOADS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BEGIN, END = "<!-- intercept-table -->", "<!-- /intercept-table -->"
 MIN_RUN_S = 20  # a run given less time than this would only time out: skip it instead
 # Runs of these take 2-3 s: they get three times the repetitions, against the host's noise.
 CHEAP = {"noop-launch", "cupy"}
@@ -348,11 +347,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def update_readme(table: str, source: Path) -> None:
-    text = README.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    where = source.relative_to(README.parent) if source.is_relative_to(README.parent) else source.name
-    README.write_text(text[:start] + f"\nLatest run ([JSON]({where})):\n\n{table}\n" + text[end:])
-    log(f"updated {README}")
+    log(f"updated {readme_table.update_readme('intercept', table, source)}")
 
 
 def main() -> None:

@@ -55,12 +55,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import readme_table
 from gpuos import __version__
 from gpuos.faults import inject as inj
+from gpuos.mps.store import EventLog
 from gpuos.workloads.run import kill_tree, last_json_object
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BEGIN, END = "<!-- mps-faults-table -->", "<!-- /mps-faults-table -->"
 MARKER = "GPUOS_MPS_BENCH"
 FAULT_KINDS = [k for k in inj.KINDS if k != "none"]
 ACTIONABLE = {"memory", "sm", "copy", "channel", "device", "unknown"}
@@ -297,18 +297,7 @@ class Scenario:
 
     # -- the fault ---------------------------------------------------------------------------
     def events(self) -> list[dict]:
-        if self.mode != "supervised":
-            return []
-        out = []
-        try:
-            for line in self.events_file.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        except OSError:
-            pass
-        return out
+        return EventLog(self.events_file).read() if self.mode == "supervised" else []
 
     def fault(self) -> None:
         self.watch = Lines(gpuos_cmd("faults", "watch", "--json", "--no-journal"), self.env,
@@ -601,11 +590,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def update_readme(table: str, source: Path) -> None:
-    text = README.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    where = source.relative_to(README.parent) if source.is_relative_to(README.parent) else source.name
-    README.write_text(text[:start] + f"\nLatest run ([JSON]({where})):\n\n{table}\n" + text[end:])
-    log(f"updated {README}")
+    log(f"updated {readme_table.update_readme('mps-faults', table, source)}")
 
 
 def main() -> None:

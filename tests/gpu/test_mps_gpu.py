@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from gpuos.faults import inject as inj
+from gpuos.mps.store import EventLog
 from gpuos.workloads.run import kill_tree, last_json_object
 
 MARKER = "GPUOS_MPS_TEST"
@@ -142,16 +143,7 @@ class Mps:
         self.events_file = Path(info["pipe_dir"]).parent / "events.jsonl"
 
     def events(self) -> list[dict]:
-        out = []
-        try:
-            for line in self.events_file.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        except OSError:
-            pass
-        return out
+        return EventLog(self.events_file).read()
 
     def stop(self) -> None:
         self.cli("mps", "stop", "--json", "--timeout", "45", timeout=60)
