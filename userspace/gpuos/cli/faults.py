@@ -110,8 +110,9 @@ def faults() -> None:
               help="Read the kernel log from FILE instead (records as /dev/kmsg gives them, "
                    "or dmesg/journalctl text), without NVML, and stop at its end.")
 @click.option("--window", type=click.FloatRange(min=0), default=2.0, show_default=True,
-              metavar="S", help="How long a kernel-log event and an NVML event of the same "
-                                "GPU and Xid may be apart and still be joined.")
+              metavar="S", help="How long an NVML event waits for the kernel-log line of the "
+                                "same GPU and Xid (and a kernel-log event absorbs NVML's later "
+                                "report of it).")
 @click.pass_obj
 def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | None,
               no_nvml: bool, no_kmsg: bool, no_journal: bool, log_file: str | None,
@@ -130,7 +131,7 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
 
     Lines of one fault (Xid 13 prints one per SM, then the ESR) make one event.
     An NVML event and a kernel-log line of the same GPU and Xid within --window
-    seconds make one event. Unknown Xids are printed (class unknown), never
+    seconds make one event; the kernel log's goes out at once, never held back. Unknown Xids are printed (class unknown), never
     dropped. With --json each event is one JSON object (JSON lines). Every event
     is also appended to the fault journal ($GPUOS_HOME/faults, `gpuos faults
     log`) unless --no-journal. When the kernel overwrote records before they

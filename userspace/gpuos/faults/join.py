@@ -1,14 +1,20 @@
 """Joining the kernel log's and NVML's reports of one fault into one event.
 
 The driver reports an Xid twice: a line in the kernel log (pid, process, channel, MMU
-details) and an NVML Xid event (the GPU's UUID).  An NVML event and a kernel-log
-event of the same GPU (PCI bus id; NVML's device gives it) and the same Xid that
-arrive within `window` seconds of each other become one event: the kernel log's,
-with source "kmsg+nvml", NVML's UUID, and extra["nvml_events"] counting the NVML
-events it absorbed.  A kernel-log event that merged n lines (extra["lines"]) absorbs up
-to n NVML events, since the driver posts one per line.  What finds no partner is
-emitted alone once `window` seconds have passed since it arrived.  With only one
-source running nothing waits.  Arrival times come from `clock`, so tests drive it.
+details) and an NVML Xid event (the GPU's UUID).  Reports of the same GPU (PCI bus id;
+NVML's device gives it) and the same Xid that arrive within `window` seconds of each
+other are one fault, and it is emitted once: as the kernel log's event.
+
+A kernel-log event is emitted as soon as it arrives, never held back for NVML: a
+supervisor acts on it (measured on an H100 under MPS: NVML's events came up to 4 s after
+the kernel's line, so waiting for them delayed detection by the whole window).  NVML
+events already waiting for it are merged into it (source "kmsg+nvml", NVML's UUID,
+extra["nvml_events"] counting them); the ones that come later within `window` are
+absorbed silently.  A kernel-log event that merged n lines (extra["lines"]) stands for up
+to n NVML events, since the driver posts one per line.  An NVML event waits up to
+`window` seconds for its kernel-log line (which says more) and is emitted alone if none
+comes.  With only one source running nothing waits.  Arrival times come from `clock`, so
+tests drive it.
 """
 
 from __future__ import annotations
@@ -58,39 +64,37 @@ class Joiner:
                     break
                 self._nvml.remove(n)
                 self._merge(p, n.event)
-            if p.matched >= p.capacity:
-                out.append(p.event)
-            else:
-                self._kmsg.append(p)
+            if p.matched < p.capacity:
+                self._kmsg.append(p)  # emitted: kept only to absorb NVML's later reports of it
+            out.append(ev)
         else:
             for k in self._kmsg:
                 if self._key(k.event) == key and k.matched < k.capacity and now - k.at <= self.window:
-                    self._merge(k, ev)
+                    k.matched += 1  # its kernel-log event is out already
                     if k.matched >= k.capacity:
                         self._kmsg.remove(k)
-                        out.append(k.event)
                     break
             else:
                 self._nvml.append(_Pending(ev, now))
         return out
 
     def flush(self) -> list[FaultEvent]:
-        """Events that waited `window` seconds for a partner, oldest first."""
+        """NVML events that waited `window` seconds for a kernel-log line, oldest first."""
         now = self.clock()
-        due = [p for p in self._kmsg + self._nvml if now - p.at > self.window]
-        for p in due:
-            (self._kmsg if p in self._kmsg else self._nvml).remove(p)
-        return [p.event for p in sorted(due, key=lambda p: p.at)]
+        self._kmsg = [p for p in self._kmsg if now - p.at <= self.window]
+        due = [p for p in self._nvml if now - p.at > self.window]
+        self._nvml = [p for p in self._nvml if now - p.at <= self.window]
+        return [p.event for p in due]
 
     def drain(self) -> list[FaultEvent]:
-        """Every waiting event, oldest first (at the end of a watch)."""
-        due = sorted(self._kmsg + self._nvml, key=lambda p: p.at)
-        self._kmsg, self._nvml = [], []
+        """Every waiting NVML event, oldest first (at the end of a watch)."""
+        due, self._kmsg, self._nvml = self._nvml, [], []
         return [p.event for p in due]
 
     @property
     def pending(self) -> int:
-        return len(self._kmsg) + len(self._nvml)
+        """NVML events waiting for their kernel-log line."""
+        return len(self._nvml)
 
     @staticmethod
     def _merge(into: _Pending, nvml_ev: FaultEvent) -> None:
