@@ -584,8 +584,9 @@ def markdown(r: dict[str, Any]) -> str:
             what = f"incident {s['incident_outcome']}" if s.get("incident_outcome") else (
                 "no incident" if s.get("incident_opened_s") is None else "incident not closed")
             notes = what + (f"; {notes}" if notes else "")
+        back = fmt_s(s.get("server_back_s")) if died else "never down"
         lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | {died}/{s['n']} | {det} | "
-                     f"{fmt_s(s.get('server_back_s'))} | {down} | {notes} |")
+                     f"{back} | {down} | {notes} |")
     return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])])
 
 
