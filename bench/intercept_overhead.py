@@ -36,6 +36,7 @@ from typing import Any
 
 import readme_table
 from gpuos import __version__
+from gpuos.intercept.runner import libgpuos_path
 from gpuos.workloads.run import Finished, private_caches, run, suite_cmd, under_gpuos
 from gpuos.workloads.suite import WORKLOADS
 
@@ -110,12 +111,15 @@ def gpu_process(report: dict, pid: int) -> dict | None:
 
 def timed_run(workload: str, args: list[str], mode: str, budget: Budget, env: dict[str, str],
               workdir: Path) -> dict[str, Any]:
-    """One timed run, plain or under `gpuos run --report`: the workload's JSON line, and
-    for the latter the report."""
+    """One timed run, plain, passive (libgpuos preloaded without `gpuos run`: its wrappers
+    only call through) or under `gpuos run --report`: the workload's JSON line, and for the
+    last the report."""
     cmd = suite_cmd(workload, args)
     report = workdir / f"{workload}-{mode}-{time.monotonic_ns()}.json"
     if mode == "gpuos":
         cmd = under_gpuos(cmd, "--report", str(report))
+    elif mode == "passive":  # interposed, tracking nothing: what being in the path costs
+        env = dict(env, LD_PRELOAD=str(libgpuos_path()))
     fin = run_one(cmd, mode, budget, env)
     row: dict[str, Any] = {"mode": mode, "wall_s": fin.wall_s, "result": fin.result()}
     if mode == "gpuos":
@@ -137,12 +141,21 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
         "best_overhead_pct": (max(plain_sps) / max(gpuos_sps) - 1) * 100,
         # the noise floor: how far plain runs alone are apart
         "plain_spread_pct": (max(plain_sps) / min(plain_sps) - 1) * 100,
-        "identical": len({r["checksum"] for r in plain} | {r["result"]["checksum"] for r in gpuos}) == 1,
+        "identical": len({r["checksum"] for r in plain} | {r["result"]["checksum"] for r in gpuos}
+                         | {r["result"]["checksum"] for r in runs if r["mode"] == "passive"}) == 1,
         # tells a workload that is not deterministic by itself apart
         "plain_repeatable": len({r["checksum"] for r in plain}) == 1,
         "tracking_on": all(r["process"] and r["process"]["state"] == "on" for r in gpuos),
         "launches": [r["process"]["counters"]["launches"] for r in gpuos if r["process"]],
     }
+    passive = [r["result"] for r in runs if r["mode"] == "passive"]
+    if passive:
+        out["passive_steps_per_s"] = statistics.median(r["steps_per_s"] for r in passive)
+        out["passive_overhead_pct"] = (med_plain / out["passive_steps_per_s"] - 1) * 100
+        if all(r.get("cpu_s") for r in plain + passive):
+            out["passive_cpu_overhead_pct"] = (
+                statistics.median(r["cpu_s"] / r["steps"] for r in passive)
+                / statistics.median(r["cpu_s"] / r["steps"] for r in plain) - 1) * 100
     if all(r.get("cpu_s") for r in plain) and all(r["result"].get("cpu_s") for r in gpuos):
         # CPU time per step of the whole process: what libgpuos adds where the CPU is the bottleneck
         cpu_plain = statistics.median(r["cpu_s"] / r["steps"] for r in plain)
@@ -184,7 +197,7 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
                              "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None}
     try:
         for rep in range(reps):
-            for mode in ("plain", "gpuos"):
+            for mode in ("plain", "passive", "gpuos") if a.passive else ("plain", "gpuos"):
                 log(f"{name}: {mode} run {rep + 1}/{reps}")
                 entry["runs"].append(timed_run(name, args, mode, budget, env, workdir))
         entry.update(summarize(entry["runs"]))
@@ -310,6 +323,8 @@ def timed_cells(w: dict[str, Any]) -> list[str]:
         return [why_not(w), "", "", "", "", "", ""]
     # A number measured on a wrong result is not reported.
     overhead = f"{w['overhead_pct']:+.1f}%" if w["identical"] else "—"
+    if "passive_overhead_pct" in w and w["identical"]:
+        overhead += f" (passive {w['passive_overhead_pct']:+.1f}%)"
     launches = f"{statistics.median(w['launches']):.0f}" if w["launches"] else "—"
     cpu = f"{w['cpu_overhead_pct']:+.1f}%" if "cpu_overhead_pct" in w and w["identical"] else "—"
     return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead, cpu,
@@ -357,6 +372,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="Smoke run: 1 rep of 3 steps.")
     ap.add_argument("--budget", type=float, default=900, help="Seconds for the whole benchmark.")
     ap.add_argument("--run-timeout", type=float, default=300, help="Seconds for one run.")
+    ap.add_argument("--passive", action="store_true",
+                    help="Also time each workload with libgpuos preloaded but not tracking (plain, "
+                         "passive, gpuos interleaved): separates the cost of being interposed "
+                         "from the cost of tracking.")
     ap.add_argument("--cpus", metavar="LIST",
                     help="Pin every run to these CPUs (e.g. 4-11): on a shared VM the CPUs a run "
                          "lands on change its speed by more than the overhead being measured.")
