@@ -215,7 +215,7 @@ struct gpuos_rec_launch {
 	uint64_t stream;
 	uint64_t ctx;
 	uint64_t graph_exec; /* with GPUOS_LAUNCH_GRAPH */
-	uint64_t arg_hash;   /* FNV-1a over the parameter words (8 bytes; a shorter tail byte by byte) that are not buffer pointers */
+	uint64_t arg_hash;   /* hash of the parameter words (8 bytes; a shorter tail zero-padded) that are not buffer pointers: FNV's multiply-xor in four round-robin lanes, folded */
 	uint32_t func_id;
 	uint32_t grid[3];
 	uint32_t block[3];

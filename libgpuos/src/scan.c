@@ -6,9 +6,10 @@
  * CUkernel (the CUDA runtime launches CUkernel handles as if they were CUfunctions),
  * asked once per handle and cached in the handle table with its function table id,
  * "unknown" included.  The scan looks every 8-byte-aligned word of every parameter up
- * in the allocation map; hits become buffers (one per allocation, the first place it
- * was seen), the other bytes go into an FNV-1a hash.  The per-launch path allocates
- * nothing: each thread has its scratch (buffers and a dedupe set).
+ * in the allocation map (through a per-thread cache of recent hits); hits become buffers
+ * (one per allocation, the first place it was seen), the other words go into a
+ * four-lane multiply-xor hash.  The per-launch path allocates nothing: each thread has
+ * its scratch (buffers, the cache, a dedupe set).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -35,6 +36,9 @@ struct lookup_ent {
 
 struct scratch {
 	struct gpuos_scan s;
+	uint64_t lo, hi;    /* the map's span for this launch: words outside it are no pointers */
+	uint64_t lane[4];   /* the launch's hash lanes (scan_bytes) */
+	uint32_t nwords;    /* words hashed so far: which lane is next */
 	uint32_t gen;
 	uint32_t small_idx[DEDUPE_LINEAR]; /* allocation indices of bufs[0..DEDUPE_LINEAR) */
 	struct lookup_ent lookup[1u << LOOKUP_BITS];
@@ -263,15 +267,6 @@ struct gpuos_scan *gpuos_scan_tls(void)
 	return &x->s;
 }
 
-static inline uint64_t fnv(uint64_t h, const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		h ^= p[i];
-		h *= FNV_PRIME;
-	}
-	return h;
-}
-
 /* The hash set of allocation indices seen in this launch (per-launch generations). */
 static int seen_before_hashed(struct scratch *x, uint32_t idx)
 {
@@ -322,11 +317,10 @@ static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, 
 }
 
 /* The allocation containing v, or NULL (read lock held): through the thread's cache. */
+/* v is inside the map's span (x->lo <= v < x->hi). */
 static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
 {
 	const struct gpuos_map *m = &gpuos_allocs;
-	if (!m->n || v < m->v[0].base || v >= m->v[m->n - 1].end)
-		return NULL; /* most words that are no pointers end here */
 	struct lookup_ent *e = &x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_BITS)];
 	if (e->gen == m->gen && v - e->base < e->size)
 		return &m->v[e->idx];
@@ -340,19 +334,42 @@ static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
 	return a;
 }
 
+/* Look every 8-byte word of a parameter up; hash the others (a shorter tail as one
+ * zero-padded word).  The hashed words go round-robin into four multiply-xor lanes that
+ * hash_fold() joins at the end of the launch: one chain over a 4 KiB struct would cost a
+ * multiply's latency per word. */
+static inline void hash_word(struct scratch *x, uint64_t v)
+{
+	uint64_t *l = &x->lane[x->nwords++ & 3];
+	*l = (*l ^ v) * FNV_PRIME;
+}
+
 static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_t param)
 {
+	const uint64_t lo = x->lo, hi = x->hi;
 	size_t off = 0;
 	for (; off + 8 <= size; off += 8) {
 		uint64_t v;
 		memcpy(&v, p + off, 8);
-		const struct gpuos_alloc *a = lookup(x, v);
+		const struct gpuos_alloc *a = v - lo < hi - lo ? lookup(x, v) : NULL;
 		if (a)
 			add_buf(x, a, v, param, (uint32_t)off);
 		else
-			x->s.hash = (x->s.hash ^ v) * FNV_PRIME; /* a whole word at a time: big structs are common */
+			hash_word(x, v);
 	}
-	x->s.hash = fnv(x->s.hash, p + off, size - off);
+	if (off < size) {
+		uint64_t v = 0;
+		memcpy(&v, p + off, size - off);
+		hash_word(x, v);
+	}
+}
+
+static uint64_t hash_fold(const struct scratch *x)
+{
+	uint64_t h = FNV_OFFSET;
+	for (int i = 0; i < 4; i++)
+		h = (h ^ x->lane[i]) * FNV_PRIME;
+	return h;
 }
 
 /* The parameter buffer of an `extra` array, or 0. */
@@ -372,16 +389,28 @@ static int extra_buffer(void **extra, const uint8_t **buf, size_t *size)
 	return *buf && sized && *size <= MAX_PARAM_BUFFER;
 }
 
+static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp, void **extra);
+
 void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
 {
 	struct scratch *x = (struct scratch *)s;
 	s->nbuf = 0;
 	s->lflags = fn && (fn->flags & GPUOS_FN_TOUCH_ALL) ? GPUOS_LAUNCH_TOUCH_ALL : 0;
-	s->hash = FNV_OFFSET;
+	x->lane[0] = x->lane[1] = x->lane[2] = x->lane[3] = FNV_OFFSET;
+	x->nwords = 0;
+	x->lo = gpuos_allocs.n ? gpuos_allocs.v[0].base : 0;
+	x->hi = gpuos_allocs.n ? gpuos_allocs.v[gpuos_allocs.n - 1].end : 0;
 	if (unlikely(++x->gen == 0)) {
 		memset(x->seen, 0, sizeof x->seen);
 		x->gen = 1;
 	}
+	scan_params(x, fn, kp, extra);
+	s->hash = hash_fold(x);
+}
+
+static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp, void **extra)
+{
+	struct gpuos_scan *s = &x->s;
 	int known = fn && fn->nparams != GPUOS_LAYOUT_UNKNOWN;
 	if (kp) {
 		if (!known) {

@@ -149,6 +149,11 @@ def test_scan_follows_a_changing_map(build, env, tmp_path, seed):
     for i, (rec, want) in enumerate(zip(launches, out["expect"])):
         assert [[b["base"], b["size"]] for b in rec["bufs"]] == want, f"launch {i}"
     assert any(len(w) > 8 for w in out["expect"])  # past the short list
+    # arg_hash: the words that are no pointers (here n = 200 alone) and nothing else
+    fn = names(log)
+    gathers = {r["arg_hash"] for r in launches if fn[(r["pid"], r["func"])] == "fake_gather"}
+    noops = {r["arg_hash"] for r in launches if fn[(r["pid"], r["func"])] == "fake_noop"}
+    assert len(gathers) == 1 and not gathers & noops
     bases = [b for w in out["expect"] for b, _ in w]
     assert len(set(bases)) < len(bases)  # addresses came back
 
