@@ -110,14 +110,14 @@ def gpu_process(report: dict, pid: int) -> dict | None:
 
 
 def timed_run(workload: str, args: list[str], mode: str, budget: Budget, env: dict[str, str],
-              workdir: Path) -> dict[str, Any]:
+              workdir: Path, gpuos_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """One timed run, plain, passive (libgpuos preloaded without `gpuos run`: its wrappers
     only call through) or under `gpuos run --report`: the workload's JSON line, and for the
     last the report."""
     cmd = suite_cmd(workload, args)
     report = workdir / f"{workload}-{mode}-{time.monotonic_ns()}.json"
     if mode == "gpuos":
-        cmd = under_gpuos(cmd, "--report", str(report))
+        cmd = under_gpuos(cmd, "--report", str(report), *gpuos_args)
     elif mode == "passive":  # interposed, tracking nothing: what being in the path costs
         env = dict(env, LD_PRELOAD=str(libgpuos_path()))
     fin = run_one(cmd, mode, budget, env)
@@ -199,7 +199,8 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
         for rep in range(reps):
             for mode in ("plain", "passive", "gpuos") if a.passive else ("plain", "gpuos"):
                 log(f"{name}: {mode} run {rep + 1}/{reps}")
-                entry["runs"].append(timed_run(name, args, mode, budget, env, workdir))
+                entry["runs"].append(timed_run(name, args, mode, budget, env, workdir,
+                                               ("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
         entry.update(summarize(entry["runs"]))
         log(f"{name}: {entry['plain_steps_per_s']:.2f} -> {entry['gpuos_steps_per_s']:.2f} steps/s "
             f"({entry['overhead_pct']:+.1f}%; plain runs {entry['plain_spread_pct']:.1f}% apart), "
@@ -249,7 +250,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         "benchmark": "intercept_overhead",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
-        "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None,
+        "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
         "order": "plain, gpuos, plain, gpuos, ... per workload; then one validation run",
         "workloads": {}, "notes": [],
     }
@@ -376,6 +377,9 @@ def main() -> None:
                     help="Also time each workload with libgpuos preloaded but not tracking (plain, "
                          "passive, gpuos interleaved): separates the cost of being interposed "
                          "from the cost of tracking.")
+    ap.add_argument("--ring-slots", type=int, metavar="N",
+                    help="`gpuos run --ring-slots N` for the timed runs (how big a ring the "
+                         "launch records stream through).")
     ap.add_argument("--cpus", metavar="LIST",
                     help="Pin every run to these CPUs (e.g. 4-11): on a shared VM the CPUs a run "
                          "lands on change its speed by more than the overhead being measured.")
