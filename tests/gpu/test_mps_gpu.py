@@ -141,6 +141,13 @@ class Mps:
         assert code == 0 and info.get("ok"), text
         self.mps_env = dict(self.env, **info["env"])
         self.events_file = Path(info["pipe_dir"]).parent / "events.jsonl"
+        self.log_dir = Path(info["log_dir"])
+
+    def print_mps_logs(self) -> None:
+        """The MPS daemon's and servers' own logs (what they say of a fault and its client)."""
+        for f in sorted(self.log_dir.glob("*.log")):
+            lines = f.read_text(errors="replace").splitlines()
+            print(f"--- {f.name} (last 40 of {len(lines)} lines)\n" + "\n".join(lines[-40:]))
 
     def events(self) -> list[dict]:
         return EventLog(self.events_file).read()
@@ -184,6 +191,13 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
         time.sleep(0.2)
     for c in clients:
         c["before"] = _heartbeat(c["heartbeat"])
+    # `gpuos mps clients`: both clients, by pid, connected to the server, with GPU memory
+    code, text = mps.cli("mps", "clients", "--json")
+    listed = {r["id"]: r for r in (_last_json(text).get("clients") or [])}
+    for c in clients:
+        row = listed.get(c["client"])
+        assert row and row["pid"] == c["before"][2] and row["alive"] and row["connected"], (c, listed)
+        assert row["command"] and row["gpu_memory"], row
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--json", timeout=60, env=mps.mps_env)
@@ -204,6 +218,7 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
     evs = [e for e in mps.events() if e.get("time", 0) >= t0 - 1]
     print("\n".join(json.dumps(e, sort_keys=True) for e in evs))
     names = [e["event"] for e in evs]
+    mps.print_mps_logs()
     assert "incident-opened" in names, f"no incident: {names}"
     assert closed is not None, f"the incident was not closed in {RECOVER_S} s: {names}"
     assert closed.get("outcome") in ("recovered", "partial"), closed
