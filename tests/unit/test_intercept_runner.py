@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from gpuos.intercept import ring as R
 from gpuos.intercept.log import read_log
-from gpuos.intercept.runner import CTL_MAGIC, CTL_VERSION, HELLO, REPLY
+from gpuos.intercept.runner import CTL_MAGIC
 
 TESTS = Path(__file__).resolve().parents[1]
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
