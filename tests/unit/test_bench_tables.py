@@ -1,0 +1,86 @@
+"""The benchmarks' arithmetic and README tables, from their committed results and from
+made-up runs (the benchmarks themselves need a GPU; what they compute from runs does not)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import intercept_overhead as icpt  # noqa: E402
+import mps_faults  # noqa: E402
+
+
+def rows(table: str) -> list[list[str]]:
+    out = []
+    for line in table.splitlines():
+        if line.startswith("|"):
+            out.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return out
+
+
+def test_committed_results_make_tables_with_one_cell_per_column():
+    for path in sorted((BENCH / "results").glob("intercept-*.json")):
+        table = rows(icpt.markdown(json.loads(path.read_text())))
+        assert len(table) > 2 and all(len(r) == len(table[0]) for r in table), path
+    for path in sorted((BENCH / "results").glob("mps-faults-*.json")):
+        table = rows(mps_faults.markdown(json.loads(path.read_text())))
+        assert len(table) > 2 and all(len(r) == len(table[0]) for r in table), path
+
+
+def run(mode: str, sps: float, cpu: float, checksum: str = "c") -> dict:
+    result = {"steps_per_s": sps, "checksum": checksum, "cpu_s": cpu, "steps": 20}
+    row = {"mode": mode, "result": result}
+    if mode == "gpuos":
+        row["process"] = {"state": "on", "counters": {"launches": 1000}}
+    return row
+
+
+def test_overheads_from_medians_of_steps_and_cpu_time():
+    runs = []
+    for sps, cpu in ((10.0, 2.0), (11.0, 2.2), (12.0, 2.4)):
+        runs += [run("plain", sps, cpu), run("passive", sps * 0.99, cpu), run("gpuos", sps / 1.1, cpu * 1.05)]
+    s = icpt.summarize(runs)
+    assert s["overhead_pct"] == pytest.approx(10.0)
+    assert s["passive_overhead_pct"] == pytest.approx((1 / 0.99 - 1) * 100)
+    assert s["passive_steps_per_s"] == pytest.approx(11.0 * 0.99)
+    assert s["cpu_overhead_pct"] == pytest.approx(5.0)
+    assert s["passive_cpu_overhead_pct"] == pytest.approx(0.0)
+    assert s["plain_spread_pct"] == pytest.approx(20.0) and s["identical"]
+    cells = icpt.timed_cells(s)
+    assert cells[2].startswith("+10.0% (passive +1.0%)") and cells[3] == "+5.0%"
+
+
+def test_a_different_checksum_anywhere_hides_the_overhead():
+    runs = [run("plain", 10, 1), run("passive", 10, 1, checksum="other"), run("gpuos", 9, 1)]
+    s = icpt.summarize(runs)
+    assert not s["identical"]
+    assert icpt.timed_cells(s)[2:4] == ["—", "—"]
+
+
+def scenario(mode: str, died: int, n: int = 2, **extra) -> dict:
+    return {"mode": mode, "n": n, "kind": "assert" if not died else "oob-write",
+            "clients_died": died, "victims_recovered": died if mode == "supervised" else 0,
+            "detect_s": None if not died else 0.6, "server_back_s": 0.5,
+            "downtime_median_s": 7.0 if died and mode == "supervised" else None,
+            "downtime_max_s": 9.0 if died and mode == "supervised" else None, "notes": [], **extra}
+
+
+def test_mps_table_says_what_happened():
+    r = {"device": "GPU", "driver": "1", "gpuos": "0", "date": "2026-11-24", "notes": [],
+         "scenarios": {"stock/2/assert": scenario("stock", 0),
+                       "supervised/2/assert": scenario("supervised", 0, incident_opened_s=None),
+                       "stock/2/oob-write": scenario("stock", 2),
+                       "supervised/2/oob-write": scenario("supervised", 2, incident_opened_s=0.6,
+                                                          incident_outcome="recovered")}}
+    table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
+    assert table[("stock", "assert")][5] == "never down" and table[("stock", "assert")][6] == "no victims"
+    assert table[("supervised", "assert")][7] == "no incident"
+    assert table[("stock", "oob-write")][6] == "not recovered"
+    assert table[("supervised", "oob-write")][6] == "7.00 / 9.00"
+    assert table[("supervised", "oob-write")][7] == "incident recovered"
