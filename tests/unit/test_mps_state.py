@@ -255,6 +255,7 @@ def test_hook_failures_and_timeouts():
 def test_recovery_limit():
     r = Run().running(1)  # max_restarts 2
     for round_ in (1, 2, 3):
+        r.t += 11  # past recent_window: a new fault, not an echo of the last one
         r.fault(pid=r.m.clients["c1"].pid)
         r.drained()
         acts = r.feed(ServerRestarted(True, SERVER))
@@ -268,6 +269,48 @@ def test_recovery_limit():
     v = r.m.history[-1]["victims"][0]
     assert v["recovery"] == "gave-up" and "limit 2" in v["detail"]
     assert r.m.history[-1]["outcome"] == "partial"
+
+
+def test_a_late_report_of_a_handled_fault_is_an_echo():
+    """NVML's report of an Xid came 4 s after the kernel log's on an H100 under MPS, after
+    the incident had closed: it must not open a second incident that kills the victims
+    just restarted.  Evidence still counts: a client failing with it opens one."""
+    r = Run().running(2)
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001), 0.5)
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and len(r.m.history) == 1
+    acts = r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": None, "source": "nvml"}, True), 2.0)
+    assert r.m.state is S.RUNNING and r.m.incident is None and acts == [ProbeServer(SERVER)]
+    assert r.last("fault")["echo"] is True
+    # another Xid is a fault of its own
+    r.fault(pid=None, xid=13, cls="sm")
+    assert r.m.state is S.DRAINING and r.m.incident.id == 2
+    # an echo while recovering is put on record and drains nothing again
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3101))
+    rounds = r.m.incident.rounds
+    r.fault(pid=None, xid=13, cls="sm")
+    assert r.m.state is S.RECOVERING and r.m.incident.rounds == rounds
+    assert r.m.incident.faults[-1]["xid"] == 13
+    r.feed(ClientStarted("c2", 3102))
+    assert r.m.state is S.RUNNING
+    # an echo with a client failing: an incident after all
+    r.fault(pid=None, xid=13, cls="sm")
+    assert r.m.incident is None
+    r.feed(ClientExited("c1", 3, 3101), 0.1)
+    assert r.m.state is S.DRAINING and r.m.incident.id == 3
+    # past recent_window the same Xid is new again
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3201))
+    r.feed(ClientStarted("c2", 3202))
+    r.t += 11
+    r.fault(pid=None, xid=13, cls="sm")
+    assert r.m.incident is not None and r.m.incident.id == 4
 
 
 def test_per_client_limit_overrides_the_default():
@@ -784,7 +827,7 @@ def test_every_edge_is_reachable():
             c.resume()
             take(c)
     r = _in_state(S.RECOVERING)
-    r.fault(pid=r.m.clients["c1"].pid)       # a fault while recovering: drain again
+    r.fault(pid=r.m.clients["c1"].pid, xid=43, cls="channel")  # a new fault while recovering: drain again
     take(r)
     r = Run().running(1)
     r.fault()

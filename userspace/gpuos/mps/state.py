@@ -348,6 +348,8 @@ class Machine:
         self.next_incident = 1
         self.failure: str | None = None
         self.recent_faults: list[dict] = []
+        # Xids an incident took, and when: a later report of one is an echo (_echo).
+        self.handled_xids: list[dict] = []
         self.stop_stage = 0
         self.stop_deadline: float | None = None
         self._out: list[Action] = []
@@ -451,6 +453,7 @@ class Machine:
             "incident": asdict(self.incident) if self.incident else None,
             "history": list(self.history), "next_incident": self.next_incident,
             "failure": self.failure, "recent_faults": list(self.recent_faults),
+            "handled_xids": list(self.handled_xids),
             "stop_stage": self.stop_stage, "stop_deadline": self.stop_deadline,
         }
 
@@ -471,6 +474,7 @@ class Machine:
         m.next_incident = d.get("next_incident", 1)
         m.failure = d.get("failure")
         m.recent_faults = list(d.get("recent_faults", []))
+        m.handled_xids = list(d.get("handled_xids", []))
         m.stop_stage, m.stop_deadline = d.get("stop_stage", 0), d.get("stop_deadline")
         return m
 
@@ -533,6 +537,24 @@ class Machine:
     def _prune_recent(self) -> None:
         horizon = self._now - self.settings.recent_window
         self.recent_faults = [f for f in self.recent_faults if f.get("seen", 0) >= horizon]
+        self.handled_xids = [h for h in self.handled_xids if h["seen"] >= horizon]
+
+    def _handled(self, faults: list[dict]) -> None:
+        self.handled_xids += [{"seen": self._now, "xid": f["xid"], "pid": f.get("pid")}
+                              for f in faults if f.get("xid") is not None]
+
+    def _echo(self, ev: dict) -> bool:
+        """Is ev a later report of a fault an incident already took: the same Xid within
+        recent_window of it, naming no process or the same one?  Measured on an H100 under
+        MPS: NVML reported an Xid 31 4 s after the kernel log, past the join window, and as
+        a new fault it opened a second incident that killed the victims just restarted.  A
+        fault naming another process (a restarted client's new pid) is a new one.  An echo
+        needs evidence, as an unattributed fault does (clients failing, the server
+        reporting FAULT)."""
+        self._prune_recent()
+        xid, pid = ev.get("xid"), ev.get("pid")
+        return xid is not None and any(h["xid"] == xid and (pid is None or h.get("pid") == pid)
+                                       for h in self.handled_xids)
 
     # -- incidents -----------------------------------------------------------------------
     def _open_incident(self, cause: str, fault: dict | None = None) -> None:
@@ -546,6 +568,7 @@ class Machine:
         self.recent_faults = []
         if fault is not None:
             inc.faults.append(fault)
+        self._handled(inc.faults)
         self.incident = inc
         horizon = self._now - self.settings.recent_window
         for c in self.clients.values():
@@ -819,11 +842,15 @@ class Machine:
             self._emit("fault-other-gpu", fault=ev)
             return
         attributed = bool(i.ours) or by_pid
+        echo = self._echo(ev)
         self._emit("fault", fault=ev, attributed=attributed, actionable=cls in ACTIONABLE,
-                   unknown=cls == "unknown")
+                   unknown=cls == "unknown", echo=echo)
         if self.state in (State.STOPPING, State.STOPPED, State.FAILED):
             return
-        if cls not in ACTIONABLE or not attributed:
+        if echo and self.incident is not None:
+            self.incident.faults.append(ev)  # on record; it drains nothing again
+            return
+        if cls not in ACTIONABLE or not attributed or echo:
             # Reported, never dropped: an unknown Xid, or one not known to be ours, opens an
             # incident only with evidence: clients of ours that failed around it, a server
             # that reports FAULT (probe) or dies.
@@ -842,6 +869,7 @@ class Machine:
             return
         inc = self.incident
         inc.faults.append(ev)
+        self._handled([ev])
         if cls == "device":
             inc.needs_reset = True
         if self.state is State.RECOVERING:
