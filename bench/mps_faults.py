@@ -59,7 +59,8 @@ import readme_table
 from gpuos import __version__
 from gpuos.faults import inject as inj
 from gpuos.mps.store import EventLog
-from gpuos.workloads.run import kill_tree, last_json_object
+from gpuos.workloads.mps_client import read_heartbeat
+from gpuos.workloads.run import kill_tree, last_json_object, processes_with_env
 
 MARKER = "GPUOS_MPS_BENCH"
 FAULT_KINDS = [k for k in inj.KINDS if k != "none"]
@@ -133,38 +134,12 @@ class Lines:
         self.err.close()
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries MARKER=marker (ours, the daemon's, the server's,
-    the supervisor's and every client it started), never this process."""
-    needle = f"{MARKER}={marker}".encode()
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        pid = int(d.name)
-        if pid == os.getpid():
-            continue
-        try:
-            env = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            out.append(pid)
-    return out
-
-
 def sweep(marker: str) -> list[int]:
     """SIGKILL every process of this run that is left (and its descendants)."""
-    left = marked_pids(marker)
+    left = processes_with_env(MARKER, marker)
     for pid in left:
         kill_tree(pid)
     return left
-
-
-def read_heartbeat(path: Path) -> tuple[float, int, int] | None:
-    try:
-        t, it, pid = path.read_text().split()[:3]
-        return float(t), int(it), int(pid)
-    except (OSError, ValueError):
-        return None
 
 
 def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, out: Path) -> tuple[int | None, str]:

@@ -316,8 +316,8 @@ static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, 
 	b->offset = off;
 }
 
-/* The allocation containing v, or NULL (read lock held): through the thread's cache. */
-/* v is inside the map's span (x->lo <= v < x->hi). */
+/* The allocation containing v, or NULL (read lock held), through the thread's cache;
+ * v is inside the map's span (x->lo <= v < x->hi). */
 static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
 {
 	const struct gpuos_map *m = &gpuos_allocs;
@@ -334,8 +334,7 @@ static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
 	return a;
 }
 
-/* Look every 8-byte word of a parameter up; hash the others (a shorter tail as one
- * zero-padded word).  The hashed words go round-robin into four multiply-xor lanes that
+/* The words that are no pointers go round-robin into four multiply-xor lanes that
  * hash_fold() joins at the end of the launch: one chain over a 4 KiB struct would cost a
  * multiply's latency per word. */
 static inline void hash_word(struct scratch *x, uint64_t v)
@@ -344,6 +343,8 @@ static inline void hash_word(struct scratch *x, uint64_t v)
 	*l = (*l ^ v) * FNV_PRIME;
 }
 
+/* Look every 8-byte word of a parameter up; hash the others (a shorter tail as one
+ * zero-padded word). */
 static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_t param)
 {
 	const uint64_t lo = x->lo, hi = x->hi;
@@ -389,25 +390,6 @@ static int extra_buffer(void **extra, const uint8_t **buf, size_t *size)
 	return *buf && sized && *size <= MAX_PARAM_BUFFER;
 }
 
-static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp, void **extra);
-
-void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
-{
-	struct scratch *x = (struct scratch *)s;
-	s->nbuf = 0;
-	s->lflags = fn && (fn->flags & GPUOS_FN_TOUCH_ALL) ? GPUOS_LAUNCH_TOUCH_ALL : 0;
-	x->lane[0] = x->lane[1] = x->lane[2] = x->lane[3] = FNV_OFFSET;
-	x->nwords = 0;
-	x->lo = gpuos_allocs.n ? gpuos_allocs.v[0].base : 0;
-	x->hi = gpuos_allocs.n ? gpuos_allocs.v[gpuos_allocs.n - 1].end : 0;
-	if (unlikely(++x->gen == 0)) {
-		memset(x->seen, 0, sizeof x->seen);
-		x->gen = 1;
-	}
-	scan_params(x, fn, kp, extra);
-	s->hash = hash_fold(x);
-}
-
 static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp, void **extra)
 {
 	struct gpuos_scan *s = &x->s;
@@ -439,6 +421,23 @@ static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp,
 	}
 	for (uint16_t i = 0; i < fn->nparams && (size_t)fn->p[i].off + fn->p[i].size <= size; i++)
 		scan_bytes(x, buf + fn->p[i].off, fn->p[i].size, i);
+}
+
+void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
+{
+	struct scratch *x = (struct scratch *)s;
+	s->nbuf = 0;
+	s->lflags = fn && (fn->flags & GPUOS_FN_TOUCH_ALL) ? GPUOS_LAUNCH_TOUCH_ALL : 0;
+	x->lane[0] = x->lane[1] = x->lane[2] = x->lane[3] = FNV_OFFSET;
+	x->nwords = 0;
+	x->lo = gpuos_allocs.n ? gpuos_allocs.v[0].base : 0;
+	x->hi = gpuos_allocs.n ? gpuos_allocs.v[gpuos_allocs.n - 1].end : 0;
+	if (unlikely(++x->gen == 0)) {
+		memset(x->seen, 0, sizeof x->seen);
+		x->gen = 1;
+	}
+	scan_params(x, fn, kp, extra);
+	s->hash = hash_fold(x);
 }
 
 /* ---- parameter dumps ---------------------------------------------------------------------------- */

@@ -28,7 +28,8 @@ import pytest
 
 from gpuos.faults import inject as inj
 from gpuos.mps.store import EventLog
-from gpuos.workloads.run import kill_tree, last_json_object
+from gpuos.workloads.mps_client import read_heartbeat
+from gpuos.workloads.run import kill_tree, last_json_object, processes_with_env
 
 MARKER = "GPUOS_MPS_TEST"
 # kind -> the fault events the supervisor must report: (Xid, class, whose pid the line names:
@@ -87,26 +88,6 @@ def _last_json(text: str) -> dict:
     return last_json_object(text) or {}
 
 
-def _heartbeat(path: Path) -> tuple[float, int, int] | None:
-    try:
-        t, it, pid = path.read_text().split()[:3]
-        return float(t), int(it), int(pid)
-    except (OSError, ValueError):
-        return None
-
-
-def _marked(marker: str) -> list[int]:
-    needle = f"{MARKER}={marker}".encode()
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if needle in (d / "environ").read_bytes().split(b"\0") and int(d.name) != os.getpid():
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
-
 class Mps:
     """gpuos mps in a private home; every process it leads to carries a marker."""
 
@@ -154,7 +135,7 @@ class Mps:
 
     def stop(self) -> None:
         self.cli("mps", "stop", "--json", "--timeout", "45", timeout=60)
-        for pid in _marked(self.marker):
+        for pid in processes_with_env(MARKER, self.marker):
             kill_tree(pid)
 
 
@@ -169,7 +150,7 @@ def mps():
         try:
             m.stop()
         finally:
-            for pid in _marked(m.marker):
+            for pid in processes_with_env(MARKER, m.marker):
                 kill_tree(pid)
             print(f"logs in {root}")
 
@@ -186,11 +167,11 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
         assert code == 0 and reply.get("client"), text
         clients.append({"client": reply["client"], "heartbeat": hb})
     deadline = time.monotonic() + READY_S
-    while not all(_heartbeat(c["heartbeat"]) for c in clients):
+    while not all(read_heartbeat(c["heartbeat"]) for c in clients):
         assert time.monotonic() < deadline, "the clients made no progress under MPS"
         time.sleep(0.2)
     for c in clients:
-        c["before"] = _heartbeat(c["heartbeat"])
+        c["before"] = read_heartbeat(c["heartbeat"])
     # `gpuos mps clients`: both clients, by pid, connected to the server, with GPU memory
     code, text = mps.cli("mps", "clients", "--json")
     listed = {r["id"]: r for r in (_last_json(text).get("clients") or [])}
@@ -257,7 +238,7 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
 
     deadline = time.monotonic() + PROGRESS_S
     while True:
-        beats = [_heartbeat(c["heartbeat"]) for c in clients]
+        beats = [read_heartbeat(c["heartbeat"]) for c in clients]
         if all(b and b[2] != c["before"][2] and b[0] > t0 for b, c in zip(beats, clients)):
             break
         assert time.monotonic() < deadline, (
@@ -276,7 +257,7 @@ def _contained(mps: Mps, clients: list[dict], t0: float) -> None:
     names = [e["event"] for e in evs]
     assert "incident-opened" not in names and "client-failed" not in names, names
     for c in clients:
-        b = _heartbeat(c["heartbeat"])
+        b = read_heartbeat(c["heartbeat"])
         assert b and b[2] == c["before"][2] and b[1] > c["before"][1] and b[0] > t0 + CONTAINED_S - 2, (
             f"client {c['client']} did not go on: {b} (before: {c['before']})")
 

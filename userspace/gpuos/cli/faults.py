@@ -131,8 +131,8 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
 
     Lines of one fault (Xid 13 prints one per SM, then the ESR) make one event.
     An NVML event and a kernel-log line of the same GPU and Xid within --window
-    seconds make one event; the kernel log's goes out at once, never held back. Unknown Xids are printed (class unknown), never
-    dropped. With --json each event is one JSON object (JSON lines). Every event
+    seconds make one event; the kernel log's goes out at once, never held back.
+    Unknown Xids are printed (class unknown), never dropped. With --json each event is one JSON object (JSON lines). Every event
     is also appended to the fault journal ($GPUOS_HOME/faults, `gpuos faults
     log`) unless --no-journal. When the kernel overwrote records before they
     were read, "gpuos: the kernel log overflowed: missed N records" goes to

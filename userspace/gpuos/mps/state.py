@@ -550,8 +550,7 @@ class Machine:
         a new fault it opened a second incident that killed the victims just restarted.  A
         fault naming another process (a restarted client's new pid) is a new one.  An echo
         needs evidence, as an unattributed fault does (clients failing, the server
-        reporting FAULT)."""
-        self._prune_recent()
+        reporting FAULT).  handled_xids must be pruned first."""
         xid, pid = ev.get("xid"), ev.get("pid")
         return xid is not None and any(h["xid"] == xid and (pid is None or h.get("pid") == pid)
                                        for h in self.handled_xids)
@@ -842,6 +841,7 @@ class Machine:
             self._emit("fault-other-gpu", fault=ev)
             return
         attributed = bool(i.ours) or by_pid
+        self._prune_recent()
         echo = self._echo(ev)
         self._emit("fault", fault=ev, attributed=attributed, actionable=cls in ACTIONABLE,
                    unknown=cls == "unknown", echo=echo)

@@ -25,6 +25,16 @@ import time
 EXIT_CUDA = 3
 
 
+def read_heartbeat(path: str | os.PathLike) -> tuple[float, int, int] | None:
+    """A client's last heartbeat: (unix time, iteration, pid), or None before its first."""
+    try:
+        with open(path) as f:
+            t, it, pid = f.read().split()[:3]
+        return float(t), int(it), int(pid)
+    except (OSError, ValueError):
+        return None
+
+
 def _beat(path: str, tmp: str, iteration: int) -> None:
     with open(tmp, "w") as f:
         f.write(f"{time.time():.6f} {iteration} {os.getpid()}\n")

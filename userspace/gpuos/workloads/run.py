@@ -90,6 +90,24 @@ def last_json_object(text: str) -> dict | None:
     return None
 
 
+def processes_with_env(var: str, value: str) -> list[int]:
+    """Processes whose environment has var=value (what a harness marks everything it
+    starts with, to find and kill it all at the end), never this process."""
+    needle = f"{var}={value}".encode()
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        pid = int(d.name)
+        if pid == os.getpid():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(pid)
+    return out
+
+
 def kill_tree(root: int) -> None:
     """SIGKILL root and all its descendants.  They are stopped first, until no new one
     appears, so none can fork or be reparented away while we look."""
