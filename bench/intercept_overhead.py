@@ -5,12 +5,16 @@ For each workload of `python3 -m gpuos.workloads.suite` (default: all), run it p
 under `gpuos run --report`, interleaved (plain, gpuos, plain, gpuos, ...), with the same
 seed; compare the steps/s each run measures itself (process start and warmup excluded)
 and the checksums (every run must be bit-identical).  noop-launch gives the latency
-libgpuos adds to one kernel launch.  Then run each workload once, shorter, under
+libgpuos adds to one kernel launch.  Separate runs on a VM differ by more than the
+overhead, so with --paired S each workload also runs once for about S seconds with its
+recording paused and resumed every --paired-period seconds, and neighbouring windows
+are compared (bench/paired.py).  Then run each workload once, shorter, under
 `gpuos run --validate --report` and record what validation found: operations validated
 and skipped, operations with misses and the kernels behind them, missed, changed,
 predicted and over-predicted bytes.
 
-    python3 bench/intercept_overhead.py [--workloads a,b] [--reps 3] [--quick]
+    python3 bench/intercept_overhead.py [--workloads a,b] [--reps 3] [--quick] [--paired S]
+                                        [--passive] [--cpus LIST] [--ring-slots N]
                                         [--budget 900] [--out bench/results] [--update-readme]
     python3 bench/intercept_overhead.py --readme-from bench/results/intercept-H100-DATE.json [PART.json...]
 
@@ -34,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import paired
 import readme_table
 from gpuos import __version__
 from gpuos.intercept.runner import libgpuos_path
@@ -189,6 +194,27 @@ def validation_run(workload: str, budget: Budget, env: dict[str, str], workdir: 
     }
 
 
+def paired_run(name: str, a: argparse.Namespace, plain_sps: float, budget: Budget,
+               env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """One run of about a.paired seconds under `gpuos run`, recording paused and resumed
+    every a.paired_period seconds (bench/paired.py)."""
+    steps = max(WORKLOADS[name].steps, round(a.paired * plain_sps))
+    log_path = workdir / f"{name}-steps-{time.monotonic_ns()}.jsonl"
+    cmd = under_gpuos(suite_cmd(name, ["--steps", str(steps), "--step-log", str(log_path)]),
+                      *(("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
+    toggler = paired.Toggler(log_path, a.paired_period).start()
+    try:
+        fin = run_one(cmd, "paired", budget, env)
+    finally:
+        toggler.stop()
+    if toggler.error:
+        raise RunFailed(f"paired run: {toggler.error}")
+    wins = paired.windows(paired.read_marks(log_path), toggler.switches)
+    return {"steps": steps, "period_s": a.paired_period, "wall_s": fin.wall_s,
+            "switches": len(toggler.switches), "result": fin.result(),
+            **paired.paired_overhead(wins)}
+
+
 def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[str, str],
                    workdir: Path) -> dict[str, Any]:
     args = step_args(name, a.quick)
@@ -204,7 +230,15 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
         entry.update(summarize(entry["runs"]))
         log(f"{name}: {entry['plain_steps_per_s']:.2f} -> {entry['gpuos_steps_per_s']:.2f} steps/s "
             f"({entry['overhead_pct']:+.1f}%; plain runs {entry['plain_spread_pct']:.1f}% apart), "
-            f"identical: {entry['identical']}; validating")
+            f"identical: {entry['identical']}")
+        if a.paired:
+            log(f"{name}: paired run, recording paused and resumed every {a.paired_period} s")
+            p = entry["paired"] = paired_run(name, a, entry["plain_steps_per_s"], budget, env, workdir)
+            if p["triplets"]:
+                log(f"{name}: paired over {p['triplets']} window triplets: wall {p['wall']['overhead_pct']:+.2f}"
+                    f" ± {p['wall']['ci95_pct']:.2f}%" + (f", CPU {p['cpu']['overhead_pct']:+.2f} ± "
+                                                          f"{p['cpu']['ci95_pct']:.2f}%" if "cpu" in p else ""))
+        log(f"{name}: validating")
         entry["validate"] = validation_run(name, budget, env, workdir)
         if name in BLIND_SPOTS:
             log(f"{name}: validating with the fallback --touch-all {' '.join(BLIND_SPOTS[name])}")
@@ -251,7 +285,9 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
         "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
-        "order": "plain, gpuos, plain, gpuos, ... per workload; then one validation run",
+        "paired_s": a.paired or None, "paired_period_s": a.paired_period if a.paired else None,
+        "order": "plain, gpuos, plain, gpuos, ... per workload; then the paired run (--paired), "
+                 "then one validation run",
         "workloads": {}, "notes": [],
     }
     path = result_path(Path(a.out).resolve(), result)
@@ -293,7 +329,8 @@ def markdown(r: dict[str, Any]) -> str:
     noop = r["workloads"].get("noop-launch", {})
     latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch)"
                if "added_ns_per_launch" in noop else "noop-launch not measured")
-    head = ("| workload | plain steps/s | gpuos steps/s | overhead | CPU time overhead | plain spread | bit-identical "
+    head = ("| workload | plain steps/s | gpuos steps/s | overhead | CPU time overhead | plain spread "
+            "| in one run: recording vs paused, time / CPU time per step | bit-identical "
             "| launches/run "
             "| operations | skipped | ops with misses | missed | over-predicted | kernels with misses "
             "| ops with misses, with the fallback |")
@@ -321,7 +358,7 @@ def why_not(w: dict[str, Any]) -> str:
 
 def timed_cells(w: dict[str, Any]) -> list[str]:
     if "overhead_pct" not in w:
-        return [why_not(w), "", "", "", "", "", ""]
+        return [why_not(w), "", "", "", "", "", "", ""]
     # A number measured on a wrong result is not reported.
     overhead = f"{w['overhead_pct']:+.1f}%" if w["identical"] else "—"
     if "passive_overhead_pct" in w and w["identical"]:
@@ -329,8 +366,16 @@ def timed_cells(w: dict[str, Any]) -> list[str]:
     launches = f"{statistics.median(w['launches']):.0f}" if w["launches"] else "—"
     cpu = f"{w['cpu_overhead_pct']:+.1f}%" if "cpu_overhead_pct" in w and w["identical"] else "—"
     return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead, cpu,
-            f"{w['plain_spread_pct']:.1f}%" if len(w["launches"]) > 1 else "—",
+            f"{w['plain_spread_pct']:.1f}%" if len(w["launches"]) > 1 else "—", paired_cell(w),
             "yes" if w["identical"] else "**NO**", launches]
+
+
+def paired_cell(w: dict[str, Any]) -> str:
+    p = w.get("paired")
+    if not p or not p.get("triplets"):
+        return "—"
+    cells = [f"{p[k]['overhead_pct']:+.1f} ± {p[k]['ci95_pct']:.1f}%" for k in ("wall", "cpu") if k in p]
+    return " / ".join(cells) + f" ({p['triplets']} triplets)"
 
 
 def validation_cells(w: dict[str, Any]) -> list[str]:
@@ -377,6 +422,12 @@ def main() -> None:
                     help="Also time each workload with libgpuos preloaded but not tracking (plain, "
                          "passive, gpuos interleaved): separates the cost of being interposed "
                          "from the cost of tracking.")
+    ap.add_argument("--paired", type=float, metavar="S", default=0,
+                    help="Also measure each workload in one run of about S seconds under `gpuos run`, "
+                         "pausing and resuming its recording (bench/paired.py): immune to the "
+                         "run-to-run noise of the host [0: not].")
+    ap.add_argument("--paired-period", type=float, metavar="S", default=0.5,
+                    help="Seconds between pausing and resuming in the paired run [0.5].")
     ap.add_argument("--ring-slots", type=int, metavar="N",
                     help="`gpuos run --ring-slots N` for the timed runs (how big a ring the "
                          "launch records stream through).")

@@ -7,8 +7,9 @@
  * "/memfd:gpuos-ring (deleted)").  Readers map it read-only: `gpuos run` (which also
  * receives the fd over its control socket and drains it into the --log file) and
  * `gpuos trace launches PID` (which opens /proc/PID/fd/N; the kernel allows that to
- * the same user or root).  Readers never write, so a slow reader cannot stall the
- * application; it loses the oldest records instead and can tell how many.
+ * the same user or root).  Readers never write records (only hdr.ops_paused, see
+ * Pausing), so a slow reader cannot stall the application; it loses the oldest
+ * records instead and can tell how many.
  *
  * Layout of the memfd (all little-endian):
  *
@@ -36,6 +37,14 @@
  *     timeout a reader may skip one slot).
  *   - (seq & ~START) > r + 1, or a continuation slot: the reader was lapped; count
  *     and skip to the next START slot.
+ *
+ * Pausing.  hdr.ops_paused is the one field a process other than the writer may
+ * store to: while it is 1, launches, copies, memsets and graph launches are neither
+ * scanned nor recorded (their wrappers only call through), so a paused process pays
+ * almost nothing; allocations, frees and objects are still tracked.  Records resume
+ * exact with the first operation after it goes back to 0.  It exists to switch
+ * recording off where nothing consumes it, and lets the overhead benchmark compare
+ * recording with not recording inside one process (bench/intercept_overhead.py).
  *
  * Function table.  Launch records name functions by func_id, an index into the
  * table.  An entry is published by writing its fields, then storing `ready` = 1
@@ -116,6 +125,14 @@ struct gpuos_ring_hdr {
 	uint64_t n_validated;       /* operations validated */
 	uint64_t n_validate_skipped;/* operations not validated (during stream capture, ...) */
 	uint64_t n_misses;          /* validated operations with at least one miss */
+	/* The one field written from outside (a controller mapping the memfd read-write,
+	 * `gpuos trace pause|resume PID`); libgpuos only reads it. */
+	uint32_t ops_paused;        /* 1: record no operations (launches, copies, memsets,
+				     * graph launches): their wrappers only call through.
+				     * Allocations and objects are still tracked, so records
+				     * are exact again from the first operation after 0.
+				     * Ignored in validation mode. */
+	uint32_t reserved0;
 };
 
 struct gpuos_func_ent {

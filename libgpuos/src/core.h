@@ -153,6 +153,16 @@ static inline uint64_t gpuos_now_ns(void)
 
 /* ---- ring.c ------------------------------------------------------------------------- */
 
+/* hdr.ops_paused of this process's ring; a constant 0 before the ring exists, after a
+ * fork and in validation mode (which must see every operation). */
+extern const uint32_t *gpuos_pause_word;
+
+/* Record this operation?  Tracking is on and no controller has paused operations. */
+static inline int gpuos_recording(void)
+{
+	return gpuos_on() && !__atomic_load_n(gpuos_pause_word, __ATOMIC_RELAXED);
+}
+
 int gpuos_ring_create(uint32_t flags);   /* 0 or an errno; turns nothing off itself */
 int gpuos_ring_fd(void);
 uint64_t gpuos_ring_bytes(void);

@@ -568,7 +568,7 @@ static void replay(CUgraphExec exec, uint64_t seq, uint64_t stream, uint64_t ctx
 
 CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec exec, CUstream st)
 {
-	if (!gpuos_on())
+	if (!gpuos_recording())
 		return real(exec, st);
 	uint64_t stream = gpuos_eff_stream(st, pt), seq = gpuos_next_seq(), ctx = gpuos_current_ctx();
 	int captured = gpuos_stream_captured(stream);

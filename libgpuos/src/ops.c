@@ -155,7 +155,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 			       unsigned int shmem, CUstream st, void **kp, void **extra)
 {
 	struct launch L;
-	if (!gpuos_on())
+	if (!gpuos_recording())
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), 0);
 	if (!launch_begin(&L, f, kp, extra))
@@ -167,7 +167,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 				  CUfunction f, void **kp, void **extra)
 {
 	struct launch L;
-	if (!config || !gpuos_on())
+	if (!config || !gpuos_recording())
 		return real(config, f, kp, extra);
 	uint16_t flags = GPUOS_LAUNCH_EX;
 	for (unsigned i = 0; config->attrs && i < config->numAttrs; i++)
@@ -185,7 +185,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 				    unsigned int by, unsigned int bz, unsigned int shmem, CUstream st, void **kp)
 {
 	struct launch L;
-	if (!gpuos_on())
+	if (!gpuos_recording())
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), GPUOS_LAUNCH_COOPERATIVE);
 	if (!launch_begin(&L, f, kp, NULL))
@@ -263,7 +263,7 @@ static uint32_t describe(const struct copy_desc *d, struct gpuos_rec_copy *rec, 
 
 static int copy_begin(struct copy *c, const struct copy_desc *d)
 {
-	if (!gpuos_on())
+	if (!gpuos_recording())
 		return 0;
 	c->flags = d->flags;
 	c->validating = gpuos_validating;
@@ -552,7 +552,7 @@ struct batch {
 static int batch_begin(struct batch *b, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
 		       uint64_t stream)
 {
-	if (!dsts || !srcs || !sizes || !gpuos_on())
+	if (!dsts || !srcs || !sizes || !gpuos_recording())
 		return 0;
 	b->seq = gpuos_next_seq();
 	b->stream = stream;

@@ -6,15 +6,16 @@ set -u
 O=${1:?usage: run_fake.sh BUILD_DIR [PRELOAD_LIB]}
 PRE=${2:-}
 fail=0
-for t in t_direct t_dlsym t_procaddr t_graph t_validate t_fork t_scan t_bench; do
+for t in t_direct t_dlsym t_procaddr t_graph t_validate t_fork t_scan t_pause t_bench; do
 	case $t in
 	t_bench) args=20000 ;;
 	*) args=12345 ;;
 	esac
+	# t_pause waits for a line before each of its phases 2 and 3
 	if [ -n "$PRE" ]; then
-		out=$(LD_LIBRARY_PATH="$O/fakecuda" LD_PRELOAD="$PRE" "$O/tests/$t" $args)
+		out=$(printf '\n\n' | LD_LIBRARY_PATH="$O/fakecuda" LD_PRELOAD="$PRE" "$O/tests/$t" $args)
 	else
-		out=$(LD_LIBRARY_PATH="$O/fakecuda" "$O/tests/$t" $args)
+		out=$(printf '\n\n' | LD_LIBRARY_PATH="$O/fakecuda" "$O/tests/$t" $args)
 	fi
 	rc=$?
 	printf '%s\n' "$out"

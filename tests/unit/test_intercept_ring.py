@@ -46,6 +46,7 @@ OFFSETS = {  # fields whose offsets the reader relies on directly
     ("gpuos_ring_hdr", "strtab_off"): 328,
     ("gpuos_ring_hdr", "n_launches"): 368,
     ("gpuos_ring_hdr", "n_misses"): 440,
+    ("gpuos_ring_hdr", "ops_paused"): 448,
     ("gpuos_rec_launch", "nbuf"): 96,
 }
 

@@ -288,3 +288,50 @@ def test_a_full_function_table_turns_tracking_off_and_nothing_else(build, env, t
     (proc,) = report["processes"]
     assert proc["state"] == "off" and proc["reason"] == "function table full (4 entries)"
     assert [r["reason"] for r in of_type(log, "status")] == ["function table full (4 entries)"]
+
+
+def _phased(build, env, tmp_path, between: list[list[str]], gpuos_args: tuple[str, ...] = ()):
+    """t_pause under `gpuos run`, running the gpuos commands between[i] after phase i+1:
+    (the program's JSON, the log, the commands' results)."""
+    log = tmp_path / "t_pause.jsonl"
+    proc = subprocess.Popen([*GPUOS, "run", "-q", "--log", str(log), *gpuos_args, "--",
+                             str(build / "tests" / "t_pause"), "5"],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    results = []
+    try:
+        for cmds in between:
+            line = proc.stdout.readline()
+            pid = re.fullmatch(r"phase \d done \(pid (\d+)\)\n", line)
+            assert pid, line
+            results.append(subprocess.run([*GPUOS, "trace", *cmds, pid[1]], env=env,
+                                          capture_output=True, text=True, timeout=30))
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        out, _ = proc.communicate("\n" * (2 - len(between)), timeout=60)  # the phases left
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    return prog_json(out)[0], list(read_log(log))[1:], results
+
+
+def test_paused_operations_are_not_recorded_and_resume_exact(build, env, tmp_path):
+    out, log, (paused, resumed) = _phased(build, env, tmp_path, [["pause", "--json"], ["resume"]])
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout) == {"pid": out["pid"], "ops_paused": True, "was_paused": False}
+    assert resumed.returncode == 0 and "operations are recorded" in resumed.stdout
+    assert out["ok"] and out["launches"] == 5 and out["memsets"] == 1
+    fn = names(log)
+    launches = [r for r in of_type(log, "launch") if fn[(r["pid"], r["func"])] == "fake_noop"]
+    # phase 1's launch on A and phase 3's on B; none of the three paused ones
+    assert [[b["base"] for b in r["bufs"]] for r in launches] == [[out["a"]], [out["b"]]]
+    # B, allocated while paused, is in the map: its launch after resume names it
+    assert {r["base"] for r in of_type(log, "alloc")} >= {out["a"], out["b"]}
+    assert not [r for r in of_type(log, "copy") if r["kind"] == "memset"]
+    assert [r["dst"] for r in of_type(log, "copy") if r["kind"] == "htod"] == [out["a"]]
+
+
+def test_validation_cannot_be_paused(build, env, tmp_path):
+    out, log, (paused,) = _phased(build, env, tmp_path, [["pause"]], gpuos_args=("--validate",))
+    assert paused.returncode == 29 and "--validate" in paused.stderr
+    fn = names(log)
+    assert len([r for r in of_type(log, "launch") if fn[(r["pid"], r["func"])] == "fake_noop"]) == 5

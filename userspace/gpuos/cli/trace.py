@@ -83,8 +83,13 @@ def faults_cmd(interval: float | None, duration: float | None, as_json: bool) ->
 
 
 def _open_ring(pid: int) -> R.Ring:
+    return _on_ring(pid, R.Ring.open_pid)
+
+
+def _on_ring(pid: int, action):
+    """action(pid) on the ring of process `pid`, its failures as gpuos errors."""
     try:
-        return R.Ring.open_pid(pid)
+        return action(pid)
     except FileNotFoundError:
         raise NoSuchProcess(f"no process {pid}") from None
     except PermissionError:
@@ -172,3 +177,42 @@ def launches_cmd(pid: int, show_all: bool, from_start: bool, duration: float | N
         if lost and not as_json:
             click.echo(f"gpuos: {lost} ring slots were overwritten before they were read", err=True)
         ring.close()
+
+
+def _set_paused(pid: int, paused: bool, as_json: bool) -> None:
+    was = _on_ring(pid, lambda p: R.set_ops_paused(p, paused))
+    if as_json:
+        click.echo(json.dumps({"pid": pid, "ops_paused": paused, "was_paused": was}))
+    else:
+        state = "paused" if paused else "recorded"
+        click.echo(f"process {pid}: operations are {state}" + ("" if was != paused else " (already)"))
+
+
+@trace.command("pause")
+@click.argument("pid", type=int)
+@json_option(help="Print {pid, ops_paused, was_paused} as JSON.")
+def pause_cmd(pid: int, as_json: bool) -> None:
+    """Stop recording the operations of process PID (started by `gpuos run`).
+
+    Kernel launches, copies, memsets and graph launches then go straight to the
+    driver: no parameter scan, no record, almost no cost. Allocations are still
+    tracked, so `gpuos trace resume` makes the records exact again from the next
+    operation on. Consumers of the launch log see a gap meanwhile.
+
+    Needs the same user as PID, or root. Exit 3: no such process; 4: not
+    permitted; 29: PID has no libgpuos ring, or runs under --validate (which must
+    see every operation).
+    """
+    _set_paused(pid, True, as_json)
+
+
+@trace.command("resume")
+@click.argument("pid", type=int)
+@json_option(help="Print {pid, ops_paused, was_paused} as JSON.")
+def resume_cmd(pid: int, as_json: bool) -> None:
+    """Record the operations of process PID again after `gpuos trace pause`.
+
+    Exit 3: no such process; 4: not permitted; 29: PID has no libgpuos ring.
+    """
+    _set_paused(pid, False, as_json)
+

@@ -3,8 +3,9 @@
 The ring is a memfd shared with the traced process.  We map it read-only and follow
 the writer protocol described in the header: a record starts in a slot whose sequence
 word is ``(index + 1) | START``; a copy is only trusted if the writer has not claimed
-any of its slots again by the time we finished copying.  Readers never write, so many
-can follow one ring and none can slow the application down.
+any of its slots again by the time we finished copying.  Readers never write records,
+so many can follow one ring and none can slow the application down; the one field
+written from outside is the header's ``ops_paused`` (`set_ops_paused`).
 
 The struct layouts below mirror the C header; tests/unit/test_intercept_ring.py
 compiles the header and checks every size and offset.
@@ -31,7 +32,8 @@ CHUNK = 4096  # GPUOS_VALIDATE_CHUNK
 TRACK_ON, TRACK_OFF = 1, 2
 RING_VALIDATE = 1
 
-HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10Q")
+HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QII")
+OPS_PAUSED_OFFSET = 448  # hdr.ops_paused (u32)
 COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_layout",
             "unmatched_procs", "validated", "validate_skipped", "misses")
 FUNC_ENT = struct.Struct("<QIHHII")
@@ -104,6 +106,7 @@ class RingHeader:
     func_count: int
     driver_version: int
     counters: dict[str, int] = field(default_factory=dict)
+    ops_paused: bool = False
 
     @property
     def tracking(self) -> bool:
@@ -227,7 +230,7 @@ class Ring:
                           reason_errno=f[10], reason=_cstr(f[11]), start_realtime_ns=f[12],
                           start_mono_ns=f[13], strtab_off=f[14], func_cap=f[16],
                           func_count=f[17], driver_version=f[19],
-                          counters=dict(zip(COUNTERS, f[21:31])))
+                          counters=dict(zip(COUNTERS, f[21:31])), ops_paused=bool(f[31]))
 
     def head(self) -> int:
         return struct.unpack_from("<Q", self.map, 32)[0]
@@ -332,8 +335,34 @@ class RingReader:
         return now - self._stalled_at[1] > self.STALL_S and head > self.cursor + 1
 
 
-def open_proc_ring_fd(pid: int) -> int:
-    """Open the ring memfd of process `pid` read-only, through /proc/PID/fd.
+def set_ops_paused(pid: int, paused: bool) -> bool:
+    """Pause (or resume) the recording of operations in process `pid`: launches,
+    copies, memsets and graph launches go straight to the driver while paused;
+    allocations are still tracked, so records are exact again once resumed.  Returns
+    the previous state.  Raises what `open_proc_ring_fd` raises, and RingError for a
+    ring in validation mode (validation sees every operation; it cannot be paused).
+    """
+    fd = open_proc_ring_fd(pid, writable=True)
+    try:
+        hdr = mmap.mmap(fd, HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    try:
+        magic, version = struct.unpack_from("<QI", hdr)
+        if magic != MAGIC or version != VERSION:
+            raise RingError(f"process {pid}: not a libgpuos ring of format version {VERSION}")
+        if struct.unpack_from("<I", hdr, 28)[0] & RING_VALIDATE:
+            raise RingError(f"process {pid} runs under --validate: its operations cannot be paused")
+        was = bool(struct.unpack_from("<I", hdr, OPS_PAUSED_OFFSET)[0])
+        struct.pack_into("<I", hdr, OPS_PAUSED_OFFSET, int(paused))
+        return was
+    finally:
+        hdr.close()
+
+
+def open_proc_ring_fd(pid: int, writable: bool = False) -> int:
+    """Open the ring memfd of process `pid` (read-only unless `writable`), through
+    /proc/PID/fd.
 
     Raises FileNotFoundError when the process does not exist, LookupError when it has
     no ring (libgpuos not loaded, or no CUDA call yet), PermissionError when the
@@ -347,5 +376,5 @@ def open_proc_ring_fd(pid: int) -> int:
         except FileNotFoundError:
             continue
         if target.startswith(f"/memfd:{MEMFD_NAME} "):
-            return os.open(f"{fd_dir}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(f"{fd_dir}/{name}", (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
     raise LookupError(f"process {pid} has no libgpuos ring")

@@ -14,6 +14,12 @@ steps, for CuPy the final arrays.  Runs are repeatable bit for bit (fixed seeds,
 deterministic algorithms, a fixed cuBLAS workspace, random data made on the GPU from the
 seed), so a run under `gpuos run` must print the checksum a plain run prints.
 ``--exit-code N`` exits with N after printing, to check that `gpuos run` passes it on.
+
+``--step-log FILE`` is for measuring within one run (bench/intercept_overhead.py
+--paired): the first line, written before the first CUDA call, is {"pid": PID}; the
+last, written at the end, is {"marks": [[t, cpu], ...]}: CLOCK_MONOTONIC seconds and
+the process's CPU seconds at the start of the timed steps and after each of them
+(noop-launch: after each block of STEP_LOG_LAUNCHES launches).
 """
 
 from __future__ import annotations
@@ -75,14 +81,25 @@ def sha256_tensors(torch, tensors) -> str:
     return h.hexdigest()
 
 
-def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None]):
+def mark(marks: list | None) -> None:
+    """Note the time and the process's CPU time in the step log's marks (if kept)."""
+    if marks is not None:
+        marks.append((time.monotonic(), time.process_time()))
+
+
+def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None],
+          marks: list | None = None):
     """Run warmup steps, then time `steps` steps; returns (seconds, CPU seconds of the whole
-    process, their return values)."""
+    process, their return values).  With `marks`, marks the start and each step's end."""
     for _ in range(warmup):
         step()
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
-    out = [step() for _ in range(steps)]
+    mark(marks)
+    out = []
+    for _ in range(steps):
+        out.append(step())
+        mark(marks)
     sync()
     return time.perf_counter() - t0, time.process_time() - c0, out
 
@@ -104,7 +121,7 @@ def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tupl
         opt.step()
         return loss
 
-    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks)
     checksum = sha256_tensors(torch, [*params, losses[-1]])
     return Measured(seconds, checksum, torch_info(torch, extra or {}), cpu)
 
@@ -113,7 +130,7 @@ def infer(a: argparse.Namespace, torch, step: Callable[[], Any],
           extra: dict[str, Any] | None = None) -> Measured:
     """Time inference steps; checksum every output of the timed steps."""
     with torch.no_grad():
-        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize)
+        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks)
     return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}), cpu)
 
 
@@ -248,6 +265,7 @@ __global__ void noop(float* a, float* b, float* c, float* d) {}
 """
 THREADS, BLOCKS = 256, 1024
 LAUNCH_BLOCKS = 20  # noop-launch times its launches in this many blocks
+STEP_LOG_LAUNCHES = 1000  # ... or, with --step-log, in blocks of about this many
 
 
 def cupy_info(cupy) -> dict[str, Any]:
@@ -287,7 +305,7 @@ def cupy_suite(a: argparse.Namespace) -> Measured:
         normalize((BLOCKS,), (THREADS,), (mixed, norms[done:], state, count))
         done += 1
 
-    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize)
+    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize, a.marks)
     checksum = hashlib.sha256(state.get().tobytes() + norms.get().tobytes()).hexdigest()
     return Measured(seconds, checksum, cupy_info(cupy), cpu)
 
@@ -322,9 +340,12 @@ def noop_launch(a: argparse.Namespace) -> Measured:
 
     launches(a.warmup)
     sync()
-    blocks = min(LAUNCH_BLOCKS, a.steps)
-    times = [timed_block(launches, a.steps // blocks + (i < a.steps % blocks), sync)
-             for i in range(blocks)]
+    blocks = min(LAUNCH_BLOCKS, a.steps) if a.marks is None else -(-a.steps // STEP_LOG_LAUNCHES)
+    mark(a.marks)
+    times = []
+    for i in range(blocks):
+        times.append(timed_block(launches, a.steps // blocks + (i < a.steps % blocks), sync))
+        mark(a.marks)
     checksum = hashlib.sha256(b"".join(b.get().tobytes() for b in bufs)).hexdigest()
     best = min(t / n for t, n in times)
     return Measured(sum(t for t, _ in times), checksum, {**cupy_info(cupy), "ns_per_launch": best * 1e9})
@@ -380,6 +401,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", action="store_true", help="Print the result as one JSON line.")
     p.add_argument("--exit-code", type=int, default=0, help="Exit with this status after printing.")
+    p.add_argument("--step-log", metavar="FILE",
+                   help="Write the pid at once and the time and CPU time of every step at the end.")
     g = p.add_argument_group("sizes")
     g.add_argument("--image-size", type=int, default=224, help="ResNet input side.")
     g.add_argument("--layers", type=int, default=12, help="GPT blocks.")
@@ -389,6 +412,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--vocab", type=int, default=32768, help="GPT vocabulary.")
     g.add_argument("--size", type=int, default=1024, help="CuPy matrix side.")
     a = p.parse_args(argv)
+    a.marks = [] if a.step_log else None  # the step log's marks, kept by timed()
     if a.list:
         return a
     if a.workload is None:
@@ -419,7 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # cuBLAS reads this when its first handle is created; without it, it is not deterministic.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if a.step_log:
+        with open(a.step_log, "w") as f:
+            f.write(json.dumps({"pid": os.getpid()}) + "\n")
     out = report(a, WORKLOADS[a.workload].run(a))
+    if a.step_log:
+        with open(a.step_log, "a") as f:
+            f.write(json.dumps({"marks": a.marks}) + "\n")
     if a.json:
         print(json.dumps(out), flush=True)
     else:
