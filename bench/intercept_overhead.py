@@ -327,8 +327,14 @@ def fmt_bytes(n: float) -> str:
 
 def markdown(r: dict[str, Any]) -> str:
     noop = r["workloads"].get("noop-launch", {})
-    latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch)"
+    latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch, separate runs)"
                if "added_ns_per_launch" in noop else "noop-launch not measured")
+    p = noop.get("paired") or {}
+    if p.get("triplets"):
+        # the paired run's own time per launch, times its recording overhead
+        per_launch = p["result"]["seconds"] / p["result"]["steps"] * 1e9
+        latency += (f"; in one run {p['wall']['overhead_pct'] / 100 * per_launch:.0f} "
+                    f"± {p['wall']['ci95_pct'] / 100 * per_launch:.0f} ns of {per_launch:.0f}")
     head = ("| workload | plain steps/s | gpuos steps/s | overhead | CPU time overhead | plain spread "
             "| in one run: recording vs paused, time / CPU time per step | bit-identical "
             "| launches/run "
@@ -342,6 +348,7 @@ def markdown(r: dict[str, Any]) -> str:
              f"{3 * r['reps']}); medians; plain spread: how far the plain runs alone were apart "
              f"(max/min). {latency}."
              + (f" Every run pinned to CPUs {r['cpus'][0]}-{r['cpus'][-1]}." if r.get("cpus") else "")
+             + paired_note(r)
              + (" **Smoke run (--quick): 3 timed steps per run, too short to measure "
                 "throughput overhead; the identity and validation columns stand.**"
                 if r.get("quick") else ""),
@@ -368,6 +375,16 @@ def timed_cells(w: dict[str, Any]) -> list[str]:
     return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead, cpu,
             f"{w['plain_spread_pct']:.1f}%" if len(w["launches"]) > 1 else "—", paired_cell(w),
             "yes" if w["identical"] else "**NO**", launches]
+
+
+def paired_note(r: dict[str, Any]) -> str:
+    walls = [w["paired"]["wall_s"] for w in r["workloads"].values() if w.get("paired", {}).get("triplets")]
+    if not walls:
+        return ""
+    return (f" In one run: one more run ({min(walls):.0f}-{max(walls):.0f} s) under `gpuos run` with its "
+            f"recording paused and resumed every {r['paired_period_s']} s; mean over triplets of "
+            "neighbouring windows of (step time recording / paused) - 1, ± its 95% confidence "
+            "interval, for wall and CPU time per step.")
 
 
 def paired_cell(w: dict[str, Any]) -> str:

@@ -20,6 +20,9 @@
  *   fake_noop(void *a, void *b, void *c, void *d)         nothing
  *   fake_gather(struct fake_gather_arg g, float *out, int n)  out[i] = sum over j of g.src[j][i]
  *                                                         (16 pointers in one by-value struct)
+ *   fake_strided(int n, struct fake_strided_arg f)        f.data[0][i] = f.data[1][i] + f.data[2][i]
+ *                                                         (PyTorch's elementwise_kernel shape: 504
+ *                                                         bytes of integers, then 3 pointers)
  *   gpuos_fp_hash(const struct fakecuda_fp_seg *segs, unsigned nsegs, uint64_t *out,
  *                 uint64_t nchunks)   out[first_chunk + c] = FNV-1a of 4 KiB chunk c of each seg
  *   gpuos_fp_diff(const uint64_t *before, const uint64_t *after, uint64_t nchunks,
@@ -43,6 +46,17 @@ extern "C" {
 #define FAKE_GATHER_SRCS 16
 struct fake_gather_arg {
 	const float *src[FAKE_GATHER_SRCS];
+};
+
+/* The by-value functor of fake_strided, shaped like the lambda of PyTorch's
+ * elementwise_kernel: an offset calculator (per dimension a divisor with its magic number
+ * and shift, and strides) and then the data pointers (528 bytes). */
+#define FAKE_STRIDED_DIMS 25
+struct fake_strided_arg {
+	int dims;
+	unsigned divisor[FAKE_STRIDED_DIMS][3];
+	unsigned stride[FAKE_STRIDED_DIMS][2];
+	float *data[3];
 };
 
 struct fake_struct_arg {

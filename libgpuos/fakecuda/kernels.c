@@ -81,6 +81,18 @@ static void k_opaque(void **p)
 		out[i] = 7.0f;
 }
 
+struct a_strided { int n; struct fake_strided_arg f; };
+static void k_strided(void **p)
+{
+	int n = ARG(int, 0);
+	struct fake_strided_arg f = ARG(struct fake_strided_arg, 1);
+	for (int j = 0; j < 3; j++)
+		if (!fake_range_ok(f.data[j], 4LL * n))
+			return;
+	for (int i = 0; i < n; i++)
+		f.data[0][i] = f.data[1][i] + f.data[2][i];
+}
+
 struct a_gather { struct fake_gather_arg g; float *out; int n; };
 static void k_gather(void **p)
 {
@@ -167,10 +179,12 @@ const struct fk fake_kernels[] = {
 	{"fake_opaque", k_opaque, L2(struct a_opaque, out, n), 1, 0},
 	{"fake_noop", k_noop, L4(struct a_noop, a, b, c, d), 0, 0},
 	{"fake_gather", k_gather, L3(struct a_gather, g, out, n), 0, 0},
+	{"fake_strided", k_strided, L2(struct a_strided, n, f), 0, 0},
 	{"gpuos_fp_hash", k_hash, L4(struct a_hash, segs, nsegs, out, nchunks), 0, 1},
 	{"gpuos_fp_diff", k_diff, L5(struct a_diff, before, after, nchunks, changed, count), 0, 1},
 };
 const unsigned fake_nkernels = sizeof(fake_kernels) / sizeof(fake_kernels[0]);
 
 _Static_assert(sizeof(struct fake_struct_arg) == 24, "fake_struct param is 24 bytes");
+_Static_assert(sizeof(struct fake_strided_arg) == 528, "fake_strided functor is 528 bytes");
 _Static_assert(sizeof(struct fakecuda_fp_seg) == 24, "fp segment is 24 bytes");

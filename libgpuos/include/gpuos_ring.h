@@ -232,7 +232,7 @@ struct gpuos_rec_launch {
 	uint64_t stream;
 	uint64_t ctx;
 	uint64_t graph_exec; /* with GPUOS_LAUNCH_GRAPH */
-	uint64_t arg_hash;   /* hash of the parameter words (8 bytes; a shorter tail zero-padded) that are not buffer pointers: FNV's multiply-xor in four round-robin lanes, folded */
+	uint64_t arg_hash;   /* hash of the parameter words (8 bytes; a shorter tail zero-padded) that are not buffer pointers: the sum over them of (word ^ i * 0x9e3779b97f4a7c15) * 0xff51afd7ed558ccd, i the word's place among the launch's words, then murmur3's 64-bit finalizer of (sum ^ words) */
 	uint32_t func_id;
 	uint32_t grid[3];
 	uint32_t block[3];

@@ -164,6 +164,8 @@ static inline int gpuos_recording(void)
 }
 
 int gpuos_ring_create(uint32_t flags);   /* 0 or an errno; turns nothing off itself */
+void gpuos_ring_prefetch_hdr(void);      /* the header lines a record writes, */
+void gpuos_ring_prefetch_slots(void);    /* then its slots (after the first: reads head) */
 int gpuos_ring_fd(void);
 uint64_t gpuos_ring_bytes(void);
 struct gpuos_ring_hdr *gpuos_ring_hdr(void); /* NULL without a ring */
@@ -304,7 +306,8 @@ struct gpuos_scan {
 void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra);
 /* Write a PARAMS record of a launch of fn (with GPUOS_FN_DUMP; read lock held). */
 void gpuos_scan_dump(const struct gpuos_fn *fn, void **kp, void **extra, uint64_t seq);
-/* The calling thread's scratch (NULL when out of memory: tracking is then off). */
+/* The calling thread's scratch (NULL when out of memory: tracking is then off), its
+ * lines a launch touches requested from memory. */
 struct gpuos_scan *gpuos_scan_tls(void);
 
 /* ---- ops.c -------------------------------------------------------------------------- */

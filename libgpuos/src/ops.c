@@ -91,6 +91,12 @@ static void launch_init(struct launch *L, unsigned gx, unsigned gy, unsigned gz,
 /* 0: cannot track this launch (out of memory), call through. */
 static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 {
+	/* An application runs microseconds of its own code between two launches and evicts
+	 * what a launch touches: ask for all of it at once, so that the misses overlap. */
+	__builtin_prefetch(&gpuos_lock, 1, 3);
+	__builtin_prefetch(&gpuos_allocs, 0, 3);
+	__builtin_prefetch(&gpuos_seq, 1, 3);
+	gpuos_ring_prefetch_hdr();
 	struct gpuos_scan *s = gpuos_scan_tls();
 	if (!s)
 		return 0;
@@ -104,6 +110,10 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 		o = gpuos_obj_get(GPUOS_O_FN, h);
 	}
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
+	if (fn) {
+		__builtin_prefetch(fn, 0, 3);
+		__builtin_prefetch((const char *)fn + 64, 0, 3);
+	}
 	gpuos_scan_launch(s, fn, kp, extra);
 	L->rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
 	L->rec.seq = gpuos_next_seq();
@@ -118,6 +128,7 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 	L->flags |= s->lflags;
 	if (gpuos_stream_captured(L->rec.stream))
 		L->flags |= GPUOS_LAUNCH_CAPTURED;
+	gpuos_ring_prefetch_slots(); /* the record is written after the real call */
 	L->validating = gpuos_validating;
 	if (L->validating) {
 		memset(&L->op, 0, sizeof L->op);

@@ -167,20 +167,26 @@ struct src {
 	size_t blen;
 };
 
-/* Write a record's bytes into the k slots from absolute index abs, then commit. */
-/* Copy n bytes into the slots' payloads from *pos on, skipping the seq words. */
+/* Copy n bytes into the slots' payloads from pos on, over the seq word at the start of
+ * each slot (pos never rests on one): 8-byte words while they last (every record but
+ * PARAMS is made of them), then the bytes left. */
 static uint8_t *put(uint8_t *pos, const uint8_t *src, size_t n)
 {
+	for (; n >= 8; n -= 8, src += 8) {
+		memcpy(pos, src, 8);
+		pos += 8;
+		if (((uintptr_t)pos & (GPUOS_SLOT_SIZE - 1)) == 0)
+			pos += 8;
+	}
 	while (n) {
 		size_t room = GPUOS_SLOT_SIZE - ((uintptr_t)pos & (GPUOS_SLOT_SIZE - 1));
-		if (room > n) {
-			memcpy(pos, src, n);
-			return pos + n;
-		}
-		memcpy(pos, src, room);
-		src += room;
-		n -= room;
-		pos += room + 8; /* over the next slot's seq word */
+		size_t c = room < n ? room : n;
+		memcpy(pos, src, c);
+		src += c;
+		n -= c;
+		pos += c;
+		if (((uintptr_t)pos & (GPUOS_SLOT_SIZE - 1)) == 0)
+			pos += 8;
 	}
 	return pos;
 }
@@ -207,6 +213,31 @@ static void pad(uint64_t abs, uint64_t k)
 	};
 	struct src s = { (const uint8_t *)&h, sizeof h, NULL, 0 };
 	fill(abs, k, &s);
+}
+
+/* What the next record writes (its header lines; then, once the head line is in, its
+ * slots), requested for writing before the operation's real call, which takes
+ * microseconds: the ring is larger than the caches close to the core, and the
+ * application evicts its lines between two launches. */
+#define PREFETCH_SLOTS 8
+
+void gpuos_ring_prefetch_hdr(void)
+{
+	struct gpuos_ring_hdr *h = R.hdr;
+	if (h) {
+		__builtin_prefetch(&h->head, 1, 3);
+		__builtin_prefetch(&h->n_launches, 1, 3);
+	}
+}
+
+void gpuos_ring_prefetch_slots(void)
+{
+	struct gpuos_ring_hdr *h = R.hdr;
+	if (!h)
+		return;
+	uint64_t abs = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
+	for (uint64_t j = 0; j < PREFETCH_SLOTS; j++)
+		__builtin_prefetch(R.slots + ((abs + j) & (R.nslots - 1)) * GPUOS_SLOT_SIZE, 1, 3);
 }
 
 void gpuos_ring_emit(uint16_t type, uint16_t flags, void *rec, size_t rec_len, const void *tail, size_t tail_len)

@@ -7,8 +7,8 @@
  * asked once per handle and cached in the handle table with its function table id,
  * "unknown" included.  The scan looks every 8-byte-aligned word of every parameter up
  * in the allocation map (through a per-thread cache of recent hits); hits become buffers
- * (one per allocation, the first place it was seen), the other words go into a
- * four-lane multiply-xor hash.  The per-launch path allocates nothing: each thread has
+ * (one per allocation, the first place it was seen), the other words into a hash of
+ * the launch's scalars (hash_term).  The per-launch path allocates nothing: each thread has
  * its scratch (buffers, the cache, a dedupe set).
  */
 #include <errno.h>
@@ -17,8 +17,6 @@
 
 #include "core.h"
 
-#define FNV_OFFSET 0xcbf29ce484222325ull
-#define FNV_PRIME 0x100000001b3ull
 #define DEDUPE_BITS 12 /* 4096 slots: at most GPUOS_MAX_BUFS used, so probes stay short */
 #define DEDUPE_LINEAR 8 /* up to this many buffers a launch's list is searched instead */
 #define LOOKUP_BITS 8  /* the per-thread lookup cache: 256 entries */
@@ -31,14 +29,17 @@ _Static_assert((1u << DEDUPE_BITS) >= 2 * GPUOS_MAX_BUFS, "dedupe set too small"
  * allocations it found last, by address block, valid while the map's gen is unchanged. */
 struct lookup_ent {
 	uint64_t base, size, gen;
-	size_t idx;
+	uint32_t idx;    /* in the map */
+	uint16_t flags;  /* GPUOS_BUF_* of the allocation */
+	uint16_t pad;
 };
 
 struct scratch {
 	struct gpuos_scan s;
-	uint64_t lo, hi;    /* the map's span for this launch: words outside it are no pointers */
-	uint64_t lane[4];   /* the launch's hash lanes (scan_bytes) */
-	uint32_t nwords;    /* words hashed so far: which lane is next */
+	uint64_t lo, hi;    /* the map's span: words outside it are no pointers */
+	uint64_t span_gen;  /* the map's gen when lo and hi were read (0: never) */
+	uint64_t sum;       /* the launch's hash so far (scan_bytes) */
+	uint32_t nwords;    /* words scanned so far (their index in the hash) */
 	uint32_t gen;
 	uint32_t small_idx[DEDUPE_LINEAR]; /* allocation indices of bufs[0..DEDUPE_LINEAR) */
 	struct lookup_ent lookup[1u << LOOKUP_BITS];
@@ -253,8 +254,13 @@ static void scratch_key_init(void)
 
 struct gpuos_scan *gpuos_scan_tls(void)
 {
-	if (likely(tls_scratch != NULL))
-		return &tls_scratch->s;
+	struct scratch *t = tls_scratch;
+	if (likely(t != NULL)) {
+		__builtin_prefetch(&t->small_idx, 1, 3);
+		__builtin_prefetch(&t->bufs[0], 1, 3);
+		__builtin_prefetch(&t->bufs[1], 1, 3);
+		return &t->s;
+	}
 	pthread_once(&scratch_once, scratch_key_init);
 	struct scratch *x = calloc(1, sizeof *x);
 	if (!x) {
@@ -298,79 +304,89 @@ static int seen_before(struct scratch *x, uint32_t idx)
 	return seen_before_hashed(x, idx);
 }
 
-static void add_buf(struct scratch *x, const struct gpuos_alloc *a, uint64_t v, uint16_t param, uint32_t off)
+/* A buffer for the allocation of cache entry e, found at v (parameter param, offset off). */
+static void add_buf(struct scratch *x, const struct lookup_ent *e, uint64_t v, uint16_t param, uint32_t off)
 {
-	if (seen_before(x, (uint32_t)(a - gpuos_allocs.v)))
+	if (seen_before(x, e->idx))
 		return;
 	if (x->s.nbuf == GPUOS_MAX_BUFS) {
 		x->s.lflags |= GPUOS_LAUNCH_TRUNCATED;
 		return;
 	}
 	struct gpuos_rec_buf *b = &x->bufs[x->s.nbuf++];
-	b->base = a->base;
-	b->size = a->end - a->base;
+	b->base = e->base;
+	b->size = e->size;
 	b->ptr = v;
 	b->len = 0;
 	b->param = param;
-	b->flags = (a->flags & GPUOS_A_MANAGED ? GPUOS_BUF_MANAGED : 0) | (a->flags & GPUOS_A_HOST ? GPUOS_BUF_HOST : 0);
+	b->flags = e->flags;
 	b->offset = off;
 }
 
-/* The allocation containing v, or NULL (read lock held), through the thread's cache;
- * v is inside the map's span (x->lo <= v < x->hi). */
-static inline const struct gpuos_alloc *lookup(struct scratch *x, uint64_t v)
+/* The thread's cache entry for the allocation containing v, or NULL (read lock held);
+ * v is inside the map's span (x->lo <= v < x->hi).  An entry holds what a buffer needs,
+ * so a hit reads one cache line. */
+static inline const struct lookup_ent *lookup(struct scratch *x, uint64_t v)
 {
 	const struct gpuos_map *m = &gpuos_allocs;
 	struct lookup_ent *e = &x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_BITS)];
 	if (e->gen == m->gen && v - e->base < e->size)
-		return &m->v[e->idx];
+		return e;
 	const struct gpuos_alloc *a = gpuos_map_find(m, v);
-	if (a) {
-		e->base = a->base;
-		e->size = a->end - a->base;
-		e->idx = (size_t)(a - m->v);
-		e->gen = m->gen;
-	}
-	return a;
+	if (!a)
+		return NULL;
+	e->base = a->base;
+	e->size = a->end - a->base;
+	e->idx = (uint32_t)(a - m->v);
+	e->flags = (a->flags & GPUOS_A_MANAGED ? GPUOS_BUF_MANAGED : 0) | (a->flags & GPUOS_A_HOST ? GPUOS_BUF_HOST : 0);
+	e->gen = m->gen;
+	return e;
 }
 
-/* The words that are no pointers go round-robin into four multiply-xor lanes that
- * hash_fold() joins at the end of the launch: one chain over a 4 KiB struct would cost a
- * multiply's latency per word. */
-static inline void hash_word(struct scratch *x, uint64_t v)
+/* A word that is no pointer adds (word ^ index * golden) * M to the launch's sum (index:
+ * its place among the launch's words), so each word's multiply is independent of the
+ * others' and the sum stays in a register; hash_final() mixes the sum at the end.
+ * Scalars swapped between two places change the hash. */
+#define HASH_GOLDEN 0x9e3779b97f4a7c15ull
+#define HASH_MUL 0xff51afd7ed558ccdull
+
+static inline uint64_t hash_term(uint64_t v, uint64_t salt)
 {
-	uint64_t *l = &x->lane[x->nwords++ & 3];
-	*l = (*l ^ v) * FNV_PRIME;
+	return (v ^ salt) * HASH_MUL;
 }
 
 /* Look every 8-byte word of a parameter up; hash the others (a shorter tail as one
  * zero-padded word). */
 static void scan_bytes(struct scratch *x, const uint8_t *p, size_t size, uint16_t param)
 {
-	const uint64_t lo = x->lo, hi = x->hi;
+	const uint64_t lo = x->lo, span = x->hi - x->lo;
+	uint64_t sum = x->sum, salt = x->nwords * HASH_GOLDEN;
 	size_t off = 0;
-	for (; off + 8 <= size; off += 8) {
+	for (; off + 8 <= size; off += 8, salt += HASH_GOLDEN) {
 		uint64_t v;
 		memcpy(&v, p + off, 8);
-		const struct gpuos_alloc *a = v - lo < hi - lo ? lookup(x, v) : NULL;
-		if (a)
-			add_buf(x, a, v, param, (uint32_t)off);
+		const struct lookup_ent *e;
+		if (unlikely(v - lo < span) && (e = lookup(x, v)) != NULL)
+			add_buf(x, e, v, param, (uint32_t)off);
 		else
-			hash_word(x, v);
+			sum += hash_term(v, salt);
 	}
 	if (off < size) {
 		uint64_t v = 0;
 		memcpy(&v, p + off, size - off);
-		hash_word(x, v);
+		sum += hash_term(v, salt);
+		off += 8;
 	}
+	x->sum = sum;
+	x->nwords += (uint32_t)(off / 8);
 }
 
-static uint64_t hash_fold(const struct scratch *x)
+static uint64_t hash_final(const struct scratch *x)
 {
-	uint64_t h = FNV_OFFSET;
-	for (int i = 0; i < 4; i++)
-		h = (h ^ x->lane[i]) * FNV_PRIME;
-	return h;
+	uint64_t h = x->sum ^ x->nwords;  /* murmur3's 64-bit finalizer */
+	h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdull;
+	h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+	return h ^ (h >> 33);
 }
 
 /* The parameter buffer of an `extra` array, or 0. */
@@ -428,16 +444,19 @@ void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **k
 	struct scratch *x = (struct scratch *)s;
 	s->nbuf = 0;
 	s->lflags = fn && (fn->flags & GPUOS_FN_TOUCH_ALL) ? GPUOS_LAUNCH_TOUCH_ALL : 0;
-	x->lane[0] = x->lane[1] = x->lane[2] = x->lane[3] = FNV_OFFSET;
+	x->sum = 0;
 	x->nwords = 0;
-	x->lo = gpuos_allocs.n ? gpuos_allocs.v[0].base : 0;
-	x->hi = gpuos_allocs.n ? gpuos_allocs.v[gpuos_allocs.n - 1].end : 0;
+	if (unlikely(x->span_gen != gpuos_allocs.gen + 1)) { /* + 1: gen 0 is a gen too */
+		x->lo = gpuos_allocs.n ? gpuos_allocs.v[0].base : 0;
+		x->hi = gpuos_allocs.n ? gpuos_allocs.v[gpuos_allocs.n - 1].end : 0;
+		x->span_gen = gpuos_allocs.gen + 1;
+	}
 	if (unlikely(++x->gen == 0)) {
 		memset(x->seen, 0, sizeof x->seen);
 		x->gen = 1;
 	}
 	scan_params(x, fn, kp, extra);
-	s->hash = hash_fold(x);
+	s->hash = hash_final(x);
 }
 
 /* ---- parameter dumps ---------------------------------------------------------------------------- */

@@ -18,7 +18,8 @@ from .output import json_option, table
 def trace() -> None:
     """Trace GPU work: kernel launches inside a process (libgpuos), faults in gpuos.ko (eBPF).
 
-    `trace launches` reads the launch ring of a process started by `gpuos run`.
+    `trace launches` reads the launch ring of a process started by `gpuos run`;
+    `trace pause` and `trace resume` stop and restart its recording.
     `trace faults` needs bcc (python3-bpfcc) and root; its programs attach to
     gpuos.ko's tracepoints only, never to kprobes or fentry (which some hosts refuse).
     """
