@@ -34,6 +34,7 @@
 #pragma GCC visibility pop
 
 #include "gpuos_ring.h"
+#include "selftime.h"
 #include "validate.h"
 
 /* cuda.h maps these names to their newest ABI; the hook table needs the exported

@@ -114,7 +114,9 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 		__builtin_prefetch(fn, 0, 3);
 		__builtin_prefetch((const char *)fn + 64, 0, 3);
 	}
+	uint64_t t_scan = ST_NOW();
 	gpuos_scan_launch(s, fn, kp, extra);
+	ST_ADD(SCAN, ST_NOW() - t_scan);
 	L->rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
 	L->rec.seq = gpuos_next_seq();
 	if (unlikely(fn && (fn->flags & GPUOS_FN_DUMP)))
@@ -153,11 +155,25 @@ static CUresult launch_end(struct launch *L, CUresult r)
 		GPUOS_COUNT(n_launches, 1);
 		if (L->flags & GPUOS_LAUNCH_LAYOUT_UNKNOWN)
 			GPUOS_COUNT(n_unknown_layout, 1);
+		uint64_t t_rec = ST_NOW();
 		gpuos_ring_emit(GPUOS_REC_LAUNCH, L->flags, &L->rec, sizeof L->rec, L->s->bufs,
 				L->rec.nbuf * sizeof *L->s->bufs);
+		ST_ADD(RECORD, ST_NOW() - t_rec);
 	}
 	if (L->validating)
 		gpuos_val_end(&L->op, r);
+	return r;
+}
+
+/* launch_end of the real call's result, with its stages timed in a selftime build:
+ * t0 the handler's start, t1 the real call's, t2 its end. */
+static CUresult launch_timed_end(struct launch *L, CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
+{
+	r = launch_end(L, r);
+	ST_ADD(LAUNCHES, 1);
+	ST_ADD(BEGIN, t1 - t0);
+	ST_ADD(REAL, t2 - t1);
+	ST_ADD(END, ST_NOW() - t2);
 	return r;
 }
 
@@ -168,10 +184,13 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 	struct launch L;
 	if (!gpuos_recording())
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
+	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), 0);
 	if (!launch_begin(&L, f, kp, extra))
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
-	return launch_end(&L, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra));
+	uint64_t t1 = ST_NOW();
+	CUresult r = real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
+	return launch_timed_end(&L, r, t0, t1, ST_NOW());
 }
 
 CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, const CUlaunchConfig *config,
@@ -184,11 +203,14 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 	for (unsigned i = 0; config->attrs && i < config->numAttrs; i++)
 		if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative)
 			flags |= GPUOS_LAUNCH_COOPERATIVE;
+	uint64_t t0 = ST_NOW();
 	launch_init(&L, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
 		    config->blockDimZ, config->sharedMemBytes, gpuos_eff_stream(config->hStream, pt), flags);
 	if (!launch_begin(&L, f, kp, extra))
 		return real(config, f, kp, extra);
-	return launch_end(&L, real(config, f, kp, extra));
+	uint64_t t1 = ST_NOW();
+	CUresult r = real(config, f, kp, extra);
+	return launch_timed_end(&L, r, t0, t1, ST_NOW());
 }
 
 CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, int pt, CUfunction f,

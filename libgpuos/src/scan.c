@@ -330,8 +330,11 @@ static inline const struct lookup_ent *lookup(struct scratch *x, uint64_t v)
 {
 	const struct gpuos_map *m = &gpuos_allocs;
 	struct lookup_ent *e = &x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_BITS)];
-	if (e->gen == m->gen && v - e->base < e->size)
+	if (e->gen == m->gen && v - e->base < e->size) {
+		ST_ADD(HITS, 1);
 		return e;
+	}
+	ST_ADD(MISSES, 1);
 	const struct gpuos_alloc *a = gpuos_map_find(m, v);
 	if (!a)
 		return NULL;
@@ -456,6 +459,7 @@ void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **k
 		x->gen = 1;
 	}
 	scan_params(x, fn, kp, extra);
+	ST_ADD(WORDS, x->nwords);
 	s->hash = hash_final(x);
 }
 

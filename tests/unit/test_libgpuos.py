@@ -335,3 +335,20 @@ def test_validation_cannot_be_paused(build, env, tmp_path):
     assert paused.returncode == 29 and "--validate" in paused.stderr
     fn = names(log)
     assert len([r for r in of_type(log, "launch") if fn[(r["pid"], r["func"])] == "fake_noop"]) == 5
+
+
+def test_selftime_build_times_each_launch(build, env):
+    """`make selftime`: the same library, timing its own part of every launch."""
+    res = subprocess.run(["make", "-s", "-C", str(REPO / "libgpuos"), f"O={build}", "selftime"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = subprocess.run([*GPUOS, "run", "-q", "--", str(build / "tests" / "t_bench"), "2000", "10", "strided"],
+                         env=dict(env, GPUOS_LIBGPUOS=str(build / "selftime" / "libgpuos.so")),
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    (line,) = [ln for ln in got.stderr.splitlines() if ln.startswith("libgpuos selftime:")]
+    # 1000 warmup launches and 2000 timed; fake_strided's 532 parameter bytes are 67 words
+    assert ", 3000 launches," in line and "67.0 words per launch" in line, line
+    hits, misses = map(int, re.search(r"lookups (\d+) hits, (\d+) misses", line).groups())
+    assert hits + misses == 3 * 3000 and misses <= 3, line
+    assert prog_json(got.stdout)[0]["ok"]

@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * selftime.c - the self-time report of a `make selftime` build (selftime.h); empty
+ * otherwise.
+ */
+#ifdef GPUOS_SELFTIME
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+
+uint64_t gpuos_st[GPUOS_ST_COUNT];
+static uint64_t tsc0, ns0;
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void report(void)
+{
+	uint64_t n = gpuos_st[GPUOS_ST_LAUNCHES], dns = mono_ns() - ns0;
+	if (!n || !dns)
+		return;
+	double ghz = (double)(__rdtsc() - tsc0) / (double)dns, per = ghz * (double)n;
+	fprintf(stderr,
+		"libgpuos selftime: pid %d, %llu launches, TSC %.3f GHz; ns per launch: before the call %.0f "
+		"(scan %.0f), driver %.0f, after %.0f (record %.0f); lookups %llu hits, %llu misses; "
+		"%.1f words per launch\n",
+		(int)getpid(), (unsigned long long)n, ghz, gpuos_st[GPUOS_ST_BEGIN] / per,
+		gpuos_st[GPUOS_ST_SCAN] / per, gpuos_st[GPUOS_ST_REAL] / per, gpuos_st[GPUOS_ST_END] / per,
+		gpuos_st[GPUOS_ST_RECORD] / per, (unsigned long long)gpuos_st[GPUOS_ST_HITS],
+		(unsigned long long)gpuos_st[GPUOS_ST_MISSES], (double)gpuos_st[GPUOS_ST_WORDS] / (double)n);
+}
+
+__attribute__((constructor)) static void selftime_init(void)
+{
+	tsc0 = __rdtsc();
+	ns0 = mono_ns();
+	atexit(report);
+}
+#else
+typedef int gpuos_selftime_unused; /* ISO C wants something in a translation unit */
+#endif
