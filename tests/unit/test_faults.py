@@ -875,3 +875,61 @@ def test_help_names_the_commands():
     assert "faults" in res.output
     res = CliRunner().invoke(cli, ["faults", "watch", "--help"])
     assert res.exit_code == 0 and "--from-start" in res.output and "CAP_SYSLOG" in res.output
+
+
+# -- gpuos.ko's fault reports (faults/kmod.py); the real module is tested in the VM --------------
+
+def kmod_event(seq=7, pid=4242, decision=1, time_ns=10_000_000_000):
+    from gpuos.kernel.model import Event, Fault
+    from gpuos.kernel.uapi import EventType
+    return Event(seq=seq, time_ns=time_ns, type=EventType.FAULT,
+                 fault=Fault(pid=pid, cgroup=None, as_id=0xA7, veid=5, addr=0x7F12345000, access=1,
+                             type=0, gpu=1, decision=decision))
+
+
+def test_a_gpuos_ko_fault_names_the_faulting_process():
+    from gpuos.faults.kmod import ACTIONS, fault_event
+    from gpuos.kernel.uapi import Decision
+    ev = fault_event(kmod_event(pid=os.getpid()), now_wall=1000.0, now_mono_ns=12_000_000_000)
+    assert (ev.xid, ev.source, ev.fault_class, ev.pid) == (None, "gpuos.ko", FaultClass.MEMORY, os.getpid())
+    assert ev.process and ev.time == pytest.approx(998.0)  # logged 2 s before it was read
+    assert (ev.mmu.address, ev.mmu.access_type, ev.mmu.fault_type, ev.mmu.engine) == \
+        (0x7F12345000, "write", "invalid-pde", "VEID 5")
+    assert ev.extra == {"veid": 5, "as_id": 0xA7, "uvm_gpu": 1, "cgroup": None, "decision": "isolate",
+                        "kmod_seq": 7}
+    assert ev.action == ACTIONS[Decision.ISOLATE]
+    assert "gpuos.ko" in faults_cli.event_line(ev) and f"pid {os.getpid()}" in faults_cli.event_line(ev)
+    # an unknown decision falls back to what the stock driver does; other events are not faults
+    assert fault_event(kmod_event(decision=9), 0.0, 0).action == ACTIONS[Decision.DEFAULT]
+    from gpuos.kernel.model import Event
+    from gpuos.kernel.uapi import EventType
+    assert fault_event(Event(seq=1, time_ns=0, type=EventType.DRIVER_REGISTERED), 0.0, 0) is None
+
+
+class FakeKmod:
+    """KmodFaultSource's interface, fed by the test."""
+
+    def __init__(self):
+        self.error, self.callback, self.stopped = None, None, False
+
+    def start(self, callback):
+        self.callback = callback
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_the_stream_passes_gpuos_ko_faults_through_at_once():
+    from gpuos.faults.kmod import fault_event
+    kmod, log = FakeKmod(), ListLog()
+    stream = FaultStream(log, None, window=2.0, clock=FakeClock(), boot_time=0.0, kmod=kmod)
+    try:
+        kmod.callback(fault_event(kmod_event(pid=77), 1000.0, 10_000_000_000))
+        got = stream.poll(0.01)
+        assert [(e.source, e.pid) for e in got if isinstance(e, FaultEvent)] == [("gpuos.ko", 77)]
+        kmod.error = "gpuos.ko: gpuos.ko was unloaded: no more events"
+        notices = [x.text for x in stream.poll(0.01) if not isinstance(x, FaultEvent)]
+        assert notices == ["gpuos.ko: gpuos.ko was unloaded: no more events; its fault reports stopped"]
+    finally:
+        stream.close()
+    assert kmod.stopped

@@ -358,3 +358,35 @@ def test_prefetch_ranges(testdrv, nl, raw):
     assert pf(0x99999, (0x1000, 0x1000)) == 0
     nl.set_prefetch(0x99999)
     assert nl.get_info().counters["objects"] == base_objects
+
+
+def test_faults_watch_names_the_faulting_client_from_gpuos_ko(testdrv, nl, sleepers):
+    """`gpuos faults watch`, as a user runs it with gpuos.ko loaded: a fault the driver
+    reports through gpuos.ko comes out with the pid of the process that faulted (the one
+    thing the kernel log's Xid cannot give under MPS), its address, VEID and decision."""
+    victim, faulter = sleepers(), sleepers()
+    nl.set_policy(Client(pid=faulter.pid), FaultPolicy.ISOLATE)
+    watch = gpuos_cli("faults", "watch", "--json", "--no-nvml", "--no-journal", "--duration", "60",
+                      popen=True)
+    try:
+        wait_subscribed(watch, nl.mcast_groups["events"])
+        assert inject(faulter.pid, veid=5, as_id=0xA7, addr=0x7F12345000, access=FaultAccess.WRITE,
+                      ftype=FaultType.INVALID_PDE, gpu=1) == Decision.ISOLATE
+        deadline = time.monotonic() + 30
+        ev = None
+        while ev is None and time.monotonic() < deadline:
+            line = watch.stdout.readline()
+            assert line, watch.stderr.read() if watch.poll() is not None else "no output"
+            rec = json.loads(line)
+            if rec.get("source") == "gpuos.ko":
+                ev = rec
+    finally:
+        watch.terminate()
+        watch.communicate(timeout=30)
+        nl.del_policy(Client(pid=faulter.pid))
+    assert ev is not None
+    assert (ev["pid"], ev["process"], ev["fault_class"], ev["xid"]) == (faulter.pid, "sleep", "memory", None)
+    assert ev["mmu"]["address"] == 0x7F12345000 and ev["mmu"]["access_type"] == "write"
+    assert ev["mmu"]["fault_type"] == "invalid-pde"
+    assert (ev["extra"]["veid"], ev["extra"]["as_id"], ev["extra"]["decision"]) == (5, 0xA7, "isolate")
+    assert "isolated" in ev["action"] and victim.pid != ev["pid"]

@@ -14,6 +14,7 @@ from ..faults.inject import inject
 from ..faults.journal import FaultJournal
 from ..faults.kmsg import KernelLogUnavailable, KmsgGap, open_kernel_log, parse_xid
 from ..faults.model import FaultEvent
+from ..faults.kmod import SOURCE as SOURCE_KMOD, KmodFaultSource, KmodUnavailable
 from ..faults.nvml import NvmlSource, NvmlUnavailable
 from ..faults.watch import FaultStream, Notice
 from ..runtime import Runtime
@@ -56,7 +57,7 @@ def details(ev: FaultEvent) -> str:
 def event_line(ev: FaultEvent) -> str:
     """TIME GPU Xid N CLASS pid/process NAME: details -> action (one line)."""
     gpu = ev.pci or "?"
-    what = f"Xid {ev.xid}" if ev.xid is not None else "NVML"
+    what = f"Xid {ev.xid}" if ev.xid is not None else ("gpuos.ko" if ev.source == SOURCE_KMOD else "NVML")
     who = f"pid {ev.pid}" if ev.pid is not None else "pid ?"
     if ev.process:
         who += f" ({ev.process})"
@@ -104,6 +105,8 @@ def faults() -> None:
               help="Stop after S seconds [default: at Ctrl-C or SIGTERM].")
 @click.option("--no-nvml", is_flag=True, help="Do not use NVML (kernel log only).")
 @click.option("--no-kmsg", is_flag=True, help="Do not read the kernel log (NVML only).")
+@click.option("--no-kmod", is_flag=True,
+              help="Do not listen to gpuos.ko's fault reports (the patched driver's).")
 @click.option("--no-journal", is_flag=True,
               help="Do not append the events to the fault journal.")
 @click.option("--file", "log_file", type=click.Path(dir_okay=False), metavar="FILE",
@@ -115,7 +118,7 @@ def faults() -> None:
                                 "report of it).")
 @click.pass_obj
 def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | None,
-              no_nvml: bool, no_kmsg: bool, no_journal: bool, log_file: str | None,
+              no_nvml: bool, no_kmsg: bool, no_kmod: bool, no_journal: bool, log_file: str | None,
               window: float) -> None:
     """Print GPU faults as they happen and keep them in the fault journal.
 
@@ -126,8 +129,14 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
       DETAILS  channel(s); MMU engine, address, fault and access type; SM errors
                (GPC, TPC, SM); ESR; the recovery action Xid 154 names
       ACTION   what gpuos does and what recovering takes
-      SOURCE   kmsg, nvml, or kmsg+nvml when both reported it
+      SOURCE   kmsg, nvml, or kmsg+nvml when both reported it; gpuos.ko
     NVML events that are not Xids show "NVML" in place of "Xid N".
+
+    With the patched driver and gpuos.ko loaded, each client's fatal MMU fault is
+    also reported before the driver acts on it: "gpuos.ko" in place of "Xid N",
+    with the pid of the process that faulted (under MPS the Xid 31 line names
+    another client, or the server), its VEID and gpuos.ko's decision. Without
+    gpuos.ko nothing is said about it.
 
     Lines of one fault (Xid 13 prints one per SM, then the ESR) make one event.
     An NVML event and a kernel-log line of the same GPU and Xid within --window
@@ -176,6 +185,12 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
         say(f"{kmsg_error.message}: watching NVML events only")
     if kernel_log is not None and kernel_log.fileno() is None:
         say(f"/dev/kmsg cannot be opened: polling `{kernel_log.name}` every second")
+    kmod = None
+    if not no_kmod and not log_file:
+        try:
+            kmod = KmodFaultSource()
+        except KmodUnavailable:
+            pass  # the stock driver: nothing would come from it
 
     journal = None if no_journal else FaultJournal(rt.paths.faults)
     journal_failed = False
@@ -210,7 +225,7 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
         stop = True
 
     old_term = signal.signal(signal.SIGTERM, on_term)
-    stream = FaultStream(kernel_log, nvml, window=window)
+    stream = FaultStream(kernel_log, nvml, window=window, kmod=kmod)
     end = None if duration is None else time.monotonic() + duration
     try:
         try:

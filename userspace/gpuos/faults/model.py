@@ -1,7 +1,8 @@
 """GPU fault events: what `gpuos faults watch` prints and the MPS supervisor acts on.
 
 An event comes from the kernel log (an `NVRM: Xid` line), from NVML (an Xid critical
-error event, or another NVML error event), or from both joined into one.  Its class
+error event, or another NVML error event), or from both joined into one; with the
+patched driver also from gpuos.ko (a client's fatal MMU fault, naming that client).  Its class
 says what gpuos can do about it (docs/faults.md has the table, keyed by Xid).
 """
 
@@ -40,7 +41,7 @@ class FaultEvent:
     pci: str                       # the GPU's PCI bus id as the driver prints it ("0000:00:06")
     time: float                    # seconds since the epoch: when the kernel logged it (kmsg,
                                    # from the boot time), else when gpuos received it
-    source: str                    # "kmsg", "nvml" or "kmsg+nvml"
+    source: str                    # "kmsg", "nvml", "kmsg+nvml" or "gpuos.ko" (faults/kmod.py)
     fault_class: FaultClass
     action: str                    # what gpuos does for this class (docs/faults.md)
     pid: int | None = None

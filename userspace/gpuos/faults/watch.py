@@ -1,8 +1,9 @@
-"""The fault stream: kernel log and NVML in, classified and joined FaultEvents out.
+"""The fault stream: kernel log, NVML and gpuos.ko in, classified and joined FaultEvents out.
 
     kernel log (KmsgReader | DmesgPoller) --records--> XidAssembler --\
                                                                      Joiner --> events
     NVML (NvmlSource, its own thread)     --events--------------------/
+    gpuos.ko (KmodFaultSource, its thread) --events: passed through, never joined--/
 
 `gpuos faults watch` drives it; so can any other consumer (the MPS supervisor).
 poll() waits at most `timeout` seconds for something to happen (the kernel log's
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from .join import Joiner
+from .kmod import KmodFaultSource
 from .kmsg import KmsgGap, XidAssembler
 from .model import FaultEvent
 from .nvml import NvmlSource
@@ -39,10 +41,10 @@ Item = Union[FaultEvent, KmsgGap, Notice]
 class FaultStream:
     def __init__(self, kernel_log=None, nvml: NvmlSource | None = None, *, window: float = 2.0,
                  settle: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 boot_time: float | None = None):
+                 boot_time: float | None = None, kmod: KmodFaultSource | None = None):
         if kernel_log is None and nvml is None:
             raise ValueError("a fault stream needs the kernel log or NVML")
-        self.kernel_log, self.nvml, self.clock = kernel_log, nvml, clock
+        self.kernel_log, self.nvml, self.kmod, self.clock = kernel_log, nvml, kmod, clock
         self.assembler = XidAssembler(settle=settle, clock=clock, boot_time=boot_time)
         self.joiner = Joiner(window=window, clock=clock, kmsg=kernel_log is not None,
                              nvml=nvml is not None,
@@ -50,10 +52,13 @@ class FaultStream:
         self._queue: queue.SimpleQueue[FaultEvent] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._nvml_error_told = False
+        self._kmod_error_told = False
         if nvml is not None:
-            nvml.start(self._from_nvml)
+            nvml.start(self._from_thread)
+        if kmod is not None:
+            kmod.start(self._from_thread)
 
-    def _from_nvml(self, ev: FaultEvent) -> None:  # the NVML thread
+    def _from_thread(self, ev: FaultEvent) -> None:  # the NVML or gpuos.ko thread
         self._queue.put(ev)
         try:
             os.write(self._wake_w, b"!")
@@ -100,6 +105,9 @@ class FaultStream:
         for ev in self.assembler.flush():
             out += self.joiner.add(ev)
         out += self.joiner.flush()
+        if self.kmod is not None and self.kmod.error and not self._kmod_error_told:
+            self._kmod_error_told = True
+            out.append(Notice(f"{self.kmod.error}; its fault reports stopped"))
         if self.nvml is not None and self.nvml.error and not self._nvml_error_told:
             self._nvml_error_told = True
             out.append(Notice(f"{self.nvml.error}; NVML events stopped"
@@ -119,6 +127,8 @@ class FaultStream:
         return out
 
     def close(self) -> None:
+        if self.kmod is not None:
+            self.kmod.stop()
         if self.nvml is not None:
             self.nvml.stop()
         if self.kernel_log is not None:
