@@ -223,7 +223,7 @@ static void pad(uint64_t abs, uint64_t k)
 
 void gpuos_ring_prefetch_hdr(void)
 {
-	struct gpuos_ring_hdr *h = R.hdr;
+	struct gpuos_ring_hdr *h = gpuos_ring_hdr();
 	if (h) {
 		__builtin_prefetch(&h->head, 1, 3);
 		__builtin_prefetch(&h->n_launches, 1, 3);
@@ -232,7 +232,7 @@ void gpuos_ring_prefetch_hdr(void)
 
 void gpuos_ring_prefetch_slots(void)
 {
-	struct gpuos_ring_hdr *h = R.hdr;
+	struct gpuos_ring_hdr *h = gpuos_ring_hdr();
 	if (!h)
 		return;
 	uint64_t abs = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
