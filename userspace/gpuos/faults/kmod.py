@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import GpuosError, KmodNotLoaded
+from ..errors import GpuosError
 from ..kernel import connect
 from ..kernel.model import Event
 from ..kernel.uapi import Decision, EventType, FaultAccess, FaultType, enum_name
@@ -71,9 +71,7 @@ class KmodFaultSource:
     def __init__(self) -> None:
         try:
             self._nl = connect()
-        except KmodNotLoaded as exc:
-            raise KmodUnavailable(str(exc)) from None
-        except GpuosError as exc:
+        except GpuosError as exc:  # KmodNotLoaded, no pyroute2, no netlink
             raise KmodUnavailable(str(exc)) from None
         try:
             self._sub = self._nl.subscribe()
