@@ -197,6 +197,12 @@ struct gpuos_alloc {
 	uint32_t pad;
 };
 
+/* The GPUOS_BUF_* flags a buffer record of allocation a carries (managed, host). */
+static inline uint16_t gpuos_buf_flags(const struct gpuos_alloc *a)
+{
+	return (a->flags & GPUOS_A_MANAGED ? GPUOS_BUF_MANAGED : 0) | (a->flags & GPUOS_A_HOST ? GPUOS_BUF_HOST : 0);
+}
+
 /* A sorted array of non-overlapping ranges.  gen changes with every change that moves or
  * resizes an entry (write lock held), so that a reader may cache an entry's index. */
 struct gpuos_map {

@@ -55,11 +55,7 @@ void gpuos_exact_buf(struct gpuos_rec_buf *b, const struct gpuos_alloc *a, uint6
 	b->ptr = ptr;
 	b->len = len;
 	b->param = 0xffff;
-	b->flags = flags | GPUOS_BUF_EXACT;
-	if (a && (a->flags & GPUOS_A_MANAGED))
-		b->flags |= GPUOS_BUF_MANAGED;
-	if (a && (a->flags & GPUOS_A_HOST))
-		b->flags |= GPUOS_BUF_HOST;
+	b->flags = flags | GPUOS_BUF_EXACT | (a ? gpuos_buf_flags(a) : 0);
 	b->offset = 0;
 }
 
@@ -220,10 +216,13 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 	struct launch L;
 	if (!gpuos_recording())
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
+	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), GPUOS_LAUNCH_COOPERATIVE);
 	if (!launch_begin(&L, f, kp, NULL))
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
-	return launch_end(&L, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp));
+	uint64_t t1 = ST_NOW();
+	CUresult r = real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
+	return launch_timed_end(&L, r, t0, t1, ST_NOW());
 }
 
 /* ---- copies and memsets ------------------------------------------------------------------------ */

@@ -341,7 +341,7 @@ static inline const struct lookup_ent *lookup(struct scratch *x, uint64_t v)
 	e->base = a->base;
 	e->size = a->end - a->base;
 	e->idx = (uint32_t)(a - m->v);
-	e->flags = (a->flags & GPUOS_A_MANAGED ? GPUOS_BUF_MANAGED : 0) | (a->flags & GPUOS_A_HOST ? GPUOS_BUF_HOST : 0);
+	e->flags = gpuos_buf_flags(a);
 	e->gen = m->gen;
 	return e;
 }

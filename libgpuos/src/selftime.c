@@ -6,7 +6,6 @@
 #ifdef GPUOS_SELFTIME
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -14,16 +13,9 @@
 uint64_t gpuos_st[GPUOS_ST_COUNT];
 static uint64_t tsc0, ns0;
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void report(void)
 {
-	uint64_t n = gpuos_st[GPUOS_ST_LAUNCHES], dns = mono_ns() - ns0;
+	uint64_t n = gpuos_st[GPUOS_ST_LAUNCHES], dns = gpuos_now_ns() - ns0;
 	if (!n || !dns)
 		return;
 	double ghz = (double)(__rdtsc() - tsc0) / (double)dns, per = ghz * (double)n;
@@ -40,7 +32,7 @@ static void report(void)
 __attribute__((constructor)) static void selftime_init(void)
 {
 	tsc0 = __rdtsc();
-	ns0 = mono_ns();
+	ns0 = gpuos_now_ns();
 	atexit(report);
 }
 #else

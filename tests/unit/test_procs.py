@@ -68,3 +68,8 @@ def test_self_is_no_target():
 def test_live_process_is_a_target(processes):
     proc = processes.sleeper()
     assert procs.check_target(proc.pid).pid == proc.pid
+
+
+def test_comm_names_the_process_or_none():
+    assert procs.comm(os.getpid()) == procs.stat(os.getpid()).comm
+    assert procs.comm(2**22 + 12345) is None  # above pid_max's ceiling: never a process

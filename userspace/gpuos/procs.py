@@ -47,6 +47,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def comm(pid: int) -> str | None:
+    """The process's name (its comm), or None when it is gone or cannot be read."""
+    try:
+        return (PROC / str(pid) / "comm").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()

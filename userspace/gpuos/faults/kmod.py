@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .. import procs
 from ..errors import GpuosError
 from ..kernel import connect
 from ..kernel.model import Event
@@ -36,16 +37,6 @@ class KmodUnavailable(Exception):
     """gpuos.ko is not loaded (or cannot be listened to)."""
 
 
-def _process(pid: int | None) -> str | None:
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
 def fault_event(ev: Event, now_wall: float, now_mono_ns: int) -> FaultEvent | None:
     """The FaultEvent of a gpuos.ko FAULT event, or None for any other event."""
     if ev.type != EventType.FAULT or ev.fault is None:
@@ -62,7 +53,7 @@ def fault_event(ev: Event, now_wall: float, now_mono_ns: int) -> FaultEvent | No
     return FaultEvent(xid=None, pci="", time=now_wall - (now_mono_ns - ev.time_ns) / 1e9,
                       source=SOURCE, fault_class=FaultClass.MEMORY,
                       action=ACTIONS.get(decision, ACTIONS[Decision.DEFAULT]), pid=f.pid,
-                      process=_process(f.pid), mmu=mmu, extra=extra, name=NAME)
+                      process=None if f.pid is None else procs.comm(f.pid), mmu=mmu, extra=extra, name=NAME)
 
 
 class KmodFaultSource:

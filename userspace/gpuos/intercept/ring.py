@@ -194,6 +194,19 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
     return rec
 
 
+def _check_header(buf, size: int) -> int:
+    """The slot count of the ring whose header is at the start of buf (a memfd of size
+    bytes); RingError when it is not a ring this gpuos reads."""
+    magic, version, hdr_size, slot_size, nslots = struct.unpack_from("<QIIII", buf)
+    if magic != MAGIC:
+        raise RingError("not a libgpuos ring (bad magic)")
+    if version != VERSION or hdr_size != HDR_SIZE or slot_size != SLOT_SIZE:
+        raise RingError(f"ring format version {version} (this gpuos reads {VERSION})")
+    if nslots & (nslots - 1) or HDR_SIZE + nslots * SLOT_SIZE > size:
+        raise RingError("ring header is inconsistent")
+    return nslots
+
+
 class Ring:
     """A read-only view of one process's ring."""
 
@@ -202,14 +215,7 @@ class Ring:
         if size < HDR_SIZE:
             raise RingError("too small to be a libgpuos ring")
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        magic, version, hdr_size, slot_size, nslots = struct.unpack_from("<QIIII", self.map)
-        if magic != MAGIC:
-            raise RingError("not a libgpuos ring (bad magic)")
-        if version != VERSION or hdr_size != HDR_SIZE or slot_size != SLOT_SIZE:
-            raise RingError(f"ring format version {version} (this gpuos reads {VERSION})")
-        if nslots & (nslots - 1) or HDR_SIZE + nslots * SLOT_SIZE > size:
-            raise RingError("ring header is inconsistent")
-        self.nslots = nslots
+        self.nslots = _check_header(self.map, size)
         self.functions: dict[int, Function] = {}
 
     @classmethod
@@ -344,14 +350,15 @@ def set_ops_paused(pid: int, paused: bool) -> bool:
     """
     fd = open_proc_ring_fd(pid, writable=True)
     try:
+        size = os.fstat(fd).st_size
+        if size < HDR_SIZE:
+            raise RingError("too small to be a libgpuos ring")
         hdr = mmap.mmap(fd, HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
     try:
-        magic, version = struct.unpack_from("<QI", hdr)
-        if magic != MAGIC or version != VERSION:
-            raise RingError(f"process {pid}: not a libgpuos ring of format version {VERSION}")
-        if struct.unpack_from("<I", hdr, 28)[0] & RING_VALIDATE:
+        _check_header(hdr, size)
+        if HDR.unpack_from(hdr)[6] & RING_VALIDATE:  # hdr.flags
             raise RingError(f"process {pid} runs under --validate: its operations cannot be paused")
         was = bool(struct.unpack_from("<I", hdr, OPS_PAUSED_OFFSET)[0])
         struct.pack_into("<I", hdr, OPS_PAUSED_OFFSET, int(paused))

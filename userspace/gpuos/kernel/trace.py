@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .. import procs
 from ..errors import BccUnavailable, GpuosError, KmodNotLoaded, NotPermitted
 from .uapi import Decision, enum_name
 
@@ -98,7 +99,7 @@ def build_report(start: float, seconds: float, faults: dict[int, int],
     clients = []
     for pid in pids:
         per = {enum_name(Decision, d): n for (p, d), n in sorted(decisions.items()) if p == pid}
-        clients.append(ClientFaults(pid=pid, comm=_comm(pid), faults=faults.get(pid, 0),
+        clients.append(ClientFaults(pid=pid, comm=procs.comm(pid), faults=faults.get(pid, 0),
                                     decisions=per))
     clients.sort(key=lambda c: (-c.faults, -sum(c.decisions.values()), c.pid))
     return FaultReport(start=start, seconds=seconds, clients=clients,
@@ -106,13 +107,6 @@ def build_report(start: float, seconds: float, faults: dict[int, int],
                        decisions=sum(decisions.values()),
                        sources={DECISION_SOURCES.get(k, f"source-{k}"): n
                                 for k, n in sorted((sources or {}).items()) if n})
-
-
-def _comm(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None  # gone (a killed client often is)
 
 
 def find_tracepoints() -> Path:
