@@ -48,7 +48,7 @@ static void add(uint32_t kind, uint32_t flags, uint64_t base, uint64_t size, uin
 		.flags = flags,
 		.device = flags & GPUOS_A_HOST ? -1 : current_device(),
 	};
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	int e = gpuos_map_insert(&gpuos_allocs, &a);
 	pthread_rwlock_unlock(&gpuos_lock);
 	if (!e && size)
@@ -58,7 +58,7 @@ static void add(uint32_t kind, uint32_t flags, uint64_t base, uint64_t size, uin
 /* Take the allocation at base out of m before freeing it; 1 if it was there. */
 static int take(struct gpuos_map *m, uint64_t base, struct gpuos_alloc *out)
 {
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	ssize_t i = gpuos_map_index(m, base);
 	if (i >= 0) {
 		*out = m->v[i];
@@ -76,7 +76,7 @@ static CUresult freed(struct gpuos_map *m, int had, const struct gpuos_alloc *a,
 	if (r == CUDA_SUCCESS) {
 		gpuos_alloc_record(GPUOS_REC_FREE, a, stream);
 	} else {
-		pthread_rwlock_wrlock(&gpuos_lock);
+		gpuos_write_lock_drained();
 		gpuos_map_insert(m, a);
 		pthread_rwlock_unlock(&gpuos_lock);
 	}
@@ -222,7 +222,7 @@ CUresult gpuos_h_mem_create(PFN_cuMemCreate_v10020 real, int pt, CUmemGenericAll
 	if (!on || r != CUDA_SUCCESS)
 		return r;
 	int device = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	struct gpuos_obj *o = gpuos_obj_put(GPUOS_O_VMM, *handle);
 	if (o) {
 		o->u64 = size;
@@ -241,7 +241,7 @@ CUresult gpuos_h_mem_release(PFN_cuMemRelease_v10020 real, int pt, CUmemGenericA
 	struct gpuos_obj o;
 	int had = 0;
 	if (gpuos_on()) {
-		pthread_rwlock_wrlock(&gpuos_lock);
+		gpuos_write_lock_drained();
 		had = gpuos_obj_del(GPUOS_O_VMM, handle, &o);
 		pthread_rwlock_unlock(&gpuos_lock);
 	}
@@ -253,7 +253,7 @@ CUresult gpuos_h_mem_release(PFN_cuMemRelease_v10020 real, int pt, CUmemGenericA
 					 .kind = GPUOS_ALLOC_VMM_CREATE, .device = (int32_t)o.parent };
 		gpuos_alloc_record(GPUOS_REC_FREE, &a, 0);
 	} else {
-		pthread_rwlock_wrlock(&gpuos_lock);
+		gpuos_write_lock_drained();
 		struct gpuos_obj *n = gpuos_obj_put(GPUOS_O_VMM, handle);
 		if (n)
 			*n = o;
@@ -272,7 +272,7 @@ CUresult gpuos_h_mem_address_reserve(PFN_cuMemAddressReserve_v10020 real, int pt
 		return r;
 	struct gpuos_alloc a = { .base = *ptr, .end = *ptr + size, .ctx = gpuos_current_ctx(),
 				 .kind = GPUOS_ALLOC_VMM_RESERVE, .device = -1 };
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	int e = gpuos_map_insert(&gpuos_reservations, &a);
 	pthread_rwlock_unlock(&gpuos_lock);
 	if (!e)
@@ -298,7 +298,7 @@ CUresult gpuos_h_mem_map(PFN_cuMemMap_v10020 real, int pt, CUdeviceptr ptr, size
 		return r;
 	struct gpuos_alloc a = { .base = ptr, .end = ptr + size, .ctx = gpuos_current_ctx(), .aux = handle,
 				 .kind = GPUOS_ALLOC_VMM_MAP, .device = -1 };
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_VMM, handle);
 	if (o)
 		a.device = (int32_t)o->parent;
@@ -325,7 +325,7 @@ CUresult gpuos_h_mem_unmap(PFN_cuMemUnmap_v10020 real, int pt, CUdeviceptr ptr, 
 	CUresult r = real(ptr, size);
 	if (!on || r != CUDA_SUCCESS)
 		return r;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	if (!gpuos_map_cut(&gpuos_vmm_maps, ptr, ptr + size, unmapped))
 		gpuos_vmm_rebuild(ptr, ptr + size);
 	pthread_rwlock_unlock(&gpuos_lock);
@@ -345,7 +345,7 @@ CUresult gpuos_h_mem_set_access(PFN_cuMemSetAccess_v10020 real, int pt, CUdevice
 		if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
 			readable = 1;
 	/* Mappings the call covers whole become device memory the validator may read. */
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	size_t n, i = gpuos_map_span(&gpuos_vmm_maps, ptr, ptr + size, &n);
 	for (size_t j = i; j < i + n; j++) {
 		struct gpuos_alloc *m = &gpuos_vmm_maps.v[j];

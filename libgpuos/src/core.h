@@ -11,6 +11,8 @@
  *   alloc.c    allocations and VMM
  *   objects.c  modules, libraries, functions, kernels, streams, events, stream capture
  *   graph.c    graph execs: node extraction at instantiate/update, replay at launch
+ *   defer.c    per-thread queues and the recording thread: operations recorded off the
+ *              launching thread
  *
  * Every wrapper of the hook table calls a handler (HANDLER(real, pt, args...)): `real`
  * is the driver's entry point of exactly that exported symbol, `pt` is 1 for the
@@ -164,6 +166,8 @@ static inline int gpuos_recording(void)
 	return gpuos_on() && !__atomic_load_n(gpuos_pause_word, __ATOMIC_RELAXED);
 }
 
+/* Records this thread writes from now on carry this tid and time (0, 0: its own). */
+void gpuos_ring_as(uint32_t tid, uint64_t ts_ns);
 int gpuos_ring_create(uint32_t flags);   /* 0 or an errno; turns nothing off itself */
 void gpuos_ring_prefetch_hdr(void);      /* the header lines a record writes, */
 void gpuos_ring_prefetch_slots(void);    /* then its slots (after the first: reads head) */
@@ -311,6 +315,12 @@ struct gpuos_scan {
 };
 /* Scan a launch's parameters (read lock held).  fn may be NULL (unknown). */
 void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra);
+/* The same scan of a launch's parameters copied into one buffer: an `extra` buffer
+ * (from_extra), or each parameter at its layout offset (read lock held). */
+void gpuos_scan_image(struct gpuos_scan *s, const struct gpuos_fn *fn, const uint8_t *image, size_t size,
+		      int from_extra);
+/* The parameter buffer of an `extra` array and its size; 0 if it has none we scan. */
+int gpuos_extra_buffer(void **extra, const uint8_t **buf, size_t *size);
 /* Write a PARAMS record of a launch of fn (with GPUOS_FN_DUMP; read lock held). */
 void gpuos_scan_dump(const struct gpuos_fn *fn, void **kp, void **extra, uint64_t seq);
 /* The calling thread's scratch (NULL when out of memory: tracking is then off), its
@@ -347,6 +357,45 @@ uint32_t gpuos_node_memset(const CUDA_MEMSET_NODE_PARAMS *p, struct gpuos_rec_co
 /* A buffer entry for an exact range (copies, memsets): a is its allocation or NULL. */
 void gpuos_exact_buf(struct gpuos_rec_buf *b, const struct gpuos_alloc *a, uint64_t ptr, uint64_t len,
 		     uint16_t flags);
+
+/* ---- defer.c ------------------------------------------------------------------------ */
+
+/* An operation handed to the recording thread (defer.c): the launching thread copies
+ * what the record needs (the parameter bytes, the stream, ...) into its own queue and
+ * goes on; the recording thread scans and writes the record.  Everything that changes
+ * what a recording reads (the map, the handle table, graph execs) first drains every
+ * queue, taking gpuos_write_lock(), so each operation is recorded against the state it
+ * was issued in.  Entries are 8-byte multiples. */
+enum gpuos_qe_kind { GPUOS_QE_SKIP, GPUOS_QE_LAUNCH, GPUOS_QE_COPY, GPUOS_QE_GRAPH };
+
+struct gpuos_qe {
+	uint32_t size;  /* bytes of the entry */
+	uint16_t kind;  /* enum gpuos_qe_kind */
+	uint16_t flags; /* the record's flags known at the call */
+	uint64_t ts_ns; /* when it was issued */
+};
+
+/* A queue entry of size bytes (header included) in the calling thread's queue, to be
+ * filled and then committed (published if ok, dropped if not).  NULL: record this
+ * operation inline (validation on, queue full, no recording thread, nested call). */
+struct gpuos_qe *gpuos_defer_reserve(size_t size);
+void gpuos_defer_commit(struct gpuos_qe *e, int ok);
+/* Record every queued operation of the calling thread / of all threads now.  Callers
+ * hold no lock. */
+void gpuos_defer_drain_self(void);
+void gpuos_defer_drain_all(void);
+void gpuos_defer_forget(void); /* fork child */
+
+/* The recording thread's side (entries of each kind; read lock not held).  Records
+ * carry the issuing thread's tid and the entry's time (gpuos_ring_as). */
+void gpuos_play_launch(const struct gpuos_qe *e);
+void gpuos_play_copy(const struct gpuos_qe *e);
+void gpuos_play_graph(const struct gpuos_qe *e);
+
+/* Take gpuos_lock for writing to change what queued operations are recorded from (the
+ * allocation map, function entries, graph execs): they are recorded first, against the
+ * state they were issued in. */
+void gpuos_write_lock_drained(void);
 
 /* ---- objects.c, alloc.c, graph.c ------------------------------------------------------ */
 

@@ -233,6 +233,7 @@ static void atfork_child(void)
 	gpuos_track_forget();
 	gpuos_scan_forget();
 	gpuos_val_forget();
+	gpuos_defer_forget();
 	gpuos_seq = 0;
 	gpuos_validating = 0;
 	gpuos_capturing = 0;

@@ -159,7 +159,7 @@ static void hold_alloc(struct gpuos_gexec *g, uint64_t base, uint64_t size, int 
 		.kind = GPUOS_ALLOC_GRAPH, .flags = GPUOS_A_DEVMEM, .device = device,
 	};
 	int fresh = 0, held = 1;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	ssize_t i = gpuos_map_index(&gpuos_allocs, base);
 	if (i >= 0 && gpuos_allocs.v[i].kind == GPUOS_ALLOC_GRAPH && gpuos_allocs.v[i].end == a.end)
 		gpuos_allocs.v[i].aux++;
@@ -258,7 +258,7 @@ static void mark_freed(const struct nodes *ns)
 		if (ns->v[i].type != CU_GRAPH_NODE_TYPE_MEM_FREE || !gpuos_drv.graph_mem_free_node_get_params ||
 		    gpuos_drv.graph_mem_free_node_get_params(ns->v[i].node, &p) != CUDA_SUCCESS)
 			continue;
-		pthread_rwlock_wrlock(&gpuos_lock);
+		gpuos_write_lock_drained();
 		ssize_t j = gpuos_map_index(&gpuos_allocs, p);
 		if (j >= 0 && (gpuos_allocs.v[j].kind == GPUOS_ALLOC_GRAPH || gpuos_allocs.v[j].kind == GPUOS_ALLOC_ASYNC))
 			gpuos_allocs.v[j].flags &= ~GPUOS_A_DEVMEM;
@@ -368,7 +368,7 @@ static struct gpuos_gexec *build(CUgraph graph)
 oom:
 	free(ns.v);
 	if (g) {
-		pthread_rwlock_wrlock(&gpuos_lock);
+		gpuos_write_lock_drained();
 		release_locked(g);
 		pthread_rwlock_unlock(&gpuos_lock);
 		gexec_free(g);
@@ -381,7 +381,7 @@ oom:
 static void install(CUgraphExec exec, CUgraph graph, int created)
 {
 	struct gpuos_gexec *g = build(graph), *old;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	struct gpuos_obj *o = gpuos_obj_put(GPUOS_O_GEXEC, H(exec));
 	if (o) {
 		old = o->ptr;
@@ -462,7 +462,7 @@ static void node_params_set(CUgraphExec exec, CUgraphNode node, const CUDA_KERNE
 	if (scan_kernel(H(node), p, &k))
 		return;
 	struct gpuos_rec_buf *old = k.bufs;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_GEXEC, H(exec));
 	struct gpuos_gexec *g = o ? o->ptr : NULL;
 	for (uint32_t i = 0; g && i < g->nk; i++) {
@@ -515,7 +515,7 @@ CUresult gpuos_h_graph_exec_destroy(PFN_cuGraphExecDestroy_v10000 real, int pt, 
 	if (!on || r != CUDA_SUCCESS)
 		return r;
 	struct gpuos_obj o;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained();
 	int had = gpuos_obj_del(GPUOS_O_GEXEC, H(exec), &o);
 	if (had && o.ptr)
 		release_locked(o.ptr);
@@ -566,12 +566,42 @@ static void replay(CUgraphExec exec, uint64_t seq, uint64_t stream, uint64_t ctx
 		GPUOS_COUNT(n_unknown_layout, unknown);
 }
 
+/* A graph launch in a queue. */
+struct qe_graph {
+	struct gpuos_qe h;
+	uint64_t exec, stream, ctx;
+	uint32_t captured, pad;
+};
+
+void gpuos_play_graph(const struct gpuos_qe *e)
+{
+	const struct qe_graph *q = (const struct qe_graph *)e;
+	/* The exec as it was at the launch: updating or destroying it drains the queues. */
+	replay((CUgraphExec)(uintptr_t)q->exec, gpuos_next_seq(), q->stream, q->ctx, (int)q->captured);
+}
+
 CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec exec, CUstream st)
 {
 	if (!gpuos_recording())
 		return real(exec, st);
-	uint64_t stream = gpuos_eff_stream(st, pt), seq = gpuos_next_seq(), ctx = gpuos_current_ctx();
+	uint64_t stream = gpuos_eff_stream(st, pt), ctx = gpuos_current_ctx();
 	int captured = gpuos_stream_captured(stream);
+	struct gpuos_qe *e = gpuos_validating ? NULL : gpuos_defer_reserve(sizeof(struct qe_graph));
+	if (e) {
+		struct qe_graph *q = (struct qe_graph *)e;
+		e->kind = GPUOS_QE_GRAPH;
+		e->flags = 0;
+		e->ts_ns = gpuos_now_ns();
+		q->exec = H(exec);
+		q->stream = stream;
+		q->ctx = ctx;
+		q->captured = (uint32_t)captured;
+		CUresult r = real(exec, st);
+		gpuos_defer_commit(e, r == CUDA_SUCCESS);
+		return r;
+	}
+	gpuos_defer_drain_self(); /* recorded inline, after what this thread queued */
+	uint64_t seq = gpuos_next_seq();
 	int validating = gpuos_validating;
 	struct gpuos_val_op op;
 	struct gpuos_rec_buf *bufs = NULL; /* a copy: the exec may change while validating */

@@ -108,7 +108,7 @@ static void forget_fn(struct gpuos_obj *o)
 /* Forget the functions, kernels and modules of a module or library, then itself. */
 static void unloaded(uint32_t kind, uint32_t objtype, uint64_t handle)
 {
-	pthread_rwlock_wrlock(&gpuos_lock);
+	gpuos_write_lock_drained(); /* queued launches may be of these functions */
 	if (kind == GPUOS_O_LIBRARY)
 		gpuos_obj_sweep(fn_of_library_module, forget_fn, (void *)(uintptr_t)handle);
 	gpuos_obj_sweep(child_of, forget_fn, (void *)(uintptr_t)handle);

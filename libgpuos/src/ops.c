@@ -3,10 +3,14 @@
  * ops.c - the operations that change device memory: kernel launches, copies, memsets
  * and stream memory writes.
  *
- * Each handler does begin (predict: scan the parameters or compute the exact ranges;
- * with validation on, take gpuos_val_lock and call gpuos_val_before), the real call,
- * end (on success write the record; gpuos_val_after; unlock).  Nothing here changes an
- * argument or a result, and a wrapper that cannot track just calls through.
+ * Without validation a handler hands the operation to the recording thread (defer.c):
+ * it copies what the record needs into its thread's queue, makes the real call and
+ * commits the entry if the call succeeded; gpuos_play_* make the records.  Otherwise
+ * (validation, or no room in the queue) it records inline: begin (predict: scan the
+ * parameters or compute the exact ranges; with validation on, take gpuos_val_lock and
+ * call gpuos_val_before), the real call, end (on success write the record;
+ * gpuos_val_after; unlock).  Nothing here changes an argument or a result, and a
+ * wrapper that cannot track just calls through.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +88,7 @@ static void launch_init(struct launch *L, unsigned gx, unsigned gy, unsigned gz,
 	L->flags = flags;
 }
 
-/* 0: cannot track this launch (out of memory), call through. */
+/* 0: cannot track this launch (out of memory), call through.  launch_defer ran first. */
 static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 {
 	/* An application runs microseconds of its own code between two launches and evicts
@@ -124,8 +128,6 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 	L->rec.arg_hash = s->hash;
 	L->rec.nbuf = s->nbuf;
 	L->flags |= s->lflags;
-	if (gpuos_stream_captured(L->rec.stream))
-		L->flags |= GPUOS_LAUNCH_CAPTURED;
 	gpuos_ring_prefetch_slots(); /* the record is written after the real call */
 	L->validating = gpuos_validating;
 	if (L->validating) {
@@ -144,21 +146,122 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 	return 1;
 }
 
+/* The LAUNCH record of a launch and the scan's buffers. */
+static void launch_record(struct gpuos_rec_launch *rec, uint16_t flags, const struct gpuos_scan *s)
+{
+	/* Counters first: a locked add after the record would wait for its stores. */
+	GPUOS_COUNT(n_launches, 1);
+	if (flags & GPUOS_LAUNCH_LAYOUT_UNKNOWN)
+		GPUOS_COUNT(n_unknown_layout, 1);
+	uint64_t t_rec = ST_NOW();
+	gpuos_ring_emit(GPUOS_REC_LAUNCH, flags, rec, sizeof *rec, s->bufs, rec->nbuf * sizeof *s->bufs);
+	ST_ADD(RECORD, ST_NOW() - t_rec);
+}
+
 static CUresult launch_end(struct launch *L, CUresult r)
 {
-	if (r == CUDA_SUCCESS) {
-		/* Counters first: a locked add after the record would wait for its stores. */
-		GPUOS_COUNT(n_launches, 1);
-		if (L->flags & GPUOS_LAUNCH_LAYOUT_UNKNOWN)
-			GPUOS_COUNT(n_unknown_layout, 1);
-		uint64_t t_rec = ST_NOW();
-		gpuos_ring_emit(GPUOS_REC_LAUNCH, L->flags, &L->rec, sizeof L->rec, L->s->bufs,
-				L->rec.nbuf * sizeof *L->s->bufs);
-		ST_ADD(RECORD, ST_NOW() - t_rec);
-	}
+	if (r == CUDA_SUCCESS)
+		launch_record(&L->rec, L->flags, L->s);
 	if (L->validating)
 		gpuos_val_end(&L->op, r);
 	return r;
+}
+
+/* A launch in a queue: what its record needs, the parameters copied to their offsets
+ * (or the `extra` buffer). */
+struct qe_launch {
+	struct gpuos_qe h;
+	uint64_t func, stream, ctx;
+	uint32_t grid[3], block[3];
+	uint32_t shmem, nbytes;
+	uint32_t from_extra, pad;
+	uint8_t image[];
+};
+
+#define DEFER_MAX_IMAGE 4096 /* larger parameter buffers are scanned inline */
+
+/* Queue the launch L of fn (read lock held): the entry to commit, or NULL. */
+static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_fn *fn, uint64_t func,
+				     void **kp, void **extra)
+{
+	const uint8_t *ebuf = NULL;
+	size_t n = 0;
+	int known = fn->nparams != GPUOS_LAYOUT_UNKNOWN;
+	if (fn->flags & GPUOS_FN_DUMP)
+		return NULL; /* the dump reads the caller's parameters */
+	if (kp) {
+		n = known ? fn->params_bytes : 0;
+		for (uint16_t i = 0; known && i < fn->nparams; i++)
+			if (!kp[i])
+				return NULL;
+	} else if (extra && !gpuos_extra_buffer(extra, &ebuf, &n)) {
+		return NULL;
+	}
+	if (n > DEFER_MAX_IMAGE)
+		return NULL;
+	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_launch) + n);
+	if (!e)
+		return NULL;
+	struct qe_launch *q = (struct qe_launch *)e;
+	q->h.kind = GPUOS_QE_LAUNCH;
+	q->h.flags = L->flags;
+	q->h.ts_ns = gpuos_now_ns();
+	q->func = func;
+	q->stream = L->rec.stream;
+	q->ctx = gpuos_current_ctx();
+	memcpy(q->grid, L->rec.grid, sizeof q->grid);
+	memcpy(q->block, L->rec.block, sizeof q->block);
+	q->shmem = L->rec.shmem;
+	q->nbytes = (uint32_t)n;
+	q->from_extra = ebuf != NULL;
+	if (ebuf)
+		memcpy(q->image, ebuf, n);
+	else
+		for (uint16_t i = 0; kp && known && i < fn->nparams; i++)
+			memcpy(q->image + fn->p[i].off, kp[i], fn->p[i].size);
+	return e;
+}
+
+/* Hand launch L to the recording thread: the entry to commit after the real call, or
+ * NULL (record it inline: this thread's queue is recorded first, to keep its order). */
+static struct gpuos_qe *launch_defer(struct launch *L, CUfunction f, void **kp, void **extra)
+{
+	if (gpuos_stream_captured(L->rec.stream)) /* for the inline path too */
+		L->flags |= GPUOS_LAUNCH_CAPTURED;
+	if (gpuos_validating)
+		return NULL;
+	uint64_t h = (uint64_t)(uintptr_t)f;
+	pthread_rwlock_rdlock(&gpuos_lock);
+	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, h);
+	struct gpuos_qe *e = o && o->ptr ? launch_queue(L, o->ptr, h, kp, extra) : NULL;
+	pthread_rwlock_unlock(&gpuos_lock);
+	if (!e)
+		gpuos_defer_drain_self();
+	return e;
+}
+
+void gpuos_play_launch(const struct gpuos_qe *e)
+{
+	const struct qe_launch *q = (const struct qe_launch *)e;
+	struct gpuos_scan *s = gpuos_scan_tls();
+	if (!s)
+		return;
+	struct gpuos_rec_launch rec = { .stream = q->stream, .ctx = q->ctx, .shmem = q->shmem };
+	memcpy(rec.grid, q->grid, sizeof rec.grid);
+	memcpy(rec.block, q->block, sizeof rec.block);
+	pthread_rwlock_rdlock(&gpuos_lock);
+	/* Its entry, as it was at the call: changing or removing one drains the queues. */
+	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, q->func);
+	const struct gpuos_fn *fn = o ? o->ptr : NULL;
+	uint64_t t_scan = ST_NOW();
+	gpuos_scan_image(s, fn, q->image, q->nbytes, (int)q->from_extra);
+	ST_ADD(SCAN, ST_NOW() - t_scan);
+	rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
+	rec.seq = gpuos_next_seq();
+	pthread_rwlock_unlock(&gpuos_lock);
+	rec.arg_hash = s->hash;
+	rec.nbuf = s->nbuf;
+	launch_record(&rec, e->flags | s->lflags, s);
 }
 
 /* launch_end of the real call's result, with its stages timed in a selftime build:
@@ -173,6 +276,37 @@ static CUresult launch_timed_end(struct launch *L, CUresult r, uint64_t t0, uint
 	return r;
 }
 
+/* The same for a queued launch: the entry is committed if the real call succeeded. */
+static CUresult launch_committed(struct gpuos_qe *e, CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
+{
+	gpuos_defer_commit(e, r == CUDA_SUCCESS);
+	ST_ADD(LAUNCHES, 1);
+	ST_ADD(QUEUED, 1);
+	ST_ADD(BEGIN, t1 - t0);
+	ST_ADD(REAL, t2 - t1);
+	ST_ADD(END, ST_NOW() - t2);
+	return r;
+}
+
+/* Launch L (started at t0) around the real call `call`: queued, else recorded inline,
+ * else (out of memory) only called.  `call` is evaluated once. */
+#define LAUNCH_OP(L, t0, f, kp, extra, call)                                   \
+	do {                                                                   \
+		struct gpuos_qe *e_ = launch_defer(&(L), f, kp, extra);        \
+		uint64_t t1_;                                                  \
+		CUresult r_;                                                   \
+		if (e_) {                                                      \
+			t1_ = ST_NOW();                                        \
+			r_ = (call);                                           \
+			return launch_committed(e_, r_, t0, t1_, ST_NOW());    \
+		}                                                              \
+		if (!launch_begin(&(L), f, kp, extra))                         \
+			return (call);                                         \
+		t1_ = ST_NOW();                                                \
+		r_ = (call);                                                   \
+		return launch_timed_end(&(L), r_, t0, t1_, ST_NOW());          \
+	} while (0)
+
 CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction f, unsigned int gx,
 			       unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
 			       unsigned int shmem, CUstream st, void **kp, void **extra)
@@ -182,11 +316,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), 0);
-	if (!launch_begin(&L, f, kp, extra))
-		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
-	uint64_t t1 = ST_NOW();
-	CUresult r = real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
-	return launch_timed_end(&L, r, t0, t1, ST_NOW());
+	LAUNCH_OP(L, t0, f, kp, extra, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra));
 }
 
 CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, const CUlaunchConfig *config,
@@ -202,11 +332,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
 		    config->blockDimZ, config->sharedMemBytes, gpuos_eff_stream(config->hStream, pt), flags);
-	if (!launch_begin(&L, f, kp, extra))
-		return real(config, f, kp, extra);
-	uint64_t t1 = ST_NOW();
-	CUresult r = real(config, f, kp, extra);
-	return launch_timed_end(&L, r, t0, t1, ST_NOW());
+	LAUNCH_OP(L, t0, f, kp, extra, real(config, f, kp, extra));
 }
 
 CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, int pt, CUfunction f,
@@ -218,11 +344,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), GPUOS_LAUNCH_COOPERATIVE);
-	if (!launch_begin(&L, f, kp, NULL))
-		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
-	uint64_t t1 = ST_NOW();
-	CUresult r = real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
-	return launch_timed_end(&L, r, t0, t1, ST_NOW());
+	LAUNCH_OP(L, t0, f, kp, NULL, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp));
 }
 
 /* ---- copies and memsets ------------------------------------------------------------------------ */
@@ -293,10 +415,48 @@ static uint32_t describe(const struct copy_desc *d, struct gpuos_rec_copy *rec, 
 	return nbuf;
 }
 
-static int copy_begin(struct copy *c, const struct copy_desc *d)
+/* A copy or memset in a queue. */
+struct qe_copy {
+	struct gpuos_qe h;
+	struct copy_desc d;
+};
+
+/* Hand copy d to the recording thread: the entry to commit, or NULL (record inline;
+ * this thread's queue is recorded first). */
+static struct gpuos_qe *copy_defer(const struct copy_desc *d)
 {
-	if (!gpuos_recording())
-		return 0;
+	if (gpuos_validating)
+		return NULL;
+	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_copy));
+	if (!e) {
+		gpuos_defer_drain_self();
+		return NULL;
+	}
+	e->kind = GPUOS_QE_COPY;
+	e->flags = d->flags | (gpuos_stream_captured(d->stream) ? GPUOS_COPY_CAPTURED : 0);
+	e->ts_ns = gpuos_now_ns();
+	((struct qe_copy *)e)->d = *d;
+	return e;
+}
+
+void gpuos_play_copy(const struct gpuos_qe *e)
+{
+	const struct copy_desc *d = &((const struct qe_copy *)e)->d;
+	struct gpuos_rec_copy rec;
+	/* The map decides a unified copy's direction. */
+	int lookup = d->kind == GPUOS_COPY_UNIFIED;
+	if (lookup)
+		pthread_rwlock_rdlock(&gpuos_lock);
+	describe(d, &rec, NULL, lookup);
+	if (lookup)
+		pthread_rwlock_unlock(&gpuos_lock);
+	rec.seq = gpuos_next_seq();
+	gpuos_ring_emit(GPUOS_REC_COPY, e->flags, &rec, sizeof rec, NULL, 0);
+	GPUOS_COUNT(n_copies, 1);
+}
+
+static void copy_begin(struct copy *c, const struct copy_desc *d)
+{
 	c->flags = d->flags;
 	c->validating = gpuos_validating;
 	/* The map decides a unified copy's direction and, for validation, the buffers. */
@@ -320,7 +480,6 @@ static int copy_begin(struct copy *c, const struct copy_desc *d)
 		c->op.nbuf = nbuf;
 		gpuos_val_begin(&c->op);
 	}
-	return 1;
 }
 
 static CUresult copy_end(struct copy *c, CUresult r)
@@ -334,14 +493,22 @@ static CUresult copy_end(struct copy *c, CUresult r)
 	return r;
 }
 
-/* Around the real call `call`: it is evaluated once, on one of the two paths. */
-#define COPY_OP(desc, call)                            \
-	do {                                           \
-		struct copy c_;                        \
-		struct copy_desc d_ = (desc);          \
-		if (!copy_begin(&c_, &d_))             \
-			return (call);                 \
-		return copy_end(&c_, (call));          \
+/* Around the real call `call`: queued, else recorded inline, else only called.  `call`
+ * is evaluated once. */
+#define COPY_OP(desc, call)                                              \
+	do {                                                             \
+		struct copy c_;                                          \
+		struct gpuos_qe *e_;                                     \
+		if (!gpuos_recording())                                  \
+			return (call);                                   \
+		struct copy_desc d_ = (desc);                            \
+		if ((e_ = copy_defer(&d_)) != NULL) {                    \
+			CUresult r_ = (call);                            \
+			gpuos_defer_commit(e_, r_ == CUDA_SUCCESS);      \
+			return r_;                                       \
+		}                                                        \
+		copy_begin(&c_, &d_);                                    \
+		return copy_end(&c_, (call));                            \
 	} while (0)
 
 static struct copy_desc linear(uint32_t kind, uint16_t flags, uint64_t stream, uint64_t dst, uint8_t dside,
@@ -586,6 +753,7 @@ static int batch_begin(struct batch *b, CUdeviceptr *dsts, CUdeviceptr *srcs, si
 {
 	if (!dsts || !srcs || !sizes || !gpuos_recording())
 		return 0;
+	gpuos_defer_drain_self(); /* recorded inline, after what this thread queued */
 	b->seq = gpuos_next_seq();
 	b->stream = stream;
 	b->flags = GPUOS_COPY_ASYNC | (gpuos_stream_captured(stream) ? GPUOS_COPY_CAPTURED : 0);

@@ -240,6 +240,18 @@ void gpuos_ring_prefetch_slots(void)
 		__builtin_prefetch(R.slots + ((abs + j) & (R.nslots - 1)) * GPUOS_SLOT_SIZE, 1, 3);
 }
 
+/* The recording thread writes records of other threads' operations. */
+static GPUOS_TLS struct {
+	uint64_t ts_ns;
+	uint32_t tid;
+} as;
+
+void gpuos_ring_as(uint32_t tid, uint64_t ts_ns)
+{
+	as.tid = tid;
+	as.ts_ns = ts_ns;
+}
+
 void gpuos_ring_emit(uint16_t type, uint16_t flags, void *rec, size_t rec_len, const void *tail, size_t tail_len)
 {
 	struct gpuos_ring_hdr *hdr = gpuos_ring_hdr();
@@ -254,8 +266,8 @@ void gpuos_ring_emit(uint16_t type, uint16_t flags, void *rec, size_t rec_len, c
 	h->type = type;
 	h->flags = flags;
 	h->size = (uint32_t)(rec_len + tail_len);
-	h->ts_ns = gpuos_now_ns();
-	h->tid = gpuos_tid();
+	h->ts_ns = as.ts_ns ? as.ts_ns : gpuos_now_ns();
+	h->tid = as.tid ? as.tid : gpuos_tid();
 	h->reserved = 0;
 	struct src s = { rec, rec_len, tail, tail_len };
 	for (;;) {

@@ -392,8 +392,7 @@ static uint64_t hash_final(const struct scratch *x)
 	return h ^ (h >> 33);
 }
 
-/* The parameter buffer of an `extra` array, or 0. */
-static int extra_buffer(void **extra, const uint8_t **buf, size_t *size)
+int gpuos_extra_buffer(void **extra, const uint8_t **buf, size_t *size)
 {
 	*buf = NULL;
 	*size = 0;
@@ -407,6 +406,20 @@ static int extra_buffer(void **extra, const uint8_t **buf, size_t *size)
 		}
 	}
 	return *buf && sized && *size <= MAX_PARAM_BUFFER;
+}
+
+/* The parameters as one buffer: an `extra` buffer, or a launch's parameters copied to
+ * their offsets (defer.c).  Each parameter is scanned where it lies inside size bytes. */
+static void scan_image(struct scratch *x, const struct gpuos_fn *fn, const uint8_t *buf, size_t size)
+{
+	if (!fn || fn->nparams == GPUOS_LAYOUT_UNKNOWN) {
+		/* Word by word (parameter index 0xffff, offset into the buffer); still flagged. */
+		x->s.lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
+		scan_bytes(x, buf, size, 0xffff);
+		return;
+	}
+	for (uint16_t i = 0; i < fn->nparams && (size_t)fn->p[i].off + fn->p[i].size <= size; i++)
+		scan_bytes(x, buf + fn->p[i].off, fn->p[i].size, i);
 }
 
 static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp, void **extra)
@@ -428,21 +441,15 @@ static void scan_params(struct scratch *x, const struct gpuos_fn *fn, void **kp,
 	const uint8_t *buf;
 	size_t size;
 	s->lflags |= GPUOS_LAUNCH_EXTRA;
-	if (!extra_buffer(extra, &buf, &size)) {
+	if (!gpuos_extra_buffer(extra, &buf, &size)) {
 		s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
 		return;
 	}
-	if (!known) {
-		/* Word by word (parameter index 0xffff, offset into the buffer); still flagged. */
-		s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
-		scan_bytes(x, buf, size, 0xffff);
-		return;
-	}
-	for (uint16_t i = 0; i < fn->nparams && (size_t)fn->p[i].off + fn->p[i].size <= size; i++)
-		scan_bytes(x, buf + fn->p[i].off, fn->p[i].size, i);
+	scan_image(x, fn, buf, size);
 }
 
-void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
+/* Start a launch's scan: no buffers yet, the map's span and the dedupe set current. */
+static struct scratch *scan_start(struct gpuos_scan *s, const struct gpuos_fn *fn)
 {
 	struct scratch *x = (struct scratch *)s;
 	s->nbuf = 0;
@@ -458,9 +465,33 @@ void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **k
 		memset(x->seen, 0, sizeof x->seen);
 		x->gen = 1;
 	}
-	scan_params(x, fn, kp, extra);
+	return x;
+}
+
+static void scan_finish(struct scratch *x)
+{
 	ST_ADD(WORDS, x->nwords);
-	s->hash = hash_final(x);
+	x->s.hash = hash_final(x);
+}
+
+void gpuos_scan_launch(struct gpuos_scan *s, const struct gpuos_fn *fn, void **kp, void **extra)
+{
+	struct scratch *x = scan_start(s, fn);
+	scan_params(x, fn, kp, extra);
+	scan_finish(x);
+}
+
+void gpuos_scan_image(struct gpuos_scan *s, const struct gpuos_fn *fn, const uint8_t *image, size_t size,
+		      int from_extra)
+{
+	struct scratch *x = scan_start(s, fn);
+	if (from_extra)
+		s->lflags |= GPUOS_LAUNCH_EXTRA;
+	if (from_extra || (fn && fn->nparams != GPUOS_LAYOUT_UNKNOWN))
+		scan_image(x, fn, image, size);
+	else
+		s->lflags |= GPUOS_LAUNCH_LAYOUT_UNKNOWN;
+	scan_finish(x);
 }
 
 /* ---- parameter dumps ---------------------------------------------------------------------------- */
@@ -477,7 +508,7 @@ void gpuos_scan_dump(const struct gpuos_fn *fn, void **kp, void **extra, uint64_
 	uint32_t n;
 	if (kp && fn->nparams != GPUOS_LAYOUT_UNKNOWN) {
 		n = fn->nparams;
-	} else if (!kp && extra && extra_buffer(extra, &ebuf, &esize)) {
+	} else if (!kp && extra && gpuos_extra_buffer(extra, &ebuf, &esize)) {
 		n = 1;
 		flags |= GPUOS_PARAMS_EXTRA;
 	} else {

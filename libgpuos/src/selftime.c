@@ -15,18 +15,20 @@ static uint64_t tsc0, ns0;
 
 static void report(void)
 {
+	gpuos_defer_drain_all(); /* atexit runs before the library's destructors */
 	uint64_t n = gpuos_st[GPUOS_ST_LAUNCHES], dns = gpuos_now_ns() - ns0;
 	if (!n || !dns)
 		return;
 	double ghz = (double)(__rdtsc() - tsc0) / (double)dns, per = ghz * (double)n;
 	fprintf(stderr,
-		"libgpuos selftime: pid %d, %llu launches, TSC %.3f GHz; ns per launch: before the call %.0f "
-		"(scan %.0f), driver %.0f, after %.0f (record %.0f); lookups %llu hits, %llu misses; "
-		"%.1f words per launch\n",
-		(int)getpid(), (unsigned long long)n, ghz, gpuos_st[GPUOS_ST_BEGIN] / per,
-		gpuos_st[GPUOS_ST_SCAN] / per, gpuos_st[GPUOS_ST_REAL] / per, gpuos_st[GPUOS_ST_END] / per,
-		gpuos_st[GPUOS_ST_RECORD] / per, (unsigned long long)gpuos_st[GPUOS_ST_HITS],
-		(unsigned long long)gpuos_st[GPUOS_ST_MISSES], (double)gpuos_st[GPUOS_ST_WORDS] / (double)n);
+		"libgpuos selftime: pid %d, %llu launches, %llu queued, TSC %.3f GHz; ns per launch: "
+		"before the call %.0f, driver %.0f, after %.0f; scan %.0f, record %.0f; lookups %llu hits, "
+		"%llu misses; %.1f words per launch\n",
+		(int)getpid(), (unsigned long long)n, (unsigned long long)gpuos_st[GPUOS_ST_QUEUED], ghz,
+		gpuos_st[GPUOS_ST_BEGIN] / per, gpuos_st[GPUOS_ST_REAL] / per, gpuos_st[GPUOS_ST_END] / per,
+		gpuos_st[GPUOS_ST_SCAN] / per, gpuos_st[GPUOS_ST_RECORD] / per,
+		(unsigned long long)gpuos_st[GPUOS_ST_HITS], (unsigned long long)gpuos_st[GPUOS_ST_MISSES],
+		(double)gpuos_st[GPUOS_ST_WORDS] / (double)n);
 }
 
 __attribute__((constructor)) static void selftime_init(void)

@@ -3,8 +3,10 @@
  * selftime.h - what libgpuos's part of a kernel launch costs inside a running
  * application.  `make selftime` builds $(O)/selftime/libgpuos.so with -DGPUOS_SELFTIME:
  * the launch path then sums TSC cycles around its stages (before the real call, the
- * parameter scan, the real call, after it, the ring record) and counts the scan's
- * lookup-cache hits and misses; at exit it prints one line to stderr (selftime.c).
+ * real call, after it) and, wherever they run, the parameter scan and the ring record
+ * (inside "before" and "after" when recorded inline, on the recording thread for
+ * launches queued to it), and counts the scan's lookup-cache hits and misses and the
+ * queued launches; at exit it prints one line to stderr (selftime.c).
  * Without GPUOS_SELFTIME the macros compile to nothing.  Why this exists: the same code
  * costs several times more between an application's own work, which evicts its cache
  * lines, than in a loop (docs/interception.md).
@@ -16,7 +18,7 @@
 
 enum gpuos_st {
 	GPUOS_ST_LAUNCHES, GPUOS_ST_BEGIN, GPUOS_ST_SCAN, GPUOS_ST_REAL, GPUOS_ST_END, GPUOS_ST_RECORD,
-	GPUOS_ST_HITS, GPUOS_ST_MISSES, GPUOS_ST_WORDS, GPUOS_ST_COUNT
+	GPUOS_ST_HITS, GPUOS_ST_MISSES, GPUOS_ST_WORDS, GPUOS_ST_QUEUED, GPUOS_ST_COUNT
 };
 
 #ifdef GPUOS_SELFTIME

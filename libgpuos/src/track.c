@@ -192,6 +192,12 @@ void gpuos_vmm_rebuild(uint64_t lo, uint64_t hi)
 	}
 }
 
+void gpuos_write_lock_drained(void)
+{
+	gpuos_defer_drain_all();
+	pthread_rwlock_wrlock(&gpuos_lock);
+}
+
 /* ---- validator interface ---------------------------------------------------------------------- */
 
 static int overlaps(const struct gpuos_map *m, uint64_t lo, uint64_t hi)

@@ -6,7 +6,7 @@ set -u
 O=${1:?usage: run_fake.sh BUILD_DIR [PRELOAD_LIB]}
 PRE=${2:-}
 fail=0
-for t in t_direct t_dlsym t_procaddr t_graph t_validate t_fork t_scan t_pause t_bench; do
+for t in t_direct t_dlsym t_procaddr t_graph t_validate t_fork t_scan t_pause t_threads t_bench; do
 	case $t in
 	t_bench) args=20000 ;;
 	*) args=12345 ;;

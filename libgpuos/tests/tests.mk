@@ -10,8 +10,8 @@ CUDA_INC ?= /usr/local/cuda-13.0/include
 TESTS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 include $(TESTS_DIR)/../fakecuda/fake.mk
 
-TEST_CFLAGS = -O2 -g -std=gnu11 -Wall -Wextra -Werror -I$(CUDA_INC) -I$(TESTS_DIR)/../fakecuda -I$(TESTS_DIR) $(TEST_EXTRA_CFLAGS)
-TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause
+TEST_CFLAGS = -O2 -g -std=gnu11 -pthread -Wall -Wextra -Werror -I$(CUDA_INC) -I$(TESTS_DIR)/../fakecuda -I$(TESTS_DIR) $(TEST_EXTRA_CFLAGS)
+TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threads
 TEST_DLOPEN := t_dlsym t_procaddr
 TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN))
 TEST_HDRS := $(TESTS_DIR)/common.h $(TESTS_DIR)/work.h $(TESTS_DIR)/../fakecuda/fakecuda.h

@@ -158,6 +158,75 @@ def test_scan_follows_a_changing_map(build, env, tmp_path, seed):
     assert len(set(bases)) < len(bases)  # addresses came back
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["queued", "inline"])
+def test_threads_launching_while_the_map_changes(build, env, tmp_path, inline):
+    """Four threads launch while each frees and reallocates buffers, then exit right
+    after their last launches: every launch is recorded once, under its thread's tid,
+    in that thread's order, with exactly the buffers live when it was issued; seq is
+    one increasing order over the process.  Queued (the default: a recording thread
+    makes the records) and inline (GPUOS_RECORD_INLINE=1) alike."""
+    (out,), report, log = traced(build, dict(env, GPUOS_RECORD_INLINE="1" if inline else "0"), tmp_path,
+                                 "t_threads", "5")
+    assert out["ok"]
+    launches = of_type(log, "launch")
+    for t in out["threads"]:
+        mine = [r for r in launches if r["tid"] == t["tid"]]
+        assert [[[b["base"], b["size"]] for b in r["bufs"]] for r in mine] == t["expect"], t["tid"]
+        assert len(of_type([r for r in log if r.get("tid") == t["tid"]], "copy")) == len(t["expect"]) // 2 * 3
+        seqs = [r["seq"] for r in mine]
+        assert seqs == sorted(seqs)
+    assert [r["tid"] for r in launches].count(out["main_tid"]) == 1
+    assert len(launches) == out["launches"] == sum(len(t["expect"]) for t in out["threads"]) + 1
+    seqs = sorted(r["seq"] for r in launches + of_type(log, "copy"))
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+def normalized_ops(log: list[dict]) -> list[dict]:
+    """The launch, copy and graph records of a log with every address written as
+    (n, offset): n numbers the allocations in the order they were made, so two runs
+    whose allocations landed elsewhere compare equal; addresses in no allocation are
+    "other".  Times, seq, tids and handles are left out."""
+    live: dict[int, tuple[int, int]] = {}  # base -> (n, size)
+    made = 0
+
+    def where(addr: int) -> tuple[int, int] | str:
+        for base, (n, size) in live.items():
+            if base <= addr < base + size:
+                return (n, addr - base)
+        return "other"
+
+    out = []
+    for r in log:
+        if r["type"] == "alloc":
+            live[r["base"]] = (made, r["size"])
+            made += 1
+        elif r["type"] == "free":
+            live.pop(r["base"], None)
+        elif r["type"] in ("launch", "copy", "graph"):
+            o = {k: v for k, v in r.items() if k not in ("ts_ns", "seq", "pid", "tid", "ctx", "stream", "graph_exec")}
+            for k in ("dst", "src"):
+                if k in o and o.get(f"{k}_len"):
+                    o[k] = where(o[k])
+            if "bufs" in o:
+                o["bufs"] = [dict(b, base=where(b["base"]), ptr=where(b["ptr"])) for b in o["bufs"]]
+            out.append(o)
+    return out
+
+
+def test_queued_and_inline_records_are_the_same(build, env, tmp_path):
+    """The recording thread makes the records the launching thread would have made
+    inline: the same operations, in the same order, with the same buffers, flags and
+    argument hashes (only times, seq numbers and addresses may differ)."""
+    runs = {}
+    for mode in ("0", "1"):
+        (tmp_path / mode).mkdir()
+        (out,), _, log = traced(build, dict(env, GPUOS_RECORD_INLINE=mode), tmp_path / mode, "t_direct", "4242")
+        assert out["ok"]
+        runs[mode] = normalized_ops(log)
+    assert len(runs["0"]) > 50 and any(r.get("bufs") for r in runs["0"])
+    assert runs["0"] == runs["1"]
+
+
 def test_passive_without_gpuos_run(build, env):
     """Preloaded by hand (no GPUOS_CTL), the library only calls through."""
     ref = plain(build, env, "t_direct", "3")
@@ -337,18 +406,29 @@ def test_validation_cannot_be_paused(build, env, tmp_path):
     assert len([r for r in of_type(log, "launch") if fn[(r["pid"], r["func"])] == "fake_noop"]) == 5
 
 
-def test_selftime_build_times_each_launch(build, env):
-    """`make selftime`: the same library, timing its own part of every launch."""
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "queued"])
+def test_selftime_build_times_each_launch(build, env, inline):
+    """`make selftime`: the same library, timing its own part of every launch, whether
+    the launching thread records it (GPUOS_RECORD_INLINE=1) or queues it to the
+    recording thread."""
     res = subprocess.run(["make", "-s", "-C", str(REPO / "libgpuos"), f"O={build}", "selftime"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    run_env = dict(env, GPUOS_LIBGPUOS=str(build / "selftime" / "libgpuos.so"),
+                   GPUOS_RECORD_INLINE="1" if inline else "0")
     got = subprocess.run([*GPUOS, "run", "-q", "--", str(build / "tests" / "t_bench"), "2000", "10", "strided"],
-                         env=dict(env, GPUOS_LIBGPUOS=str(build / "selftime" / "libgpuos.so")),
-                         capture_output=True, text=True, timeout=60)
+                         env=run_env, capture_output=True, text=True, timeout=60)
     assert got.returncode == 0, got.stderr
     (line,) = [ln for ln in got.stderr.splitlines() if ln.startswith("libgpuos selftime:")]
     # 1000 warmup launches and 2000 timed; fake_strided's 532 parameter bytes are 67 words
     assert ", 3000 launches," in line and "67.0 words per launch" in line, line
+    queued = int(re.search(r"(\d+) queued", line).group(1))
     hits, misses = map(int, re.search(r"lookups (\d+) hits, (\d+) misses", line).groups())
-    assert hits + misses == 3 * 3000 and misses <= 3, line
+    assert hits + misses == 3 * 3000, line
+    if inline:
+        assert queued == 0 and misses <= 3, line
+    else:
+        # A thread whose queue is full records it itself: each recording thread's cache
+        # misses each of the 3 buffers once.
+        assert queued > 0 and misses <= 3 * 2, line
     assert prog_json(got.stdout)[0]["ok"]

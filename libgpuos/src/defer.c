@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * defer.c - recording off the launching thread.
+ *
+ * Inside an application the library's part of a launch costs several times what it
+ * costs in a loop: between two launches the application evicts the lines that the
+ * scan and the record touch (docs/interception.md).  So the launching thread only
+ * copies what a record needs (the parameter bytes, grid, stream, ...) into a queue of
+ * its own and goes on; the library's recording thread ("gpuos-rec") scans and writes
+ * the records, every millisecond while operations come, napping up to 64 ms when none
+ * do (the next operation wakes it).
+ *
+ * Each queue has one producer, its thread, and one consumer at a time: whoever holds
+ * drain_mu (the recording thread; a thread whose queue is full, for its own; a thread
+ * about to change what records are made from, for all of them).  A queue is drained
+ * in order, so one thread's records keep their order; seq is given when recorded.
+ * Whatever changes what a record is made from (the allocation map, function entries,
+ * graph execs) takes gpuos_write_lock_drained(), which drains every queue first, so
+ * each operation is recorded against the state it was issued in.  An exiting thread's
+ * queue is drained and freed by the recording thread; the process's exit drains them
+ * all (a process killed, or ending in _exit, loses the last milliseconds of records).
+ *
+ * Validation records inline (it must see each operation around its real call), and
+ * GPUOS_RECORD_INLINE=1 does too, to compare.  If the thread cannot be started, or a
+ * queue cannot be allocated, operations are recorded inline.
+ */
+#include <errno.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core.h"
+
+#define QUEUE_BYTES (256u << 10) /* per thread: ~700 launches of PyTorch's ~350 bytes */
+#define QUEUE_MASK (QUEUE_BYTES - 1)
+#define NAP_NS 1000000ll         /* between two drains while operations come */
+#define IDLE_NAP_NS 64000000ll   /* the longest nap: the bound on a missed wakeup */
+
+_Static_assert((QUEUE_BYTES & QUEUE_MASK) == 0, "queue size must be a power of two");
+
+struct queue {
+	/* the owner's line */
+	uint64_t head;     /* bytes published (release) */
+	uint64_t tail_seen; /* the owner's last look at tail */
+	uint64_t pending;  /* bytes the reserved entry takes (with a skip before it) */
+	uint32_t tid;
+	uint8_t reserved;  /* an entry is reserved: a nested call records inline */
+	uint8_t wake;      /* the recording thread naps long: the next commit wakes it */
+	/* the consumer's line */
+	uint64_t tail __attribute__((aligned(64)));
+	struct queue *next; /* list_mu */
+	int closed;         /* its thread has exited */
+	uint8_t buf[QUEUE_BYTES] __attribute__((aligned(64)));
+};
+
+enum { WORKER_UNSTARTED, WORKER_RUNNING, WORKER_NONE };
+
+static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER; /* queues, worker_state */
+static struct queue *queues;
+static int worker_state;
+static uint32_t wake_word; /* the recording thread's futex */
+static GPUOS_TLS struct queue *tls_q;
+static GPUOS_TLS uint8_t tls_no_queue; /* none could be made for this thread */
+static pthread_key_t q_key;
+static int q_key_made;
+static pthread_once_t q_key_once = PTHREAD_ONCE_INIT;
+
+static void futex_wait(uint32_t *w, uint32_t v, long long ns)
+{
+	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
+	syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, v, &ts, NULL, 0);
+}
+
+static void play(const struct gpuos_qe *e, uint32_t tid)
+{
+	gpuos_ring_as(tid, e->ts_ns);
+	switch (e->kind) {
+	case GPUOS_QE_LAUNCH:
+		gpuos_play_launch(e);
+		break;
+	case GPUOS_QE_COPY:
+		gpuos_play_copy(e);
+		break;
+	case GPUOS_QE_GRAPH:
+		gpuos_play_graph(e);
+		break;
+	}
+	gpuos_ring_as(0, 0);
+}
+
+/* Record q's published entries (drain_mu held).  Returns how many bytes. */
+static uint64_t drain_queue(struct queue *q)
+{
+	uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE), t = q->tail;
+	for (uint64_t at = t; at != head;) {
+		const struct gpuos_qe *e = (const struct gpuos_qe *)(q->buf + (at & QUEUE_MASK));
+		if (e->kind != GPUOS_QE_SKIP)
+			play(e, q->tid);
+		at += e->size;
+	}
+	__atomic_store_n(&q->tail, head, __ATOMIC_RELEASE);
+	return head - t;
+}
+
+/* Drain every queue, freeing those of exited threads.  Returns how many bytes were
+ * recorded. */
+static uint64_t drain_queues(void)
+{
+	uint64_t n = 0;
+	pthread_mutex_lock(&drain_mu);
+	pthread_mutex_lock(&list_mu);
+	struct queue *q = queues;
+	pthread_mutex_unlock(&list_mu);
+	/* Queues are added at the front and freed only here (drain_mu held): the list from
+	 * q on stays as it is while we walk it. */
+	while (q) {
+		struct queue *next = q->next;
+		int closed = __atomic_load_n(&q->closed, __ATOMIC_ACQUIRE);
+		n += drain_queue(q);
+		if (closed) {
+			pthread_mutex_lock(&list_mu);
+			struct queue **pp = &queues;
+			while (*pp != q)
+				pp = &(*pp)->next;
+			*pp = next;
+			pthread_mutex_unlock(&list_mu);
+			free(q);
+		}
+		q = next;
+	}
+	pthread_mutex_unlock(&drain_mu);
+	return n;
+}
+
+/* Ask each queue's next commit to wake the recording thread (a commit that does not
+ * see it yet is recorded after the nap). */
+static void arm_wakeups(void)
+{
+	pthread_mutex_lock(&list_mu);
+	for (struct queue *q = queues; q; q = q->next)
+		__atomic_store_n(&q->wake, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&list_mu);
+}
+
+static void *worker(void *arg)
+{
+	(void)arg;
+	long long nap = NAP_NS;
+	for (;;) {
+		uint32_t w = __atomic_load_n(&wake_word, __ATOMIC_ACQUIRE);
+		if (drain_queues()) {
+			nap = NAP_NS;
+		} else {
+			nap = nap * 2 < IDLE_NAP_NS ? nap * 2 : IDLE_NAP_NS;
+			arm_wakeups();
+		}
+		futex_wait(&wake_word, w, nap);
+	}
+	return NULL;
+}
+
+static void queue_closed(void *p)
+{
+	struct queue *q = p;
+	tls_q = NULL; /* a later driver call from a TLS destructor makes a new queue */
+	__atomic_store_n(&q->closed, 1, __ATOMIC_RELEASE);
+}
+
+static void q_key_init(void)
+{
+	q_key_made = !pthread_key_create(&q_key, queue_closed);
+}
+
+/* Start the recording thread, with every signal blocked (the application's handlers
+ * run on its own threads).  list_mu held. */
+static void worker_start(void)
+{
+	const char *inl = getenv("GPUOS_RECORD_INLINE");
+	worker_state = WORKER_NONE;
+	if (inl && !strcmp(inl, "1"))
+		return;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	int e = pthread_create(&t, &attr, worker, NULL);
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e) {
+		gpuos_dbg("no recording thread (%s): recording inline", strerror(e));
+		return;
+	}
+	pthread_setname_np(t, "gpuos-rec");
+	worker_state = WORKER_RUNNING;
+}
+
+static struct queue *queue_new(void)
+{
+	pthread_once(&q_key_once, q_key_init);
+	pthread_mutex_lock(&list_mu);
+	if (worker_state == WORKER_UNSTARTED)
+		worker_start();
+	struct queue *q = NULL;
+	if (worker_state == WORKER_RUNNING && (q = aligned_alloc(64, sizeof *q)) != NULL) {
+		memset(q, 0, offsetof(struct queue, buf));
+		q->tid = gpuos_tid();
+		q->next = queues;
+		queues = q;
+	}
+	pthread_mutex_unlock(&list_mu);
+	if (q) {
+		if (q_key_made)
+			pthread_setspecific(q_key, q);
+		tls_q = q;
+	}
+	return q;
+}
+
+struct gpuos_qe *gpuos_defer_reserve(size_t size)
+{
+	struct queue *q = tls_q;
+	if (unlikely(!q)) {
+		if (gpuos_validating || worker_state == WORKER_NONE || tls_no_queue)
+			return NULL;
+		if (!(q = queue_new())) {
+			tls_no_queue = 1;
+			return NULL;
+		}
+	}
+	if (unlikely(q->reserved) || size > QUEUE_BYTES / 4)
+		return NULL;
+	size = (size + 7) & ~(size_t)7;
+	uint64_t h = q->head, off = h & QUEUE_MASK;
+	uint64_t skip = off + size > QUEUE_BYTES ? QUEUE_BYTES - off : 0;
+	if (h + skip + size - q->tail_seen > QUEUE_BYTES) {
+		q->tail_seen = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
+		if (h + skip + size - q->tail_seen > QUEUE_BYTES)
+			return NULL; /* full: the caller drains it and records inline */
+	}
+	if (skip) {
+		/* Only size and kind of a skip are read: 8 bytes, as little as may be left. */
+		struct gpuos_qe *s = (struct gpuos_qe *)(q->buf + off);
+		s->size = (uint32_t)skip;
+		s->kind = GPUOS_QE_SKIP;
+		off = 0;
+	}
+	q->pending = skip + size;
+	q->reserved = 1;
+	struct gpuos_qe *e = (struct gpuos_qe *)(q->buf + off);
+	e->size = (uint32_t)size;
+	return e;
+}
+
+void gpuos_defer_commit(struct gpuos_qe *e, int ok)
+{
+	(void)e;
+	struct queue *q = tls_q;
+	q->reserved = 0;
+	if (!ok)
+		return;
+	uint64_t head = q->head + q->pending;
+	__atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
+	/* Wake the recording thread if it naps long, or if the queue is half full (the
+	 * next look at tail is then due: at most one wakeup per half queue). */
+	if (unlikely(__atomic_load_n(&q->wake, __ATOMIC_RELAXED)) ||
+	    unlikely(head - q->tail_seen > QUEUE_BYTES / 2 &&
+		     head - (q->tail_seen = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE)) > QUEUE_BYTES / 2)) {
+		q->wake = 0;
+		__atomic_add_fetch(&wake_word, 1, __ATOMIC_RELEASE);
+		syscall(SYS_futex, &wake_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+	}
+}
+
+void gpuos_defer_drain_self(void)
+{
+	struct queue *q = tls_q;
+	if (likely(!q) || __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) == q->head)
+		return;
+	pthread_mutex_lock(&drain_mu);
+	drain_queue(q);
+	pthread_mutex_unlock(&drain_mu);
+}
+
+void gpuos_defer_drain_all(void)
+{
+	if (__atomic_load_n(&queues, __ATOMIC_ACQUIRE))
+		drain_queues();
+}
+
+__attribute__((destructor)) static void drain_at_exit(void)
+{
+	gpuos_defer_drain_all();
+}
+
+void gpuos_defer_forget(void)
+{
+	/* The child's only thread is the one that forked: the parent's queues were the
+	 * parent's (its recording thread records them), the child starts afresh. */
+	pthread_mutex_init(&drain_mu, NULL);
+	pthread_mutex_init(&list_mu, NULL);
+	while (queues) {
+		struct queue *next = queues->next;
+		free(queues);
+		queues = next;
+	}
+	tls_q = NULL;
+	tls_no_queue = 0;
+	if (q_key_made)
+		pthread_setspecific(q_key, NULL);
+	worker_state = WORKER_UNSTARTED;
+	wake_word = 0;
+}
