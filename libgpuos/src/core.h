@@ -301,6 +301,8 @@ struct gpuos_fn {
 enum gpuos_fn_hint { GPUOS_HINT_UNKNOWN, GPUOS_HINT_FUNCTION, GPUOS_HINT_KERNEL };
 
 void gpuos_scan_config(void); /* reads GPUOS_TOUCH_ALL and GPUOS_DUMP_PARAMS */
+/* Changes (write lock held) whenever function entries are freed (module unload). */
+extern uint64_t gpuos_fn_gen;
 /* The function table id of a handle, making its entry (layout, name) and writing its
  * OBJECT record on first sight.  Takes the lock itself: call without it. */
 uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent);
@@ -380,13 +382,17 @@ struct gpuos_qe {
  * operation inline (validation on, queue full, no recording thread, nested call). */
 struct gpuos_qe *gpuos_defer_reserve(size_t size);
 void gpuos_defer_commit(struct gpuos_qe *e, int ok);
+/* The function entry of a handle for the calling thread's queue (no lock held: the
+ * thread's cache of entries, good while gpuos_fn_gen holds); NULL: not known, or no
+ * queue.  The entry stays valid until its module is unloaded. */
+const struct gpuos_fn *gpuos_defer_fn(uint64_t handle);
 /* Record every queued operation of the calling thread / of all threads now.  Callers
  * hold no lock. */
 void gpuos_defer_drain_self(void);
 void gpuos_defer_drain_all(void);
 void gpuos_defer_forget(void); /* fork child */
 
-/* The recording thread's side (entries of each kind; read lock not held).  Records
+/* The recording thread's side (entries of each kind; read lock held).  Records
  * carry the issuing thread's tid and the entry's time (gpuos_ring_as). */
 void gpuos_play_launch(const struct gpuos_qe *e);
 void gpuos_play_copy(const struct gpuos_qe *e);

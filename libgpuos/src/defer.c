@@ -35,6 +35,7 @@
 #include "core.h"
 
 #define QUEUE_BYTES (256u << 10) /* per thread: ~700 launches of PyTorch's ~350 bytes */
+#define FN_CACHE_BITS 10          /* the thread's function entries: 1024 of them */
 #define QUEUE_MASK (QUEUE_BYTES - 1)
 #define NAP_NS 1000000ll         /* between two drains while operations come */
 #define IDLE_NAP_NS 64000000ll   /* the longest nap: the bound on a missed wakeup */
@@ -49,6 +50,11 @@ struct queue {
 	uint32_t tid;
 	uint8_t reserved;  /* an entry is reserved: a nested call records inline */
 	uint8_t wake;      /* the recording thread naps long: the next commit wakes it */
+	/* the owner's function entries by handle, good while gpuos_fn_gen holds */
+	struct {
+		uint64_t handle, gen;
+		const struct gpuos_fn *fn;
+	} fns[1u << FN_CACHE_BITS];
 	/* the consumer's line */
 	uint64_t tail __attribute__((aligned(64)));
 	struct queue *next; /* list_mu */
@@ -96,12 +102,17 @@ static void play(const struct gpuos_qe *e, uint32_t tid)
 static uint64_t drain_queue(struct queue *q)
 {
 	uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE), t = q->tail;
+	if (head == t)
+		return 0;
+	/* One read lock for them all: the launching threads do not take it. */
+	pthread_rwlock_rdlock(&gpuos_lock);
 	for (uint64_t at = t; at != head;) {
 		const struct gpuos_qe *e = (const struct gpuos_qe *)(q->buf + (at & QUEUE_MASK));
 		if (e->kind != GPUOS_QE_SKIP)
 			play(e, q->tid);
 		at += e->size;
 	}
+	pthread_rwlock_unlock(&gpuos_lock);
 	__atomic_store_n(&q->tail, head, __ATOMIC_RELEASE);
 	return head - t;
 }
@@ -209,7 +220,7 @@ static struct queue *queue_new(void)
 		worker_start();
 	struct queue *q = NULL;
 	if (worker_state == WORKER_RUNNING && (q = aligned_alloc(64, sizeof *q)) != NULL) {
-		memset(q, 0, offsetof(struct queue, buf));
+		memset(q, 0, offsetof(struct queue, buf)); /* fns[].handle 0: no entry */
 		q->tid = gpuos_tid();
 		q->next = queues;
 		queues = q;
@@ -223,17 +234,44 @@ static struct queue *queue_new(void)
 	return q;
 }
 
-struct gpuos_qe *gpuos_defer_reserve(size_t size)
+/* The calling thread's queue, made at its first operation; NULL: record inline. */
+static inline struct queue *queue_get(void)
 {
 	struct queue *q = tls_q;
-	if (unlikely(!q)) {
-		if (gpuos_validating || worker_state == WORKER_NONE || tls_no_queue)
-			return NULL;
-		if (!(q = queue_new())) {
-			tls_no_queue = 1;
-			return NULL;
-		}
+	if (likely(q != NULL))
+		return q;
+	if (gpuos_validating || worker_state == WORKER_NONE || tls_no_queue)
+		return NULL;
+	if (!(q = queue_new()))
+		tls_no_queue = 1;
+	return q;
+}
+
+const struct gpuos_fn *gpuos_defer_fn(uint64_t handle)
+{
+	struct queue *q = queue_get();
+	if (unlikely(!q))
+		return NULL;
+	__typeof__(&q->fns[0]) c = &q->fns[(handle * 0x9e3779b97f4a7c15ull) >> (64 - FN_CACHE_BITS)];
+	if (likely(c->handle == handle && c->gen == __atomic_load_n(&gpuos_fn_gen, __ATOMIC_ACQUIRE)))
+		return c->fn;
+	pthread_rwlock_rdlock(&gpuos_lock);
+	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, handle);
+	const struct gpuos_fn *fn = o ? o->ptr : NULL;
+	if (fn) {
+		c->handle = handle;
+		c->gen = gpuos_fn_gen;
+		c->fn = fn;
 	}
+	pthread_rwlock_unlock(&gpuos_lock);
+	return fn;
+}
+
+struct gpuos_qe *gpuos_defer_reserve(size_t size)
+{
+	struct queue *q = queue_get();
+	if (unlikely(!q))
+		return NULL;
 	if (unlikely(q->reserved) || size > QUEUE_BYTES / 4)
 		return NULL;
 	size = (size + 7) & ~(size_t)7;

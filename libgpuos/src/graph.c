@@ -526,10 +526,9 @@ CUresult gpuos_h_graph_exec_destroy(PFN_cuGraphExecDestroy_v10000 real, int pt, 
 	return r;
 }
 
-/* The GRAPH record and its nodes' records. */
+/* The GRAPH record and its nodes' records (read lock held). */
 static void replay(CUgraphExec exec, uint64_t seq, uint64_t stream, uint64_t ctx, int captured)
 {
-	pthread_rwlock_rdlock(&gpuos_lock);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_GEXEC, H(exec));
 	const struct gpuos_gexec *g = o ? o->ptr : NULL;
 	struct gpuos_rec_graph gr = {
@@ -558,7 +557,6 @@ static void replay(CUgraphExec exec, uint64_t seq, uint64_t stream, uint64_t ctx
 		gpuos_ring_emit(GPUOS_REC_COPY, GPUOS_COPY_GRAPH | (captured ? GPUOS_COPY_CAPTURED : 0), &rec,
 				sizeof rec, NULL, 0);
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
 	GPUOS_COUNT(n_graph_launches, 1);
 	GPUOS_COUNT(n_launches, gr.nkernels);
 	GPUOS_COUNT(n_copies, gr.ncopies);
@@ -628,8 +626,11 @@ CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec
 		gpuos_val_begin(&op);
 	}
 	CUresult r = real(exec, st);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
+		pthread_rwlock_rdlock(&gpuos_lock);
 		replay(exec, seq, stream, ctx, captured);
+		pthread_rwlock_unlock(&gpuos_lock);
+	}
 	if (validating) {
 		gpuos_val_end(&op, r);
 		free(bufs);

@@ -109,6 +109,7 @@ static void forget_fn(struct gpuos_obj *o)
 static void unloaded(uint32_t kind, uint32_t objtype, uint64_t handle)
 {
 	gpuos_write_lock_drained(); /* queued launches may be of these functions */
+	__atomic_add_fetch(&gpuos_fn_gen, 1, __ATOMIC_RELEASE); /* threads' cached entries go */
 	if (kind == GPUOS_O_LIBRARY)
 		gpuos_obj_sweep(fn_of_library_module, forget_fn, (void *)(uintptr_t)handle);
 	gpuos_obj_sweep(child_of, forget_fn, (void *)(uintptr_t)handle);

@@ -180,7 +180,7 @@ struct qe_launch {
 
 #define DEFER_MAX_IMAGE 4096 /* larger parameter buffers are scanned inline */
 
-/* Queue the launch L of fn (read lock held): the entry to commit, or NULL. */
+/* Queue the launch L of fn: the entry to commit, or NULL. */
 static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_fn *fn, uint64_t func,
 				     void **kp, void **extra)
 {
@@ -218,7 +218,8 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 		memcpy(q->image, ebuf, n);
 	else
 		for (uint16_t i = 0; kp && known && i < fn->nparams; i++)
-			memcpy(q->image + fn->p[i].off, kp[i], fn->p[i].size);
+			if ((size_t)fn->p[i].off + fn->p[i].size <= n) /* params_bytes bounds them all */
+				memcpy(q->image + fn->p[i].off, kp[i], fn->p[i].size);
 	return e;
 }
 
@@ -231,10 +232,8 @@ static struct gpuos_qe *launch_defer(struct launch *L, CUfunction f, void **kp, 
 	if (gpuos_validating)
 		return NULL;
 	uint64_t h = (uint64_t)(uintptr_t)f;
-	pthread_rwlock_rdlock(&gpuos_lock);
-	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, h);
-	struct gpuos_qe *e = o && o->ptr ? launch_queue(L, o->ptr, h, kp, extra) : NULL;
-	pthread_rwlock_unlock(&gpuos_lock);
+	const struct gpuos_fn *fn = gpuos_defer_fn(h);
+	struct gpuos_qe *e = fn ? launch_queue(L, fn, h, kp, extra) : NULL;
 	if (!e)
 		gpuos_defer_drain_self();
 	return e;
@@ -249,7 +248,6 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 	struct gpuos_rec_launch rec = { .stream = q->stream, .ctx = q->ctx, .shmem = q->shmem };
 	memcpy(rec.grid, q->grid, sizeof rec.grid);
 	memcpy(rec.block, q->block, sizeof rec.block);
-	pthread_rwlock_rdlock(&gpuos_lock);
 	/* Its entry, as it was at the call: changing or removing one drains the queues. */
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, q->func);
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
@@ -258,7 +256,6 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 	ST_ADD(SCAN, ST_NOW() - t_scan);
 	rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
 	rec.seq = gpuos_next_seq();
-	pthread_rwlock_unlock(&gpuos_lock);
 	rec.arg_hash = s->hash;
 	rec.nbuf = s->nbuf;
 	launch_record(&rec, e->flags | s->lflags, s);
@@ -443,13 +440,7 @@ void gpuos_play_copy(const struct gpuos_qe *e)
 {
 	const struct copy_desc *d = &((const struct qe_copy *)e)->d;
 	struct gpuos_rec_copy rec;
-	/* The map decides a unified copy's direction. */
-	int lookup = d->kind == GPUOS_COPY_UNIFIED;
-	if (lookup)
-		pthread_rwlock_rdlock(&gpuos_lock);
-	describe(d, &rec, NULL, lookup);
-	if (lookup)
-		pthread_rwlock_unlock(&gpuos_lock);
+	describe(d, &rec, NULL, d->kind == GPUOS_COPY_UNIFIED); /* the map decides its direction */
 	rec.seq = gpuos_next_seq();
 	gpuos_ring_emit(GPUOS_REC_COPY, e->flags, &rec, sizeof rec, NULL, 0);
 	GPUOS_COUNT(n_copies, 1);

@@ -59,6 +59,8 @@ struct patterns {
 	size_t n;
 };
 
+uint64_t gpuos_fn_gen;
+
 static struct patterns touch_pats; /* GPUOS_TOUCH_ALL */
 static struct patterns dump_pats;  /* GPUOS_DUMP_PARAMS */
 

@@ -10,7 +10,7 @@
 
 #include "core.h"
 
-uint64_t gpuos_st[GPUOS_ST_COUNT];
+uint64_t gpuos_st[GPUOS_ST_COUNT] __attribute__((aligned(64)));
 static uint64_t tsc0, ns0;
 
 static void report(void)
