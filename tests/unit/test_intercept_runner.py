@@ -131,6 +131,8 @@ def test_run_without_cuda_calls_and_bad_commands(fake_lib):
     assert res.returncode == 2
     res = run("run", "--ring-slots", "3000", "--", "true")
     assert res.returncode == 2 and "power of two" in res.stderr
+    res = run("run", "--log", "/nonexistent-dir/x.jsonl", "--", "true")
+    assert res.returncode == 1 and "cannot write the log" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_run_without_the_library(monkeypatch, tmp_path):

@@ -141,7 +141,10 @@ class Supervisor:
             listener.setblocking(False)
             self.sel.register(listener, selectors.EVENT_READ, "listen")
             if self.opts.log:
-                self.log = LaunchLogWriter(self.opts.log, self.opts.cmd, self.opts.validate)
+                try:
+                    self.log = LaunchLogWriter(self.opts.log, self.opts.cmd, self.opts.validate)
+                except OSError as exc:
+                    raise GpuosError(f"cannot write the log {self.opts.log}: {exc.strerror}") from exc
             start = time.monotonic()
             try:
                 child = subprocess.Popen(self.opts.cmd, env=self._env(ctl))
