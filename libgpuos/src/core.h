@@ -384,7 +384,8 @@ struct gpuos_qe *gpuos_defer_reserve(size_t size);
 void gpuos_defer_commit(struct gpuos_qe *e, int ok);
 /* The function entry of a handle for the calling thread's queue (no lock held: the
  * thread's cache of entries, good while gpuos_fn_gen holds); NULL: not known, or no
- * queue.  The entry stays valid until its module is unloaded. */
+ * queue.  The entry stays valid until its module is unloaded.  Also requests the lines
+ * the thread's next entry will take. */
 const struct gpuos_fn *gpuos_defer_fn(uint64_t handle);
 /* Record every queued operation of the calling thread / of all threads now.  Callers
  * hold no lock. */

@@ -70,6 +70,7 @@ static struct queue *queues;
 static int worker_state;
 static uint32_t wake_word; /* the recording thread's futex */
 static GPUOS_TLS struct queue *tls_q;
+static GPUOS_TLS uint8_t *tls_next; /* where tls_q's next entry goes, unless it wraps */
 static GPUOS_TLS uint8_t tls_no_queue; /* none could be made for this thread */
 static pthread_key_t q_key;
 static int q_key_made;
@@ -230,6 +231,7 @@ static struct queue *queue_new(void)
 		if (q_key_made)
 			pthread_setspecific(q_key, q);
 		tls_q = q;
+		tls_next = q->buf;
 	}
 	return q;
 }
@@ -252,6 +254,10 @@ const struct gpuos_fn *gpuos_defer_fn(uint64_t handle)
 	struct queue *q = queue_get();
 	if (unlikely(!q))
 		return NULL;
+	/* The lines the entry will write, wanted after the real call. */
+	__builtin_prefetch(&q->head, 1, 3);
+	for (int i = 0; i < 6; i++)
+		__builtin_prefetch(tls_next + 64 * i, 1, 3);
 	__typeof__(&q->fns[0]) c = &q->fns[(handle * 0x9e3779b97f4a7c15ull) >> (64 - FN_CACHE_BITS)];
 	if (likely(c->handle == handle && c->gen == __atomic_load_n(&gpuos_fn_gen, __ATOMIC_ACQUIRE)))
 		return c->fn;
@@ -305,6 +311,7 @@ void gpuos_defer_commit(struct gpuos_qe *e, int ok)
 		return;
 	uint64_t head = q->head + q->pending;
 	__atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
+	tls_next = q->buf + (head & QUEUE_MASK);
 	/* Wake the recording thread if it naps long, or if the queue is half full (the
 	 * next look at tail is then due: at most one wakeup per half queue). */
 	if (unlikely(__atomic_load_n(&q->wake, __ATOMIC_RELAXED)) ||
@@ -349,6 +356,7 @@ void gpuos_defer_forget(void)
 		queues = next;
 	}
 	tls_q = NULL;
+	tls_next = NULL;
 	tls_no_queue = 0;
 	if (q_key_made)
 		pthread_setspecific(q_key, NULL);

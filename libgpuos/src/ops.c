@@ -88,7 +88,7 @@ static void launch_init(struct launch *L, unsigned gx, unsigned gy, unsigned gz,
 	L->flags = flags;
 }
 
-/* 0: cannot track this launch (out of memory), call through.  launch_defer ran first. */
+/* 0: cannot track this launch (out of memory), call through.  launch_prepare ran first. */
 static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 {
 	/* An application runs microseconds of its own code between two launches and evicts
@@ -223,20 +223,35 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 	return e;
 }
 
-/* Hand launch L to the recording thread: the entry to commit after the real call, or
- * NULL (record it inline: this thread's queue is recorded first, to keep its order). */
-static struct gpuos_qe *launch_defer(struct launch *L, CUfunction f, void **kp, void **extra)
+/* Before the real call of a launch that may be queued: its function entry (NULL: record
+ * it inline), and the lines the queueing will touch requested from memory, so that
+ * their misses overlap the driver's microseconds instead of following them. */
+static const struct gpuos_fn *launch_prepare(struct launch *L, CUfunction f)
 {
 	if (gpuos_stream_captured(L->rec.stream)) /* for the inline path too */
 		L->flags |= GPUOS_LAUNCH_CAPTURED;
 	if (gpuos_validating)
 		return NULL;
-	uint64_t h = (uint64_t)(uintptr_t)f;
-	const struct gpuos_fn *fn = gpuos_defer_fn(h);
-	struct gpuos_qe *e = fn ? launch_queue(L, fn, h, kp, extra) : NULL;
-	if (!e)
-		gpuos_defer_drain_self();
-	return e;
+	const struct gpuos_fn *fn = gpuos_defer_fn((uint64_t)(uintptr_t)f);
+	if (fn)
+		for (int i = 0; i < 4; i++) /* the layout of 30 parameters */
+			__builtin_prefetch((const char *)fn + 64 * i, 0, 3);
+	return fn;
+}
+
+/* After a successful real call: queue launch L of fn (its parameters are still the
+ * caller's), or record it inline (this thread's queue first, to keep its order). */
+static void launch_queued(struct launch *L, const struct gpuos_fn *fn, CUfunction f, void **kp, void **extra)
+{
+	struct gpuos_qe *e = launch_queue(L, fn, (uint64_t)(uintptr_t)f, kp, extra);
+	if (e) {
+		gpuos_defer_commit(e, 1);
+		ST_ADD(QUEUED, 1);
+		return;
+	}
+	gpuos_defer_drain_self();
+	if (launch_begin(L, f, kp, extra))
+		launch_end(L, CUDA_SUCCESS);
 }
 
 void gpuos_play_launch(const struct gpuos_qe *e)
@@ -261,11 +276,10 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 	launch_record(&rec, e->flags | s->lflags, s);
 }
 
-/* launch_end of the real call's result, with its stages timed in a selftime build:
- * t0 the handler's start, t1 the real call's, t2 its end. */
-static CUresult launch_timed_end(struct launch *L, CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
+/* A launch's result, its stages timed in a selftime build: t0 the handler's start, t1
+ * the real call's, t2 its end. */
+static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 {
-	r = launch_end(L, r);
 	ST_ADD(LAUNCHES, 1);
 	ST_ADD(BEGIN, t1 - t0);
 	ST_ADD(REAL, t2 - t1);
@@ -273,35 +287,28 @@ static CUresult launch_timed_end(struct launch *L, CUresult r, uint64_t t0, uint
 	return r;
 }
 
-/* The same for a queued launch: the entry is committed if the real call succeeded. */
-static CUresult launch_committed(struct gpuos_qe *e, CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
-{
-	gpuos_defer_commit(e, r == CUDA_SUCCESS);
-	ST_ADD(LAUNCHES, 1);
-	ST_ADD(QUEUED, 1);
-	ST_ADD(BEGIN, t1 - t0);
-	ST_ADD(REAL, t2 - t1);
-	ST_ADD(END, ST_NOW() - t2);
-	return r;
-}
-
-/* Launch L (started at t0) around the real call `call`: queued, else recorded inline,
- * else (out of memory) only called.  `call` is evaluated once. */
+/* Launch L (started at t0) around the real call `call`: queued after it, else recorded
+ * inline, else (out of memory) only called.  `call` is evaluated once. */
 #define LAUNCH_OP(L, t0, f, kp, extra, call)                                   \
 	do {                                                                   \
-		struct gpuos_qe *e_ = launch_defer(&(L), f, kp, extra);        \
+		const struct gpuos_fn *fn_ = launch_prepare(&(L), f);          \
 		uint64_t t1_;                                                  \
 		CUresult r_;                                                   \
-		if (e_) {                                                      \
+		if (fn_) {                                                     \
 			t1_ = ST_NOW();                                        \
 			r_ = (call);                                           \
-			return launch_committed(e_, r_, t0, t1_, ST_NOW());    \
+			uint64_t t2_ = ST_NOW();                               \
+			if (r_ == CUDA_SUCCESS)                                \
+				launch_queued(&(L), fn_, f, kp, extra);        \
+			return launch_timed(r_, t0, t1_, t2_);                 \
 		}                                                              \
+		gpuos_defer_drain_self();                                      \
 		if (!launch_begin(&(L), f, kp, extra))                         \
 			return (call);                                         \
 		t1_ = ST_NOW();                                                \
 		r_ = (call);                                                   \
-		return launch_timed_end(&(L), r_, t0, t1_, ST_NOW());          \
+		uint64_t t2_ = ST_NOW();                                       \
+		return launch_timed(launch_end(&(L), r_), t0, t1_, t2_);       \
 	} while (0)
 
 CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction f, unsigned int gx,
