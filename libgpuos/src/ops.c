@@ -180,6 +180,21 @@ struct qe_launch {
 
 #define DEFER_MAX_IMAGE 4096 /* larger parameter buffers are scanned inline */
 
+/* Copy a parameter of size bytes to image + off (within n bytes): most are 4 or 8
+ * bytes, copied without a call to memcpy. */
+static inline void copy_param(uint8_t *image, size_t n, uint32_t off, uint32_t size, const void *src)
+{
+	if ((size_t)off + size > n) /* params_bytes bounds them all */
+		return;
+	uint8_t *dst = image + off;
+	if (size == 8)
+		__builtin_memcpy(dst, src, 8);
+	else if (size == 4)
+		__builtin_memcpy(dst, src, 4);
+	else
+		memcpy(dst, src, size);
+}
+
 /* Queue the launch L of fn: the entry to commit, or NULL. */
 static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_fn *fn, uint64_t func,
 				     void **kp, void **extra)
@@ -218,8 +233,7 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 		memcpy(q->image, ebuf, n);
 	else
 		for (uint16_t i = 0; kp && known && i < fn->nparams; i++)
-			if ((size_t)fn->p[i].off + fn->p[i].size <= n) /* params_bytes bounds them all */
-				memcpy(q->image + fn->p[i].off, kp[i], fn->p[i].size);
+			copy_param(q->image, n, fn->p[i].off, fn->p[i].size, kp[i]);
 	return e;
 }
 
