@@ -374,7 +374,7 @@ struct gpuos_qe {
 	uint32_t size;  /* bytes of the entry */
 	uint16_t kind;  /* enum gpuos_qe_kind */
 	uint16_t flags; /* the record's flags known at the call */
-	uint64_t ts_ns; /* when it was issued */
+	uint64_t stamp; /* when it was issued: gpuos_defer_stamp() */
 };
 
 /* A queue entry of size bytes (header included) in the calling thread's queue, to be
@@ -382,6 +382,9 @@ struct gpuos_qe {
  * operation inline (validation on, queue full, no recording thread, nested call). */
 struct gpuos_qe *gpuos_defer_reserve(size_t size);
 void gpuos_defer_commit(struct gpuos_qe *e, int ok);
+/* The time for an entry's stamp (the TSC where it is constant, else CLOCK_MONOTONIC ns;
+ * the recording thread writes ns). */
+uint64_t gpuos_defer_stamp(void);
 /* The function entry of a handle for the calling thread's queue (no lock held: the
  * thread's cache of entries, good while gpuos_fn_gen holds); NULL: not known, or no
  * queue.  The entry stays valid until its module is unloaded.  Also requests the lines

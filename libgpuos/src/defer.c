@@ -27,12 +27,20 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core.h"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#define HAVE_TSC 1
+#else
+#define HAVE_TSC 0
+#endif
 
 #define QUEUE_BYTES (256u << 10) /* per thread: ~700 launches of PyTorch's ~350 bytes */
 #define FN_CACHE_BITS 10          /* the thread's function entries: 1024 of them */
@@ -76,6 +84,66 @@ static pthread_key_t q_key;
 static int q_key_made;
 static pthread_once_t q_key_once = PTHREAD_ONCE_INIT;
 
+/* When an operation was issued: the TSC where it ticks at a constant rate on every CPU
+ * (an uncached clock_gettime cost 100 ns of a launch), converted to CLOCK_MONOTONIC ns
+ * by the recording thread; else clock_gettime.  tsc_ok is set before the first queue. */
+static int tsc_ok;
+static struct {
+	uint64_t tsc0, ns0;  /* when the first queue was made */
+	uint64_t tsc, ns;    /* the last calibration (drain_mu) */
+	double ns_per_tick;
+} cal;
+
+static int tsc_constant(void)
+{
+	if (!HAVE_TSC)
+		return 0;
+	FILE *f = fopen("/proc/cpuinfo", "re");
+	char line[4096];
+	int ok = 0;
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, "flags", 5)) {
+			ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc");
+			break;
+		}
+	if (f)
+		fclose(f);
+	return ok;
+}
+
+static inline uint64_t tsc_now(void)
+{
+#if HAVE_TSC
+	return __rdtsc();
+#else
+	return 0;
+#endif
+}
+
+uint64_t gpuos_defer_stamp(void)
+{
+	return tsc_ok ? tsc_now() : gpuos_now_ns();
+}
+
+/* A new reference point for stamp_ns (drain_mu held): the rate from the first point. */
+static void calibrate(void)
+{
+	if (!tsc_ok)
+		return;
+	uint64_t t = tsc_now(), n = gpuos_now_ns();
+	if (t > cal.tsc0 && n > cal.ns0)
+		cal.ns_per_tick = (double)(n - cal.ns0) / (double)(t - cal.tsc0);
+	cal.tsc = t;
+	cal.ns = n;
+}
+
+static uint64_t stamp_ns(uint64_t stamp)
+{
+	if (!tsc_ok)
+		return stamp;
+	return cal.ns + (uint64_t)(int64_t)((double)(int64_t)(stamp - cal.tsc) * cal.ns_per_tick);
+}
+
 static void futex_wait(uint32_t *w, uint32_t v, long long ns)
 {
 	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
@@ -84,7 +152,7 @@ static void futex_wait(uint32_t *w, uint32_t v, long long ns)
 
 static void play(const struct gpuos_qe *e, uint32_t tid)
 {
-	gpuos_ring_as(tid, e->ts_ns);
+	gpuos_ring_as(tid, stamp_ns(e->stamp));
 	switch (e->kind) {
 	case GPUOS_QE_LAUNCH:
 		gpuos_play_launch(e);
@@ -124,6 +192,7 @@ static uint64_t drain_queues(void)
 {
 	uint64_t n = 0;
 	pthread_mutex_lock(&drain_mu);
+	calibrate();
 	pthread_mutex_lock(&list_mu);
 	struct queue *q = queues;
 	pthread_mutex_unlock(&list_mu);
@@ -195,6 +264,10 @@ static void worker_start(void)
 	worker_state = WORKER_NONE;
 	if (inl && !strcmp(inl, "1"))
 		return;
+	tsc_ok = tsc_constant();
+	cal.tsc0 = cal.tsc = tsc_now();
+	cal.ns0 = cal.ns = gpuos_now_ns();
+	cal.ns_per_tick = 1.0; /* until the first calibration */
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -329,6 +402,7 @@ void gpuos_defer_drain_self(void)
 	if (likely(!q) || __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) == q->head)
 		return;
 	pthread_mutex_lock(&drain_mu);
+	calibrate();
 	drain_queue(q);
 	pthread_mutex_unlock(&drain_mu);
 }
@@ -362,4 +436,5 @@ void gpuos_defer_forget(void)
 		pthread_setspecific(q_key, NULL);
 	worker_state = WORKER_UNSTARTED;
 	wake_word = 0;
+	tsc_ok = 0;
 }

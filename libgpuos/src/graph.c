@@ -589,7 +589,7 @@ CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec
 		struct qe_graph *q = (struct qe_graph *)e;
 		e->kind = GPUOS_QE_GRAPH;
 		e->flags = 0;
-		e->ts_ns = gpuos_now_ns();
+		e->stamp = gpuos_defer_stamp();
 		q->exec = H(exec);
 		q->stream = stream;
 		q->ctx = ctx;

@@ -220,7 +220,7 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 	struct qe_launch *q = (struct qe_launch *)e;
 	q->h.kind = GPUOS_QE_LAUNCH;
 	q->h.flags = L->flags;
-	q->h.ts_ns = gpuos_now_ns();
+	q->h.stamp = gpuos_defer_stamp();
 	q->func = func;
 	q->stream = L->rec.stream;
 	q->ctx = gpuos_current_ctx();
@@ -452,7 +452,7 @@ static struct gpuos_qe *copy_defer(const struct copy_desc *d)
 	}
 	e->kind = GPUOS_QE_COPY;
 	e->flags = d->flags | (gpuos_stream_captured(d->stream) ? GPUOS_COPY_CAPTURED : 0);
-	e->ts_ns = gpuos_now_ns();
+	e->stamp = gpuos_defer_stamp();
 	((struct qe_copy *)e)->d = *d;
 	return e;
 }

@@ -175,6 +175,18 @@ def test_threads_launching_while_the_map_changes(build, env, tmp_path, inline):
         assert len(of_type([r for r in log if r.get("tid") == t["tid"]], "copy")) == len(t["expect"]) // 2 * 3
         seqs = [r["seq"] for r in mine]
         assert seqs == sorted(seqs)
+    # Times are the issuing thread's (the TSC converted by the recording thread): each
+    # launch lies between the allocation records (stamped inline) before and after it.
+    for t in out["threads"]:
+        mine = [r for r in log if r.get("tid") == t["tid"] and r["type"] in ("launch", "alloc", "free")]
+        last_inline = 0
+        for i, r in enumerate(mine):
+            if r["type"] != "launch":
+                last_inline = r["ts_ns"]
+                continue
+            nxt = next((x["ts_ns"] for x in mine[i + 1:] if x["type"] != "launch"), None)
+            assert r["ts_ns"] >= last_inline - 20_000, (i, r["ts_ns"], last_inline)
+            assert nxt is None or r["ts_ns"] <= nxt + 20_000, (i, r["ts_ns"], nxt)
     assert [r["tid"] for r in launches].count(out["main_tid"]) == 1
     assert len(launches) == out["launches"] == sum(len(t["expect"]) for t in out["threads"]) + 1
     seqs = sorted(r["seq"] for r in launches + of_type(log, "copy"))
