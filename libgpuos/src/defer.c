@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,6 +228,38 @@ static void arm_wakeups(void)
 	pthread_mutex_unlock(&list_mu);
 }
 
+/* GPUOS_RECORD_CPUS (a list such as "12" or "12-13,15"): the CPUs the recording thread
+ * may run on, e.g. housekeeping CPUs away from the application's.  1 if set is that;
+ * a bad list is ignored. */
+static int record_cpus(cpu_set_t *set)
+{
+	const char *env = getenv("GPUOS_RECORD_CPUS");
+	if (!env || !*env)
+		return 0;
+	CPU_ZERO(set);
+	for (const char *p = env; *p;) {
+		char *end;
+		long lo = strtol(p, &end, 10), hi = lo;
+		if (end == p || lo < 0 || lo >= CPU_SETSIZE)
+			goto bad;
+		if (*end == '-') {
+			p = end + 1;
+			hi = strtol(p, &end, 10);
+			if (end == p || hi < lo || hi >= CPU_SETSIZE)
+				goto bad;
+		}
+		for (long c = lo; c <= hi; c++)
+			CPU_SET(c, set);
+		if (*end != ',' && *end)
+			goto bad;
+		p = *end ? end + 1 : end;
+	}
+	return 1;
+bad:
+	gpuos_dbg("GPUOS_RECORD_CPUS=%s: not a CPU list, ignored", env);
+	return 0;
+}
+
 static void *worker(void *arg)
 {
 	(void)arg;
@@ -275,7 +308,17 @@ static void worker_start(void)
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	cpu_set_t cpus;
+	if (record_cpus(&cpus))
+		pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus);
 	int e = pthread_create(&t, &attr, worker, NULL);
+	if (e == EINVAL && record_cpus(&cpus)) { /* none of those CPUs is ours */
+		gpuos_dbg("GPUOS_RECORD_CPUS: no usable CPU, ignored");
+		pthread_attr_destroy(&attr);
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		e = pthread_create(&t, &attr, worker, NULL);
+	}
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (e) {

@@ -411,6 +411,30 @@ def test_paused_operations_are_not_recorded_and_resume_exact(build, env, tmp_pat
     assert [r["dst"] for r in of_type(log, "copy") if r["kind"] == "htod"] == [out["a"]]
 
 
+def test_the_recording_thread_runs_where_gpuos_record_cpus_says(build, env):
+    """Once a process has queued operations it has a recording thread, "gpuos-rec";
+    GPUOS_RECORD_CPUS pins that thread, and no other, to the CPUs it lists."""
+    cpus = sorted(os.sched_getaffinity(0))
+    want = str(cpus[-1])
+    proc = subprocess.Popen([*GPUOS, "run", "-q", "--", str(build / "tests" / "t_pause"), "5"],
+                            env=dict(env, GPUOS_RECORD_CPUS=want), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    allowed: dict[str, list[str]] = {}
+    try:
+        pid = re.fullmatch(r"phase \d done \(pid (\d+)\)\n", proc.stdout.readline())
+        assert pid
+        for task in Path(f"/proc/{pid[1]}/task").iterdir():
+            comm = (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
+            allowed.setdefault(comm, []).append(re.search(r"Cpus_allowed_list:\s*(\S+)", status)[1])
+        proc.communicate("\n\n", timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert allowed.pop("gpuos-rec") == [want]
+    assert allowed and all(a != want for lists in allowed.values() for a in lists) or len(cpus) == 1
+
+
 def test_validation_cannot_be_paused(build, env, tmp_path):
     out, log, (paused,) = _phased(build, env, tmp_path, [["pause"]], gpuos_args=("--validate",))
     assert paused.returncode == 29 and "--validate" in paused.stderr

@@ -144,7 +144,9 @@ def launches_cmd(pid: int, show_all: bool, from_start: bool, duration: float | N
 
     PID must run with libgpuos (started by `gpuos run`). Each line is one launch:
     kernel name, grid and block, stream, and the buffers predicted from its
-    arguments (pointer@parameter). Reading never slows the process: if we fall
+    arguments (pointer@parameter). Records appear about a millisecond after
+    the launch (libgpuos's recording thread makes them; after a pause in the
+    process's GPU work, up to 64 ms). Reading never slows the process: if we fall
     behind, the oldest records are lost and the count is reported at the end.
     Needs the same user as PID, or root. Exit 3: no such process; 4: not
     permitted; 29: PID has no libgpuos ring.
