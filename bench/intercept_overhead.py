@@ -286,6 +286,9 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
         "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
         "paired_s": a.paired or None, "paired_period_s": a.paired_period if a.paired else None,
+        # how libgpuos records (docs/interception.md): on its recording thread unless inline
+        "record_inline": os.environ.get("GPUOS_RECORD_INLINE") == "1",
+        "record_cpus": os.environ.get("GPUOS_RECORD_CPUS") or None,
         "order": "plain, gpuos, plain, gpuos, ... per workload; then the paired run (--paired), "
                  "then one validation run",
         "workloads": {}, "notes": [],
