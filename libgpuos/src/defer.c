@@ -433,7 +433,7 @@ void gpuos_defer_commit(struct gpuos_qe *e, int ok)
 	if (unlikely(__atomic_load_n(&q->wake, __ATOMIC_RELAXED)) ||
 	    unlikely(head - q->tail_seen > QUEUE_BYTES / 2 &&
 		     head - (q->tail_seen = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE)) > QUEUE_BYTES / 2)) {
-		q->wake = 0;
+		__atomic_store_n(&q->wake, 0, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&wake_word, 1, __ATOMIC_RELEASE);
 		syscall(SYS_futex, &wake_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 	}
