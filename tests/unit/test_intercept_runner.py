@@ -131,6 +131,9 @@ def test_run_without_cuda_calls_and_bad_commands(fake_lib):
     assert res.returncode == 2
     res = run("run", "--ring-slots", "3000", "--", "true")
     assert res.returncode == 2 and "power of two" in res.stderr
+    for bad in ("x", "3-1", "1,,2", "100000"):
+        res = run("run", "--record-cpus", bad, "--", "true")
+        assert res.returncode == 2 and "--record-cpus" in res.stderr, bad
     res = run("run", "--log", "/nonexistent-dir/x.jsonl", "--", "true")
     assert res.returncode == 1 and "cannot write the log" in res.stderr and "Traceback" not in res.stderr
 

@@ -411,14 +411,15 @@ def test_paused_operations_are_not_recorded_and_resume_exact(build, env, tmp_pat
     assert [r["dst"] for r in of_type(log, "copy") if r["kind"] == "htod"] == [out["a"]]
 
 
-def test_the_recording_thread_runs_where_gpuos_record_cpus_says(build, env):
+def test_the_recording_thread_runs_where_record_cpus_says(build, env):
     """Once a process has queued operations it has a recording thread, "gpuos-rec";
-    GPUOS_RECORD_CPUS pins that thread, and no other, to the CPUs it lists."""
+    `gpuos run --record-cpus` (GPUOS_RECORD_CPUS) pins that thread, and no other, to the
+    CPUs it lists."""
     cpus = sorted(os.sched_getaffinity(0))
     want = str(cpus[-1])
-    proc = subprocess.Popen([*GPUOS, "run", "-q", "--", str(build / "tests" / "t_pause"), "5"],
-                            env=dict(env, GPUOS_RECORD_CPUS=want), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*GPUOS, "run", "-q", "--record-cpus", want, "--",
+                             str(build / "tests" / "t_pause"), "5"],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     allowed: dict[str, list[str]] = {}
     try:
         pid = re.fullmatch(r"phase \d done \(pid (\d+)\)\n", proc.stdout.readline())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +44,19 @@ def _summary(res: RunResult) -> list[str]:
     return lines
 
 
+def _check_cpu_list(text: str) -> None:
+    """A CPU list as the kernel writes them (12, 12-13,15), of CPUs this machine has."""
+    ncpu = os.cpu_count() or 1
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m or int(m[2] or m[1]) < int(m[1]):
+            raise click.BadParameter(f"{text!r} is not a CPU list such as 12 or 12-13,15",
+                                     param_hint="--record-cpus")
+        if int(m[2] or m[1]) >= ncpu:
+            raise click.BadParameter(f"CPU {m[2] or m[1]}: this machine has CPUs 0-{ncpu - 1}",
+                                     param_hint="--record-cpus")
+
+
 @click.command("run", context_settings={"ignore_unknown_options": True,
                                         "allow_interspersed_args": False})
 @click.option("--log", "log", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -67,10 +82,13 @@ def _summary(res: RunResult) -> list[str]:
 @click.option("--ring-slots", type=click.IntRange(1024, 1 << 24), metavar="N",
               help="Ring size in 64-byte slots, a power of two [default: 1048576 = 64 MiB with --log "
                    "or --validate, else 65536 = 4 MiB].")
+@click.option("--record-cpus", metavar="LIST",
+              help="CPUs libgpuos's recording thread may run on, e.g. 12 or 12-13,15: a "
+                   "housekeeping CPU away from the application's [default: the application's].")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, quiet,
-            cmd) -> None:
+def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
+            quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -97,9 +115,11 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         raise click.BadParameter("must be a power of two", param_hint="--ring-slots")
     if dump_params and not log:
         raise click.BadParameter("needs --log FILE (the dumps go there)", param_hint="--dump-params")
+    if record_cpus is not None:
+        _check_cpu_list(record_cpus)
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
-                                ring_slots=ring_slots)).run()
+                                ring_slots=ring_slots, record_cpus=record_cpus)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

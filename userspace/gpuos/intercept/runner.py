@@ -58,6 +58,7 @@ class RunOptions:
     touch_all: list[str] = field(default_factory=list)
     dump_params: list[str] = field(default_factory=list)
     ring_slots: int | None = None
+    record_cpus: str | None = None
     lib: Path | None = None
 
 
@@ -128,6 +129,8 @@ class Supervisor:
         slots = self.opts.ring_slots or (None if self.drain else UNDRAINED_RING_SLOTS)
         if slots:
             env["GPUOS_RING_SLOTS"] = str(slots)
+        if self.opts.record_cpus:
+            env["GPUOS_RECORD_CPUS"] = self.opts.record_cpus
         return env
 
     def run(self) -> RunResult:
