@@ -10,12 +10,40 @@
 
 #include "core.h"
 
-uint64_t gpuos_st[GPUOS_ST_COUNT] __attribute__((aligned(64)));
-static uint64_t tsc0, ns0;
+__thread __attribute__((tls_model("initial-exec"))) uint64_t *gpuos_st_mine;
+
+/* Every thread's counters, kept after it exits (a diagnostic build: never freed). */
+struct counters {
+	uint64_t v[GPUOS_ST_COUNT];
+	struct counters *next;
+};
+static struct counters *all;
+static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t tsc0, ns0, gpuos_st[GPUOS_ST_COUNT];
+static uint64_t no_counters[GPUOS_ST_COUNT]; /* out of memory: shared, racy, rare */
+
+uint64_t *gpuos_st_new(void)
+{
+	struct counters *c = calloc(1, sizeof *c);
+	if (!c)
+		return no_counters;
+	pthread_mutex_lock(&all_mu);
+	c->next = all;
+	all = c;
+	pthread_mutex_unlock(&all_mu);
+	return gpuos_st_mine = c->v;
+}
 
 static void report(void)
 {
 	gpuos_defer_drain_all(); /* atexit runs before the library's destructors */
+	pthread_mutex_lock(&all_mu);
+	for (int i = 0; i < GPUOS_ST_COUNT; i++)
+		gpuos_st[i] = no_counters[i];
+	for (struct counters *c = all; c; c = c->next)
+		for (int i = 0; i < GPUOS_ST_COUNT; i++)
+			gpuos_st[i] += c->v[i];
+	pthread_mutex_unlock(&all_mu);
 	uint64_t n = gpuos_st[GPUOS_ST_LAUNCHES], dns = gpuos_now_ns() - ns0;
 	if (!n || !dns)
 		return;

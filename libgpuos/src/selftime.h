@@ -16,19 +16,21 @@
 
 #include <stdint.h>
 
-/* The launching thread's counters and the recording's (which the recording thread adds
- * to when launches are queued) on separate cache lines: 8 per line. */
 enum gpuos_st {
 	GPUOS_ST_LAUNCHES, GPUOS_ST_BEGIN, GPUOS_ST_REAL, GPUOS_ST_END, GPUOS_ST_QUEUED,
-	GPUOS_ST_SCAN = 8, GPUOS_ST_RECORD, GPUOS_ST_HITS, GPUOS_ST_MISSES, GPUOS_ST_WORDS,
-	GPUOS_ST_COUNT = 16
+	GPUOS_ST_SCAN, GPUOS_ST_RECORD, GPUOS_ST_HITS, GPUOS_ST_MISSES, GPUOS_ST_WORDS,
+	GPUOS_ST_COUNT
 };
 
 #ifdef GPUOS_SELFTIME
 #include <x86intrin.h>
-extern uint64_t gpuos_st[GPUOS_ST_COUNT];
+/* Each thread adds to counters of its own (plain adds: an atomic add on a shared line
+ * would cost more than some of what it measures); the report sums them. */
+extern __thread __attribute__((tls_model("initial-exec"))) uint64_t *gpuos_st_mine;
+uint64_t *gpuos_st_new(void);
 #define ST_NOW() __rdtsc()
-#define ST_ADD(i, n) __atomic_fetch_add(&gpuos_st[GPUOS_ST_##i], (n), __ATOMIC_RELAXED)
+#define ST_ADD(i, n) \
+	((__builtin_expect(gpuos_st_mine != 0, 1) ? gpuos_st_mine : gpuos_st_new())[GPUOS_ST_##i] += (n))
 #else
 #define ST_NOW() 0ull
 #define ST_ADD(i, n) ((void)(n))
