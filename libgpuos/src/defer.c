@@ -126,22 +126,46 @@ uint64_t gpuos_defer_stamp(void)
 	return tsc_ok ? tsc_now() : gpuos_now_ns();
 }
 
-/* A new reference point for stamp_ns (drain_mu held): the rate from the first point. */
+/* A TSC reading and CLOCK_MONOTONIC at the same moment: 0 if every try was interrupted
+ * between the two (a preempted pair would skew the rate). */
+#define PAIR_TICKS 10000 /* a few microseconds */
+
+static int clock_pair(uint64_t *tsc, uint64_t *ns)
+{
+	for (int i = 0; i < 8; i++) {
+		uint64_t a = tsc_now(), n = gpuos_now_ns(), b = tsc_now();
+		if (b - a < PAIR_TICKS) {
+			*tsc = a + (b - a) / 2;
+			*ns = n;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* A new reference point for stamp_ns (drain_mu held), the rate measured from the first
+ * point: an entry's time is off by at most its age times the rate's error (under 0.1%). */
+#define FIRST_RATE_NS 200000 /* the first rate is measured over at least this long */
+
 static void calibrate(void)
 {
+	uint64_t t, n;
 	if (!tsc_ok)
 		return;
-	uint64_t t = tsc_now(), n = gpuos_now_ns();
-	if (t > cal.tsc0 && n > cal.ns0)
-		cal.ns_per_tick = (double)(n - cal.ns0) / (double)(t - cal.tsc0);
+	/* Once: wait until the first rate can be good to 0.1% (young entries need it too). */
+	while (!cal.ns_per_tick && gpuos_now_ns() - cal.ns0 < FIRST_RATE_NS)
+		;
+	if (!clock_pair(&t, &n) || t <= cal.tsc0 || n <= cal.ns0)
+		return;
+	cal.ns_per_tick = (double)(n - cal.ns0) / (double)(t - cal.tsc0);
 	cal.tsc = t;
 	cal.ns = n;
 }
 
 static uint64_t stamp_ns(uint64_t stamp)
 {
-	if (!tsc_ok)
-		return stamp;
+	if (!tsc_ok || !cal.ns_per_tick) /* (every try at the first rate was interrupted) */
+		return tsc_ok ? gpuos_now_ns() : stamp;
 	return cal.ns + (uint64_t)(int64_t)((double)(int64_t)(stamp - cal.tsc) * cal.ns_per_tick);
 }
 
@@ -297,10 +321,10 @@ static void worker_start(void)
 	worker_state = WORKER_NONE;
 	if (inl && !strcmp(inl, "1"))
 		return;
-	tsc_ok = tsc_constant();
-	cal.tsc0 = cal.tsc = tsc_now();
-	cal.ns0 = cal.ns = gpuos_now_ns();
-	cal.ns_per_tick = 1.0; /* until the first calibration */
+	tsc_ok = tsc_constant() && clock_pair(&cal.tsc0, &cal.ns0);
+	cal.tsc = cal.tsc0;
+	cal.ns = cal.ns0;
+	cal.ns_per_tick = 0; /* measured at the first calibration */
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
