@@ -374,17 +374,16 @@ struct gpuos_qe {
 	uint32_t size;  /* bytes of the entry */
 	uint16_t kind;  /* enum gpuos_qe_kind */
 	uint16_t flags; /* the record's flags known at the call */
-	uint64_t stamp; /* when it was issued: gpuos_defer_stamp() */
+	uint64_t stamp; /* when it was issued: the TSC where it is constant, else CLOCK_MONOTONIC
+			 * ns (the recording thread writes ns) */
 };
 
-/* A queue entry of size bytes (header included) in the calling thread's queue, to be
- * filled and then committed (published if ok, dropped if not).  NULL: record this
- * operation inline (validation on, queue full, no recording thread, nested call). */
-struct gpuos_qe *gpuos_defer_reserve(size_t size);
-void gpuos_defer_commit(struct gpuos_qe *e, int ok);
-/* The time for an entry's stamp (the TSC where it is constant, else CLOCK_MONOTONIC ns;
- * the recording thread writes ns). */
-uint64_t gpuos_defer_stamp(void);
+/* A queue entry of size bytes (header included) of this kind and record flags, stamped
+ * now, in the calling thread's queue, to be filled and then committed (published if ok,
+ * dropped if not).  NULL: record this operation inline (validation on, queue full, no
+ * recording thread, nested call). */
+struct gpuos_qe *gpuos_defer_reserve(size_t size, uint16_t kind, uint16_t flags);
+void gpuos_defer_commit(int ok);
 /* The function entry of a handle for the calling thread's queue (no lock held: the
  * thread's cache of entries, good while gpuos_fn_gen holds); NULL: not known, or no
  * queue.  The entry stays valid until its module is unloaded.  Also requests the lines

@@ -121,7 +121,7 @@ static inline uint64_t tsc_now(void)
 #endif
 }
 
-uint64_t gpuos_defer_stamp(void)
+static uint64_t stamp_now(void)
 {
 	return tsc_ok ? tsc_now() : gpuos_now_ns();
 }
@@ -413,7 +413,7 @@ const struct gpuos_fn *gpuos_defer_fn(uint64_t handle)
 	return fn;
 }
 
-struct gpuos_qe *gpuos_defer_reserve(size_t size)
+struct gpuos_qe *gpuos_defer_reserve(size_t size, uint16_t kind, uint16_t flags)
 {
 	struct queue *q = queue_get();
 	if (unlikely(!q))
@@ -439,12 +439,14 @@ struct gpuos_qe *gpuos_defer_reserve(size_t size)
 	q->reserved = 1;
 	struct gpuos_qe *e = (struct gpuos_qe *)(q->buf + off);
 	e->size = (uint32_t)size;
+	e->kind = kind;
+	e->flags = flags;
+	e->stamp = stamp_now();
 	return e;
 }
 
-void gpuos_defer_commit(struct gpuos_qe *e, int ok)
+void gpuos_defer_commit(int ok)
 {
-	(void)e;
 	struct queue *q = tls_q;
 	q->reserved = 0;
 	if (!ok)

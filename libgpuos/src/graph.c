@@ -584,18 +584,15 @@ CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec
 		return real(exec, st);
 	uint64_t stream = gpuos_eff_stream(st, pt), ctx = gpuos_current_ctx();
 	int captured = gpuos_stream_captured(stream);
-	struct gpuos_qe *e = gpuos_validating ? NULL : gpuos_defer_reserve(sizeof(struct qe_graph));
+	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_graph), GPUOS_QE_GRAPH, 0);
 	if (e) {
 		struct qe_graph *q = (struct qe_graph *)e;
-		e->kind = GPUOS_QE_GRAPH;
-		e->flags = 0;
-		e->stamp = gpuos_defer_stamp();
 		q->exec = H(exec);
 		q->stream = stream;
 		q->ctx = ctx;
 		q->captured = (uint32_t)captured;
 		CUresult r = real(exec, st);
-		gpuos_defer_commit(e, r == CUDA_SUCCESS);
+		gpuos_defer_commit(r == CUDA_SUCCESS);
 		return r;
 	}
 	gpuos_defer_drain_self(); /* recorded inline, after what this thread queued */

@@ -214,13 +214,10 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 	}
 	if (n > DEFER_MAX_IMAGE)
 		return NULL;
-	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_launch) + n);
+	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_launch) + n, GPUOS_QE_LAUNCH, L->flags);
 	if (!e)
 		return NULL;
 	struct qe_launch *q = (struct qe_launch *)e;
-	q->h.kind = GPUOS_QE_LAUNCH;
-	q->h.flags = L->flags;
-	q->h.stamp = gpuos_defer_stamp();
 	q->func = func;
 	q->stream = L->rec.stream;
 	q->ctx = gpuos_current_ctx();
@@ -244,8 +241,6 @@ static const struct gpuos_fn *launch_prepare(struct launch *L, CUfunction f)
 {
 	if (gpuos_stream_captured(L->rec.stream)) /* for the inline path too */
 		L->flags |= GPUOS_LAUNCH_CAPTURED;
-	if (gpuos_validating)
-		return NULL;
 	const struct gpuos_fn *fn = gpuos_defer_fn((uint64_t)(uintptr_t)f);
 	if (fn)
 		for (int i = 0; i < 4; i++) /* the layout of 30 parameters */
@@ -259,7 +254,7 @@ static void launch_queued(struct launch *L, const struct gpuos_fn *fn, CUfunctio
 {
 	struct gpuos_qe *e = launch_queue(L, fn, (uint64_t)(uintptr_t)f, kp, extra);
 	if (e) {
-		gpuos_defer_commit(e, 1);
+		gpuos_defer_commit(1);
 		ST_ADD(QUEUED, 1);
 		return;
 	}
@@ -443,16 +438,12 @@ struct qe_copy {
  * this thread's queue is recorded first). */
 static struct gpuos_qe *copy_defer(const struct copy_desc *d)
 {
-	if (gpuos_validating)
-		return NULL;
-	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_copy));
+	uint16_t flags = d->flags | (gpuos_stream_captured(d->stream) ? GPUOS_COPY_CAPTURED : 0);
+	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_copy), GPUOS_QE_COPY, flags);
 	if (!e) {
 		gpuos_defer_drain_self();
 		return NULL;
 	}
-	e->kind = GPUOS_QE_COPY;
-	e->flags = d->flags | (gpuos_stream_captured(d->stream) ? GPUOS_COPY_CAPTURED : 0);
-	e->stamp = gpuos_defer_stamp();
 	((struct qe_copy *)e)->d = *d;
 	return e;
 }
@@ -516,7 +507,7 @@ static CUresult copy_end(struct copy *c, CUresult r)
 		struct copy_desc d_ = (desc);                            \
 		if ((e_ = copy_defer(&d_)) != NULL) {                    \
 			CUresult r_ = (call);                            \
-			gpuos_defer_commit(e_, r_ == CUDA_SUCCESS);      \
+			gpuos_defer_commit(r_ == CUDA_SUCCESS);          \
 			return r_;                                       \
 		}                                                        \
 		copy_begin(&c_, &d_);                                    \
