@@ -50,7 +50,7 @@ static void add(uint32_t kind, uint32_t flags, uint64_t base, uint64_t size, uin
 	};
 	gpuos_write_lock_drained();
 	int e = gpuos_map_insert(&gpuos_allocs, &a);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (!e && size)
 		gpuos_alloc_record(GPUOS_REC_ALLOC, &a, stream);
 }
@@ -64,7 +64,7 @@ static int take(struct gpuos_map *m, uint64_t base, struct gpuos_alloc *out)
 		*out = m->v[i];
 		gpuos_map_remove_at(m, (size_t)i);
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	return i >= 0;
 }
 
@@ -78,7 +78,7 @@ static CUresult freed(struct gpuos_map *m, int had, const struct gpuos_alloc *a,
 	} else {
 		gpuos_write_lock_drained();
 		gpuos_map_insert(m, a);
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	}
 	return r;
 }
@@ -228,7 +228,7 @@ CUresult gpuos_h_mem_create(PFN_cuMemCreate_v10020 real, int pt, CUmemGenericAll
 		o->u64 = size;
 		o->parent = (uint64_t)(int64_t)device;
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	struct gpuos_alloc a = { .end = size, .ctx = gpuos_current_ctx(), .aux = *handle,
 				 .kind = GPUOS_ALLOC_VMM_CREATE, .device = device };
 	gpuos_alloc_record(GPUOS_REC_ALLOC, &a, 0);
@@ -243,7 +243,7 @@ CUresult gpuos_h_mem_release(PFN_cuMemRelease_v10020 real, int pt, CUmemGenericA
 	if (gpuos_on()) {
 		gpuos_write_lock_drained();
 		had = gpuos_obj_del(GPUOS_O_VMM, handle, &o);
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	}
 	CUresult r = real(handle);
 	if (!had)
@@ -257,7 +257,7 @@ CUresult gpuos_h_mem_release(PFN_cuMemRelease_v10020 real, int pt, CUmemGenericA
 		struct gpuos_obj *n = gpuos_obj_put(GPUOS_O_VMM, handle);
 		if (n)
 			*n = o;
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	}
 	return r;
 }
@@ -274,7 +274,7 @@ CUresult gpuos_h_mem_address_reserve(PFN_cuMemAddressReserve_v10020 real, int pt
 				 .kind = GPUOS_ALLOC_VMM_RESERVE, .device = -1 };
 	gpuos_write_lock_drained();
 	int e = gpuos_map_insert(&gpuos_reservations, &a);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (!e)
 		gpuos_alloc_record(GPUOS_REC_ALLOC, &a, 0);
 	return r;
@@ -305,7 +305,7 @@ CUresult gpuos_h_mem_map(PFN_cuMemMap_v10020 real, int pt, CUdeviceptr ptr, size
 	int e = gpuos_map_insert(&gpuos_vmm_maps, &a);
 	if (!e)
 		gpuos_vmm_rebuild(a.base, a.end);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (!e)
 		gpuos_alloc_record(GPUOS_REC_ALLOC, &a, 0);
 	return r;
@@ -328,7 +328,7 @@ CUresult gpuos_h_mem_unmap(PFN_cuMemUnmap_v10020 real, int pt, CUdeviceptr ptr, 
 	gpuos_write_lock_drained();
 	if (!gpuos_map_cut(&gpuos_vmm_maps, ptr, ptr + size, unmapped))
 		gpuos_vmm_rebuild(ptr, ptr + size);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	return r;
 }
 
@@ -353,6 +353,6 @@ CUresult gpuos_h_mem_set_access(PFN_cuMemSetAccess_v10020 real, int pt, CUdevice
 			m->flags = readable ? m->flags | GPUOS_A_DEVMEM : m->flags & ~GPUOS_A_DEVMEM;
 	}
 	gpuos_vmm_rebuild(ptr, ptr + size);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	return r;
 }

@@ -125,14 +125,25 @@ enum gpuos_run {
 	GPUOS_RUN_ON,
 	GPUOS_RUN_OFF,
 };
-extern int gpuos_run_state;
+/* What every operation reads and almost nothing writes, alone on its cache lines: one
+ * line to fetch between two launches instead of five, and none that the recording
+ * thread writes (GPUOS_ALONE). */
+struct gpuos_hot {
+	int run_state;              /* enum above (ctl.c) */
+	int capturing;              /* stream captures in progress, process-wide (objects.c) */
+	int tsc_ok;                 /* queue entries are stamped with the TSC (defer.c) */
+	const uint32_t *pause_word; /* hdr.ops_paused of the ring, or gpuos_not_paused (ring.c) */
+	uint64_t fn_gen;            /* bumped when function entries are freed (objects.c) */
+} __attribute__((aligned(128)));
+extern struct gpuos_hot gpuos_hot;
+extern const uint32_t gpuos_not_paused; /* a constant 0 */
 extern int gpuos_validating; /* GPUOS_VALIDATE=1 and tracking started */
 int gpuos_start(void);
 
 /* Is tracking on?  Starts it at the first call of a process (or of a forked child). */
 static inline int gpuos_on(void)
 {
-	int s = __atomic_load_n(&gpuos_run_state, __ATOMIC_ACQUIRE);
+	int s = __atomic_load_n(&gpuos_hot.run_state, __ATOMIC_ACQUIRE);
 	if (unlikely(s < GPUOS_RUN_PASSIVE))
 		s = gpuos_start();
 	return s == GPUOS_RUN_ON;
@@ -156,14 +167,10 @@ static inline uint64_t gpuos_now_ns(void)
 
 /* ---- ring.c ------------------------------------------------------------------------- */
 
-/* hdr.ops_paused of this process's ring; a constant 0 before the ring exists, after a
- * fork and in validation mode (which must see every operation). */
-extern const uint32_t *gpuos_pause_word;
-
 /* Record this operation?  Tracking is on and no controller has paused operations. */
 static inline int gpuos_recording(void)
 {
-	return gpuos_on() && !__atomic_load_n(gpuos_pause_word, __ATOMIC_RELAXED);
+	return gpuos_on() && !__atomic_load_n(gpuos_hot.pause_word, __ATOMIC_RELAXED);
 }
 
 /* Records this thread writes from now on carry this tid and time (0, 0: its own). */
@@ -180,11 +187,18 @@ uint32_t gpuos_func_publish(uint64_t handle, const char *name, uint16_t nparams,
 
 #define GPUOS_COUNT(field, n) gpuos_ring_count(offsetof(struct gpuos_ring_hdr, field), (n))
 
+/* A variable written at every record or drain (by the recording thread), alone on two
+ * cache lines: a word next to it that every launch reads would miss after each write
+ * (the adjacent-line prefetcher fetches lines in pairs).  The variable is .v. */
+#define GPUOS_ALONE(type) union { type v; char line_[128]; } __attribute__((aligned(128)))
+
 /* ---- track.c ------------------------------------------------------------------------ */
 
-/* One lock guards the allocation map and the handle table: a launch takes it once for
- * reading.  Writer-preferring, so never take it twice for reading in one thread. */
-extern pthread_rwlock_t gpuos_lock;
+/* One lock guards the allocation map and the handle table: a launch recorded inline
+ * takes it once for reading, the recording thread once per queue drained.
+ * Writer-preferring, so never take it twice for reading in one thread. */
+typedef GPUOS_ALONE(pthread_rwlock_t) gpuos_alone_rwlock_t;
+extern gpuos_alone_rwlock_t gpuos_lock;
 
 /* gpuos_alloc.flags */
 #define GPUOS_A_MANAGED 1u
@@ -302,7 +316,6 @@ enum gpuos_fn_hint { GPUOS_HINT_UNKNOWN, GPUOS_HINT_FUNCTION, GPUOS_HINT_KERNEL 
 
 void gpuos_scan_config(void); /* reads GPUOS_TOUCH_ALL and GPUOS_DUMP_PARAMS */
 /* Changes (write lock held) whenever function entries are freed (module unload). */
-extern uint64_t gpuos_fn_gen;
 /* The function table id of a handle, making its entry (layout, name) and writing its
  * OBJECT record on first sight.  Takes the lock itself: call without it. */
 uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent);
@@ -331,15 +344,21 @@ struct gpuos_scan *gpuos_scan_tls(void);
 
 /* ---- ops.c -------------------------------------------------------------------------- */
 
-extern int gpuos_capturing; /* stream captures in progress, process-wide */
-extern uint64_t gpuos_seq;  /* the last operation number given */
+typedef GPUOS_ALONE(uint64_t) gpuos_alone_u64_t;
+extern gpuos_alone_u64_t gpuos_seq; /* the last operation number given */
 static inline uint64_t gpuos_next_seq(void)
 {
-	return __atomic_add_fetch(&gpuos_seq, 1, __ATOMIC_RELAXED);
+	return __atomic_add_fetch(&gpuos_seq.v, 1, __ATOMIC_RELAXED);
 }
 uint64_t gpuos_current_ctx(void);
 /* Is `stream` capturing?  Asks the driver only while a capture is in progress. */
-int gpuos_stream_captured(uint64_t stream);
+int gpuos_stream_captured_ask(uint64_t stream);
+static inline int gpuos_stream_captured(uint64_t stream)
+{
+	if (likely(!__atomic_load_n(&gpuos_hot.capturing, __ATOMIC_RELAXED)))
+		return 0;
+	return gpuos_stream_captured_ask(stream);
+}
 
 static inline uint64_t gpuos_eff_stream(CUstream s, int pt)
 {
@@ -385,7 +404,7 @@ struct gpuos_qe {
 struct gpuos_qe *gpuos_defer_reserve(size_t size, uint16_t kind, uint16_t flags);
 void gpuos_defer_commit(int ok);
 /* The function entry of a handle for the calling thread's queue (no lock held: the
- * thread's cache of entries, good while gpuos_fn_gen holds); NULL: not known, or no
+ * thread's cache of entries, good while gpuos_hot.fn_gen holds); NULL: not known, or no
  * queue.  The entry stays valid until its module is unloaded.  Also requests the lines
  * the thread's next entry will take. */
 const struct gpuos_fn *gpuos_defer_fn(uint64_t handle);

@@ -26,7 +26,10 @@
 
 #define CTL_REPLY_TIMEOUT_MS 5000
 
-int gpuos_run_state;
+/* pause_word: hdr.ops_paused of this process's ring; gpuos_not_paused before the ring
+ * exists, after a fork and in validation mode (which must see every operation). */
+const uint32_t gpuos_not_paused;
+struct gpuos_hot gpuos_hot = { .pause_word = &gpuos_not_paused };
 int gpuos_validating;
 GPUOS_TLS uint32_t gpuos_tls_tid;
 
@@ -66,7 +69,7 @@ void gpuos_track_off(int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(st.reason, sizeof st.reason, fmt, ap);
 	va_end(ap);
-	if (__atomic_exchange_n(&gpuos_run_state, GPUOS_RUN_OFF, __ATOMIC_ACQ_REL) == GPUOS_RUN_OFF)
+	if (__atomic_exchange_n(&gpuos_hot.run_state, GPUOS_RUN_OFF, __ATOMIC_ACQ_REL) == GPUOS_RUN_OFF)
 		return;
 	gpuos_dbg("tracking off: %s", st.reason);
 	struct gpuos_ring_hdr *h = gpuos_ring_hdr();
@@ -234,10 +237,10 @@ static void atfork_child(void)
 	gpuos_scan_forget();
 	gpuos_val_forget();
 	gpuos_defer_forget();
-	gpuos_seq = 0;
+	gpuos_seq.v = 0;
 	gpuos_validating = 0;
-	gpuos_capturing = 0;
-	__atomic_store_n(&gpuos_run_state, GPUOS_RUN_UNSTARTED, __ATOMIC_RELEASE);
+	gpuos_hot.capturing = 0;
+	__atomic_store_n(&gpuos_hot.run_state, GPUOS_RUN_UNSTARTED, __ATOMIC_RELEASE);
 }
 
 static void register_atfork(void)
@@ -250,7 +253,7 @@ static int start_tracking(void)
 	pthread_once(&atfork_once, register_atfork);
 	const char *ctl = getenv("GPUOS_CTL");
 	if (!ctl || !*ctl) {
-		__atomic_store_n(&gpuos_run_state, GPUOS_RUN_PASSIVE, __ATOMIC_RELEASE);
+		__atomic_store_n(&gpuos_hot.run_state, GPUOS_RUN_PASSIVE, __ATOMIC_RELEASE);
 		return GPUOS_RUN_PASSIVE;
 	}
 	const char *v = getenv("GPUOS_VALIDATE");
@@ -269,7 +272,7 @@ static int start_tracking(void)
 		return GPUOS_RUN_OFF;
 	gpuos_validating = validate;
 	int s = GPUOS_RUN_STARTING;
-	if (!__atomic_compare_exchange_n(&gpuos_run_state, &s, GPUOS_RUN_ON, 0, __ATOMIC_ACQ_REL,
+	if (!__atomic_compare_exchange_n(&gpuos_hot.run_state, &s, GPUOS_RUN_ON, 0, __ATOMIC_ACQ_REL,
 					 __ATOMIC_ACQUIRE))
 		return s; /* turned off meanwhile */
 	gpuos_dbg("tracking on (%s%s)", ctl, validate ? ", validating" : "");
@@ -283,10 +286,10 @@ int gpuos_start(void)
 	if (tls_starting)
 		return GPUOS_RUN_PASSIVE;
 	pthread_mutex_lock(&start_mu);
-	int s = __atomic_load_n(&gpuos_run_state, __ATOMIC_ACQUIRE);
+	int s = __atomic_load_n(&gpuos_hot.run_state, __ATOMIC_ACQUIRE);
 	if (s == GPUOS_RUN_UNSTARTED) {
 		tls_starting = 1;
-		__atomic_store_n(&gpuos_run_state, GPUOS_RUN_STARTING, __ATOMIC_RELEASE);
+		__atomic_store_n(&gpuos_hot.run_state, GPUOS_RUN_STARTING, __ATOMIC_RELEASE);
 		s = start_tracking();
 		tls_starting = 0;
 	}

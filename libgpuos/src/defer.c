@@ -59,7 +59,7 @@ struct queue {
 	uint32_t tid;
 	uint8_t reserved;  /* an entry is reserved: a nested call records inline */
 	uint8_t wake;      /* the recording thread naps long: the next commit wakes it */
-	/* the owner's function entries by handle, good while gpuos_fn_gen holds */
+	/* the owner's function entries by handle, good while gpuos_hot.fn_gen holds */
 	struct {
 		uint64_t handle, gen;
 		const struct gpuos_fn *fn;
@@ -73,8 +73,9 @@ struct queue {
 
 enum { WORKER_UNSTARTED, WORKER_RUNNING, WORKER_NONE };
 
-static pthread_mutex_t drain_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER; /* queues, worker_state */
+/* Both are taken at every drain: alone (GPUOS_ALONE), like cal. */
+static GPUOS_ALONE(pthread_mutex_t) drain_mu = { .v = PTHREAD_MUTEX_INITIALIZER };
+static GPUOS_ALONE(pthread_mutex_t) list_mu = { .v = PTHREAD_MUTEX_INITIALIZER }; /* queues, worker_state */
 static struct queue *queues;
 static int worker_state;
 static uint32_t wake_word; /* the recording thread's futex */
@@ -87,13 +88,13 @@ static pthread_once_t q_key_once = PTHREAD_ONCE_INIT;
 
 /* When an operation was issued: the TSC where it ticks at a constant rate on every CPU
  * (an uncached clock_gettime cost 100 ns of a launch), converted to CLOCK_MONOTONIC ns
- * by the recording thread; else clock_gettime.  tsc_ok is set before the first queue. */
-static int tsc_ok;
+ * by the recording thread; else clock_gettime.  gpuos_hot.tsc_ok is set before the
+ * first queue. */
 static struct {
 	uint64_t tsc0, ns0;  /* when the first queue was made */
-	uint64_t tsc, ns;    /* the last calibration (drain_mu) */
+	uint64_t tsc, ns;    /* the last calibration (drain_mu), written at every drain: */
 	double ns_per_tick;
-} cal;
+} __attribute__((aligned(128))) cal; /* alone, as GPUOS_ALONE */
 
 static int tsc_constant(void)
 {
@@ -123,7 +124,7 @@ static inline uint64_t tsc_now(void)
 
 static uint64_t stamp_now(void)
 {
-	return tsc_ok ? tsc_now() : gpuos_now_ns();
+	return gpuos_hot.tsc_ok ? tsc_now() : gpuos_now_ns();
 }
 
 /* A TSC reading and CLOCK_MONOTONIC at the same moment: 0 if every try was interrupted
@@ -150,7 +151,7 @@ static int clock_pair(uint64_t *tsc, uint64_t *ns)
 static void calibrate(void)
 {
 	uint64_t t, n;
-	if (!tsc_ok)
+	if (!gpuos_hot.tsc_ok)
 		return;
 	/* Once: wait until the first rate can be good to 0.1% (young entries need it too). */
 	while (!cal.ns_per_tick && gpuos_now_ns() - cal.ns0 < FIRST_RATE_NS)
@@ -164,8 +165,8 @@ static void calibrate(void)
 
 static uint64_t stamp_ns(uint64_t stamp)
 {
-	if (!tsc_ok || !cal.ns_per_tick) /* (every try at the first rate was interrupted) */
-		return tsc_ok ? gpuos_now_ns() : stamp;
+	if (!gpuos_hot.tsc_ok || !cal.ns_per_tick) /* (every try at the first rate was interrupted) */
+		return gpuos_hot.tsc_ok ? gpuos_now_ns() : stamp;
 	return cal.ns + (uint64_t)(int64_t)((double)(int64_t)(stamp - cal.tsc) * cal.ns_per_tick);
 }
 
@@ -199,14 +200,14 @@ static uint64_t drain_queue(struct queue *q)
 	if (head == t)
 		return 0;
 	/* One read lock for them all: the launching threads do not take it. */
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	for (uint64_t at = t; at != head;) {
 		const struct gpuos_qe *e = (const struct gpuos_qe *)(q->buf + (at & QUEUE_MASK));
 		if (e->kind != GPUOS_QE_SKIP)
 			play(e, q->tid);
 		at += e->size;
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	__atomic_store_n(&q->tail, head, __ATOMIC_RELEASE);
 	return head - t;
 }
@@ -216,11 +217,11 @@ static uint64_t drain_queue(struct queue *q)
 static uint64_t drain_queues(void)
 {
 	uint64_t n = 0;
-	pthread_mutex_lock(&drain_mu);
+	pthread_mutex_lock(&drain_mu.v);
 	calibrate();
-	pthread_mutex_lock(&list_mu);
+	pthread_mutex_lock(&list_mu.v);
 	struct queue *q = queues;
-	pthread_mutex_unlock(&list_mu);
+	pthread_mutex_unlock(&list_mu.v);
 	/* Queues are added at the front and freed only here (drain_mu held): the list from
 	 * q on stays as it is while we walk it. */
 	while (q) {
@@ -228,17 +229,17 @@ static uint64_t drain_queues(void)
 		int closed = __atomic_load_n(&q->closed, __ATOMIC_ACQUIRE);
 		n += drain_queue(q);
 		if (closed) {
-			pthread_mutex_lock(&list_mu);
+			pthread_mutex_lock(&list_mu.v);
 			struct queue **pp = &queues;
 			while (*pp != q)
 				pp = &(*pp)->next;
 			*pp = next;
-			pthread_mutex_unlock(&list_mu);
+			pthread_mutex_unlock(&list_mu.v);
 			free(q);
 		}
 		q = next;
 	}
-	pthread_mutex_unlock(&drain_mu);
+	pthread_mutex_unlock(&drain_mu.v);
 	return n;
 }
 
@@ -246,10 +247,10 @@ static uint64_t drain_queues(void)
  * see it yet is recorded after the nap). */
 static void arm_wakeups(void)
 {
-	pthread_mutex_lock(&list_mu);
+	pthread_mutex_lock(&list_mu.v);
 	for (struct queue *q = queues; q; q = q->next)
 		__atomic_store_n(&q->wake, 1, __ATOMIC_RELAXED);
-	pthread_mutex_unlock(&list_mu);
+	pthread_mutex_unlock(&list_mu.v);
 }
 
 /* GPUOS_RECORD_CPUS (a list such as "12" or "12-13,15"): the CPUs the recording thread
@@ -321,7 +322,7 @@ static void worker_start(void)
 	worker_state = WORKER_NONE;
 	if (inl && !strcmp(inl, "1"))
 		return;
-	tsc_ok = tsc_constant() && clock_pair(&cal.tsc0, &cal.ns0);
+	gpuos_hot.tsc_ok = tsc_constant() && clock_pair(&cal.tsc0, &cal.ns0);
 	cal.tsc = cal.tsc0;
 	cal.ns = cal.ns0;
 	cal.ns_per_tick = 0; /* measured at the first calibration */
@@ -356,7 +357,7 @@ static void worker_start(void)
 static struct queue *queue_new(void)
 {
 	pthread_once(&q_key_once, q_key_init);
-	pthread_mutex_lock(&list_mu);
+	pthread_mutex_lock(&list_mu.v);
 	if (worker_state == WORKER_UNSTARTED)
 		worker_start();
 	struct queue *q = NULL;
@@ -366,7 +367,7 @@ static struct queue *queue_new(void)
 		q->next = queues;
 		queues = q;
 	}
-	pthread_mutex_unlock(&list_mu);
+	pthread_mutex_unlock(&list_mu.v);
 	if (q) {
 		if (q_key_made)
 			pthread_setspecific(q_key, q);
@@ -399,17 +400,17 @@ const struct gpuos_fn *gpuos_defer_fn(uint64_t handle)
 	for (int i = 0; i < 6; i++)
 		__builtin_prefetch(tls_next + 64 * i, 1, 3);
 	__typeof__(&q->fns[0]) c = &q->fns[(handle * 0x9e3779b97f4a7c15ull) >> (64 - FN_CACHE_BITS)];
-	if (likely(c->handle == handle && c->gen == __atomic_load_n(&gpuos_fn_gen, __ATOMIC_ACQUIRE)))
+	if (likely(c->handle == handle && c->gen == __atomic_load_n(&gpuos_hot.fn_gen, __ATOMIC_ACQUIRE)))
 		return c->fn;
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, handle);
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
 	if (fn) {
 		c->handle = handle;
-		c->gen = gpuos_fn_gen;
+		c->gen = gpuos_hot.fn_gen;
 		c->fn = fn;
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	return fn;
 }
 
@@ -470,10 +471,10 @@ void gpuos_defer_drain_self(void)
 	struct queue *q = tls_q;
 	if (likely(!q) || __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) == q->head)
 		return;
-	pthread_mutex_lock(&drain_mu);
+	pthread_mutex_lock(&drain_mu.v);
 	calibrate();
 	drain_queue(q);
-	pthread_mutex_unlock(&drain_mu);
+	pthread_mutex_unlock(&drain_mu.v);
 }
 
 void gpuos_defer_drain_all(void)
@@ -491,8 +492,8 @@ void gpuos_defer_forget(void)
 {
 	/* The child's only thread is the one that forked: the parent's queues were the
 	 * parent's (its recording thread records them), the child starts afresh. */
-	pthread_mutex_init(&drain_mu, NULL);
-	pthread_mutex_init(&list_mu, NULL);
+	pthread_mutex_init(&drain_mu.v, NULL);
+	pthread_mutex_init(&list_mu.v, NULL);
 	while (queues) {
 		struct queue *next = queues->next;
 		free(queues);
@@ -505,5 +506,5 @@ void gpuos_defer_forget(void)
 		pthread_setspecific(q_key, NULL);
 	worker_state = WORKER_UNSTARTED;
 	wake_word = 0;
-	tsc_ok = 0;
+	gpuos_hot.tsc_ok = 0;
 }

@@ -123,12 +123,12 @@ static int scan_kernel(uint64_t node, const CUDA_KERNEL_NODE_PARAMS *p, struct g
 	if (!s)
 		return -1;
 	memset(out, 0, sizeof *out);
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, h);
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
 	gpuos_scan_launch(s, fn, p->kernelParams, p->extra);
 	out->rec.func_id = fn ? fn->func_id : GPUOS_NO_FUNC;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	out->node = node;
 	out->flags = s->lflags | GPUOS_LAUNCH_GRAPH;
 	out->rec.grid[0] = p->gridDimX;
@@ -165,7 +165,7 @@ static void hold_alloc(struct gpuos_gexec *g, uint64_t base, uint64_t size, int 
 		gpuos_allocs.v[i].aux++;
 	else
 		held = fresh = !gpuos_map_insert(&gpuos_allocs, &a);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (fresh)
 		gpuos_alloc_record(GPUOS_REC_ALLOC, &a, 0);
 	if (held) {
@@ -262,7 +262,7 @@ static void mark_freed(const struct nodes *ns)
 		ssize_t j = gpuos_map_index(&gpuos_allocs, p);
 		if (j >= 0 && (gpuos_allocs.v[j].kind == GPUOS_ALLOC_GRAPH || gpuos_allocs.v[j].kind == GPUOS_ALLOC_ASYNC))
 			gpuos_allocs.v[j].flags &= ~GPUOS_A_DEVMEM;
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	}
 }
 
@@ -326,9 +326,9 @@ static struct gpuos_gexec *build(CUgraph graph)
 			     gpuos_drv.graph_memcpy_node_get_params(node, &p) == CUDA_SUCCESS;
 			if (ok) {
 				struct gcopy *c = &g->c[g->nc++];
-				pthread_rwlock_rdlock(&gpuos_lock);
+				pthread_rwlock_rdlock(&gpuos_lock.v);
 				c->nbuf = gpuos_node_memcpy(&p, &c->rec, c->bufs);
-				pthread_rwlock_unlock(&gpuos_lock);
+				pthread_rwlock_unlock(&gpuos_lock.v);
 			}
 			break;
 		}
@@ -339,9 +339,9 @@ static struct gpuos_gexec *build(CUgraph graph)
 			     gpuos_drv.graph_memset_node_get_params(node, &p) == CUDA_SUCCESS;
 			if (ok) {
 				struct gcopy *c = &g->c[g->nc++];
-				pthread_rwlock_rdlock(&gpuos_lock);
+				pthread_rwlock_rdlock(&gpuos_lock.v);
 				c->nbuf = gpuos_node_memset(&p, &c->rec, c->bufs);
-				pthread_rwlock_unlock(&gpuos_lock);
+				pthread_rwlock_unlock(&gpuos_lock.v);
 			}
 			break;
 		}
@@ -370,7 +370,7 @@ oom:
 	if (g) {
 		gpuos_write_lock_drained();
 		release_locked(g);
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		gexec_free(g);
 	}
 	gpuos_track_off(ENOMEM, "out of memory for a graph's nodes");
@@ -392,7 +392,7 @@ static void install(CUgraphExec exec, CUgraph graph, int created)
 	}
 	if (old)
 		release_locked(old);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	gexec_free(old);
 	if (o && created)
 		gpuos_obj_record(GPUOS_OBJ_GRAPH_EXEC, GPUOS_OBJ_CREATED, H(exec), H(graph), GPUOS_NO_FUNC);
@@ -473,7 +473,7 @@ static void node_params_set(CUgraphExec exec, CUgraphNode node, const CUDA_KERNE
 			break;
 		}
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	free(old);
 }
 
@@ -519,7 +519,7 @@ CUresult gpuos_h_graph_exec_destroy(PFN_cuGraphExecDestroy_v10000 real, int pt, 
 	int had = gpuos_obj_del(GPUOS_O_GEXEC, H(exec), &o);
 	if (had && o.ptr)
 		release_locked(o.ptr);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (had)
 		gexec_free(o.ptr);
 	gpuos_obj_record(GPUOS_OBJ_GRAPH_EXEC, GPUOS_OBJ_DESTROYED, H(exec), had ? o.parent : 0, GPUOS_NO_FUNC);
@@ -607,7 +607,7 @@ CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec
 		op.func_id = GPUOS_NO_FUNC;
 		op.ctx = (CUcontext)(uintptr_t)ctx;
 		op.stream = (CUstream)(uintptr_t)stream;
-		pthread_rwlock_rdlock(&gpuos_lock);
+		pthread_rwlock_rdlock(&gpuos_lock.v);
 		struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_GEXEC, H(exec));
 		const struct gpuos_gexec *g = o ? o->ptr : NULL;
 		if (!g || g->touch_all)
@@ -619,14 +619,14 @@ CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec
 			op.bufs = bufs;
 			op.nbuf = g->nubuf;
 		}
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		gpuos_val_begin(&op);
 	}
 	CUresult r = real(exec, st);
 	if (r == CUDA_SUCCESS) {
-		pthread_rwlock_rdlock(&gpuos_lock);
+		pthread_rwlock_rdlock(&gpuos_lock.v);
 		replay(exec, seq, stream, ctx, captured);
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	}
 	if (validating) {
 		gpuos_val_end(&op, r);

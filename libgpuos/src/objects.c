@@ -27,11 +27,11 @@ void gpuos_obj_record(uint32_t objtype, uint16_t flags, uint64_t handle, uint64_
 /* A new object of the table (kind) and its OBJECT record (objtype). */
 static void created(uint32_t kind, uint32_t objtype, uint64_t handle, uint64_t parent)
 {
-	pthread_rwlock_wrlock(&gpuos_lock);
+	pthread_rwlock_wrlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_put(kind, handle);
 	if (o)
 		o->parent = parent;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (o)
 		gpuos_obj_record(objtype, GPUOS_OBJ_CREATED, handle, parent, GPUOS_NO_FUNC);
 }
@@ -39,9 +39,9 @@ static void created(uint32_t kind, uint32_t objtype, uint64_t handle, uint64_t p
 static void destroyed(uint32_t kind, uint32_t objtype, uint64_t handle)
 {
 	struct gpuos_obj o;
-	pthread_rwlock_wrlock(&gpuos_lock);
+	pthread_rwlock_wrlock(&gpuos_lock.v);
 	int had = gpuos_obj_del(kind, handle, &o);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	gpuos_obj_record(objtype, GPUOS_OBJ_DESTROYED, handle, had ? o.parent : 0, GPUOS_NO_FUNC);
 }
 
@@ -109,11 +109,11 @@ static void forget_fn(struct gpuos_obj *o)
 static void unloaded(uint32_t kind, uint32_t objtype, uint64_t handle)
 {
 	gpuos_write_lock_drained(); /* queued launches may be of these functions */
-	__atomic_add_fetch(&gpuos_fn_gen, 1, __ATOMIC_RELEASE); /* threads' cached entries go */
+	__atomic_add_fetch(&gpuos_hot.fn_gen, 1, __ATOMIC_RELEASE); /* threads' cached entries go */
 	if (kind == GPUOS_O_LIBRARY)
 		gpuos_obj_sweep(fn_of_library_module, forget_fn, (void *)(uintptr_t)handle);
 	gpuos_obj_sweep(child_of, forget_fn, (void *)(uintptr_t)handle);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	destroyed(kind, objtype, handle);
 }
 
@@ -190,9 +190,9 @@ CUresult gpuos_h_library_get_module(PFN_cuLibraryGetModule_v12000 real, int pt, 
 	CUresult r = real(m, lib);
 	if (!on || r != CUDA_SUCCESS)
 		return r;
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	int known = gpuos_obj_get(GPUOS_O_MODULE, H(*m)) != NULL;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (!known)
 		created(GPUOS_O_MODULE, GPUOS_OBJ_MODULE, H(*m), H(lib));
 	return r;
@@ -206,10 +206,10 @@ CUresult gpuos_h_kernel_get_function(PFN_cuKernelGetFunction_v12000 real, int pt
 	if (!on || r != CUDA_SUCCESS)
 		return r;
 	/* The function goes with the kernel's library (forgotten when it is unloaded). */
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, H(k));
 	uint64_t lib = o ? o->parent : 0;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	gpuos_fn_ensure(H(*f), GPUOS_HINT_FUNCTION, lib);
 	return r;
 }
@@ -272,7 +272,7 @@ CUresult gpuos_h_event_destroy(PFN_cuEventDestroy_v4000 real, int pt, CUevent e)
 static CUresult capture_began(int on, CUresult r)
 {
 	if (on && r == CUDA_SUCCESS)
-		__atomic_add_fetch(&gpuos_capturing, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&gpuos_hot.capturing, 1, __ATOMIC_RELAXED);
 	return r;
 }
 
@@ -307,8 +307,8 @@ CUresult gpuos_h_end_capture(PFN_cuStreamEndCapture_v10000 real, int pt, CUstrea
 	int was = gpuos_on() && gpuos_stream_captured(gpuos_eff_stream(s, pt));
 	CUresult r = real(s, g);
 	if (was) {
-		int n = __atomic_load_n(&gpuos_capturing, __ATOMIC_RELAXED);
-		while (n > 0 && !__atomic_compare_exchange_n(&gpuos_capturing, &n, n - 1, 0, __ATOMIC_RELAXED,
+		int n = __atomic_load_n(&gpuos_hot.capturing, __ATOMIC_RELAXED);
+		while (n > 0 && !__atomic_compare_exchange_n(&gpuos_hot.capturing, &n, n - 1, 0, __ATOMIC_RELAXED,
 							     __ATOMIC_RELAXED))
 			;
 	}

@@ -17,8 +17,7 @@
 
 #include "core.h"
 
-int gpuos_capturing;
-uint64_t gpuos_seq;
+gpuos_alone_u64_t gpuos_seq;
 
 uint64_t gpuos_current_ctx(void)
 {
@@ -28,9 +27,14 @@ uint64_t gpuos_current_ctx(void)
 	return (uint64_t)(uintptr_t)c;
 }
 
-int gpuos_stream_captured(uint64_t stream)
+int gpuos_captures_in_progress(void)
 {
-	if (likely(!__atomic_load_n(&gpuos_capturing, __ATOMIC_RELAXED)) || !gpuos_drv.stream_is_capturing)
+	return __atomic_load_n(&gpuos_hot.capturing, __ATOMIC_ACQUIRE);
+}
+
+int gpuos_stream_captured_ask(uint64_t stream)
+{
+	if (!gpuos_drv.stream_is_capturing)
 		return 0;
 	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
 	if (gpuos_drv.stream_is_capturing((CUstream)(uintptr_t)stream, &st) != CUDA_SUCCESS)
@@ -93,20 +97,20 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 {
 	/* An application runs microseconds of its own code between two launches and evicts
 	 * what a launch touches: ask for all of it at once, so that the misses overlap. */
-	__builtin_prefetch(&gpuos_lock, 1, 3);
+	__builtin_prefetch(&gpuos_lock.v, 1, 3);
 	__builtin_prefetch(&gpuos_allocs, 0, 3);
-	__builtin_prefetch(&gpuos_seq, 1, 3);
+	__builtin_prefetch(&gpuos_seq.v, 1, 3);
 	gpuos_ring_prefetch_hdr();
 	struct gpuos_scan *s = gpuos_scan_tls();
 	if (!s)
 		return 0;
 	uint64_t h = (uint64_t)(uintptr_t)f;
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, h);
 	if (unlikely(!o && f)) { /* first seen here (cuModuleEnumerateFunctions, ...) */
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		gpuos_fn_ensure(h, GPUOS_HINT_UNKNOWN, 0);
-		pthread_rwlock_rdlock(&gpuos_lock);
+		pthread_rwlock_rdlock(&gpuos_lock.v);
 		o = gpuos_obj_get(GPUOS_O_FN, h);
 	}
 	const struct gpuos_fn *fn = o ? o->ptr : NULL;
@@ -121,7 +125,7 @@ static int launch_begin(struct launch *L, CUfunction f, void **kp, void **extra)
 	L->rec.seq = gpuos_next_seq();
 	if (unlikely(fn && (fn->flags & GPUOS_FN_DUMP)))
 		gpuos_scan_dump(fn, kp, extra, L->rec.seq);
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 
 	L->s = s;
 	L->rec.ctx = gpuos_current_ctx();
@@ -195,7 +199,7 @@ static inline void copy_param(uint8_t *image, size_t n, uint32_t off, uint32_t s
 		memcpy(dst, src, size);
 }
 
-/* Queue the launch L of fn: the entry to commit, or NULL. */
+/* Queue the launch L of fn: the entry to commit, or NULL (nothing reserved). */
 static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_fn *fn, uint64_t func,
 				     void **kp, void **extra)
 {
@@ -204,14 +208,10 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 	int known = fn->nparams != GPUOS_LAYOUT_UNKNOWN;
 	if (fn->flags & GPUOS_FN_DUMP)
 		return NULL; /* the dump reads the caller's parameters */
-	if (kp) {
+	if (kp)
 		n = known ? fn->params_bytes : 0;
-		for (uint16_t i = 0; known && i < fn->nparams; i++)
-			if (!kp[i])
-				return NULL;
-	} else if (extra && !gpuos_extra_buffer(extra, &ebuf, &n)) {
+	else if (extra && !gpuos_extra_buffer(extra, &ebuf, &n))
 		return NULL;
-	}
 	if (n > DEFER_MAX_IMAGE)
 		return NULL;
 	struct gpuos_qe *e = gpuos_defer_reserve(sizeof(struct qe_launch) + n, GPUOS_QE_LAUNCH, L->flags);
@@ -226,11 +226,17 @@ static struct gpuos_qe *launch_queue(const struct launch *L, const struct gpuos_
 	q->shmem = L->rec.shmem;
 	q->nbytes = (uint32_t)n;
 	q->from_extra = ebuf != NULL;
-	if (ebuf)
+	if (ebuf) {
 		memcpy(q->image, ebuf, n);
-	else
-		for (uint16_t i = 0; kp && known && i < fn->nparams; i++)
-			copy_param(q->image, n, fn->p[i].off, fn->p[i].size, kp[i]);
+		return e;
+	}
+	for (uint16_t i = 0; kp && known && i < fn->nparams; i++) {
+		if (unlikely(!kp[i])) { /* the inline scan says what it makes of it */
+			gpuos_defer_commit(0);
+			return NULL;
+		}
+		copy_param(q->image, n, fn->p[i].off, fn->p[i].size, kp[i]);
+	}
 	return e;
 }
 
@@ -465,10 +471,10 @@ static void copy_begin(struct copy *c, const struct copy_desc *d)
 	/* The map decides a unified copy's direction and, for validation, the buffers. */
 	int lookup = c->validating || d->kind == GPUOS_COPY_UNIFIED;
 	if (lookup)
-		pthread_rwlock_rdlock(&gpuos_lock);
+		pthread_rwlock_rdlock(&gpuos_lock.v);
 	uint32_t nbuf = describe(d, &c->rec, c->validating ? c->bufs : NULL, lookup);
 	if (lookup)
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 	c->rec.seq = gpuos_next_seq();
 	if (gpuos_stream_captured(d->stream))
 		c->flags |= GPUOS_COPY_CAPTURED;
@@ -773,7 +779,7 @@ static int batch_begin(struct batch *b, CUdeviceptr *dsts, CUdeviceptr *srcs, si
 	if (!s || count > GPUOS_MAX_BUFS / 2) {
 		b->op.touch_all = 1;
 	} else {
-		pthread_rwlock_rdlock(&gpuos_lock);
+		pthread_rwlock_rdlock(&gpuos_lock.v);
 		for (size_t i = 0; i < count; i++) {
 			const struct gpuos_alloc *da = gpuos_map_find(&gpuos_allocs, dsts[i]);
 			const struct gpuos_alloc *sa = gpuos_map_find(&gpuos_allocs, srcs[i]);
@@ -782,7 +788,7 @@ static int batch_begin(struct batch *b, CUdeviceptr *dsts, CUdeviceptr *srcs, si
 			gpuos_exact_buf(&s->bufs[2 * i + 1], sa, srcs[i], sizes[i],
 					GPUOS_BUF_READ | (is_device(sa) ? 0 : GPUOS_BUF_HOST));
 		}
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		b->op.bufs = s->bufs;
 		b->op.nbuf = (uint32_t)(2 * count);
 	}

@@ -38,8 +38,6 @@ static struct {
 	int fd;
 } R = { .fd = -1 };
 
-static const uint32_t not_paused;
-const uint32_t *gpuos_pause_word = &not_paused;
 
 /* Serializes function table entries so that they are published in id order. */
 static pthread_mutex_t func_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -125,7 +123,7 @@ int gpuos_ring_create(uint32_t flags)
 	R.bytes = bytes;
 	R.fd = fd;
 	if (!(flags & GPUOS_RING_VALIDATE))
-		gpuos_pause_word = &h->ops_paused;
+		gpuos_hot.pause_word = &h->ops_paused;
 	__atomic_store_n(&R.hdr, h, __ATOMIC_RELEASE);
 	return 0;
 }
@@ -148,7 +146,7 @@ struct gpuos_ring_hdr *gpuos_ring_hdr(void)
 void gpuos_ring_forget(void)
 {
 	/* The parent's ring is shared memory: the child must not write into it. */
-	gpuos_pause_word = &not_paused;
+	gpuos_hot.pause_word = &gpuos_not_paused;
 	if (R.hdr)
 		munmap(R.hdr, R.bytes);
 	if (R.fd >= 0)

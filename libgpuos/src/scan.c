@@ -59,8 +59,6 @@ struct patterns {
 	size_t n;
 };
 
-uint64_t gpuos_fn_gen;
-
 static struct patterns touch_pats; /* GPUOS_TOUCH_ALL */
 static struct patterns dump_pats;  /* GPUOS_DUMP_PARAMS */
 
@@ -202,29 +200,29 @@ static struct gpuos_obj *fn_lookup_locked(uint64_t handle, uint64_t parent)
 uint32_t gpuos_fn_ensure(uint64_t handle, enum gpuos_fn_hint hint, uint64_t parent)
 {
 	/* Fast path: known already (cuModuleGetFunction may be called before every launch). */
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	struct gpuos_obj *o = gpuos_obj_get(GPUOS_O_FN, handle);
 	uint32_t id = o && (o->parent || !parent) ? ((struct gpuos_fn *)o->ptr)->func_id : GPUOS_NO_FUNC;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	if (id != GPUOS_NO_FUNC)
 		return id;
 	/* One creator at a time, so that a handle gets one id. */
 	pthread_mutex_lock(&create_mu);
-	pthread_rwlock_wrlock(&gpuos_lock);
+	pthread_rwlock_wrlock(&gpuos_lock.v);
 	o = fn_lookup_locked(handle, parent);
 	if (o)
 		id = ((struct gpuos_fn *)o->ptr)->func_id;
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	struct gpuos_fn *fn = o ? NULL : fn_make(handle, hint);
 	if (fn) {
-		pthread_rwlock_wrlock(&gpuos_lock);
+		pthread_rwlock_wrlock(&gpuos_lock.v);
 		o = gpuos_obj_put(GPUOS_O_FN, handle);
 		if (o) {
 			o->ptr = fn;
 			o->parent = parent;
 			id = fn->func_id;
 		}
-		pthread_rwlock_unlock(&gpuos_lock);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		if (o) {
 			gpuos_obj_record(fn->flags & GPUOS_FN_KERNEL ? GPUOS_OBJ_KERNEL : GPUOS_OBJ_FUNCTION,
 					 GPUOS_OBJ_CREATED, handle, parent, id);

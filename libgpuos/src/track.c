@@ -19,7 +19,7 @@
 
 #include "core.h"
 
-pthread_rwlock_t gpuos_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+gpuos_alone_rwlock_t gpuos_lock = { .v = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP };
 
 struct gpuos_map gpuos_allocs = { .what = "allocation map" };
 struct gpuos_map gpuos_vmm_maps = { .what = "VMM mapping map" };
@@ -195,7 +195,7 @@ void gpuos_vmm_rebuild(uint64_t lo, uint64_t hi)
 void gpuos_write_lock_drained(void)
 {
 	gpuos_defer_drain_all();
-	pthread_rwlock_wrlock(&gpuos_lock);
+	pthread_rwlock_wrlock(&gpuos_lock.v);
 }
 
 /* ---- validator interface ---------------------------------------------------------------------- */
@@ -210,7 +210,7 @@ static int overlaps(const struct gpuos_map *m, uint64_t lo, uint64_t hi)
 size_t gpuos_track_snapshot(CUcontext ctx, struct gpuos_seg *out, size_t cap)
 {
 	size_t n = 0;
-	pthread_rwlock_rdlock(&gpuos_lock);
+	pthread_rwlock_rdlock(&gpuos_lock.v);
 	for (size_t i = 0; i < gpuos_allocs.n; i++) {
 		const struct gpuos_alloc *a = &gpuos_allocs.v[i];
 		if (!(a->flags & GPUOS_A_DEVMEM) || a->ctx != (uint64_t)(uintptr_t)ctx ||
@@ -222,13 +222,13 @@ size_t gpuos_track_snapshot(CUcontext ctx, struct gpuos_seg *out, size_t cap)
 		}
 		n++;
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 	return n;
 }
 
 void gpuos_track_ignore(uint64_t base, uint64_t size, int ignore)
 {
-	pthread_rwlock_wrlock(&gpuos_lock);
+	pthread_rwlock_wrlock(&gpuos_lock.v);
 	if (ignore) {
 		struct gpuos_alloc a = { .base = base, .end = base + size };
 		gpuos_map_insert(&ignored, &a);
@@ -236,7 +236,7 @@ void gpuos_track_ignore(uint64_t base, uint64_t size, int ignore)
 		size_t n, i = span(&ignored, base, base + size, &n, 0);
 		remove_n(&ignored, i, n);
 	}
-	pthread_rwlock_unlock(&gpuos_lock);
+	pthread_rwlock_unlock(&gpuos_lock.v);
 }
 
 /* ---- the handle table ------------------------------------------------------------------------- */
@@ -348,7 +348,7 @@ void gpuos_track_forget(void)
 {
 	/* Fork child: the parent's tables may be mid-change; drop them (leaked, not freed). */
 	static const pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
-	memcpy(&gpuos_lock, &fresh, sizeof fresh);
+	memcpy(&gpuos_lock.v, &fresh, sizeof fresh);
 	struct gpuos_map *maps[] = { &gpuos_allocs, &gpuos_vmm_maps, &gpuos_reservations, &ignored };
 	for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
 		maps[i]->v = NULL;

@@ -609,9 +609,8 @@ static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
  * a global-mode capture on a non-blocking stream ends with
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).  So the validator must know of every capture
  * in progress in the context BEFORE it synchronizes.  It asks, in this order:
- *   - the core's count of captures in progress in the process, gpuos_capturing
- *     (kept by its cuStreamBeginCapture* / cuStreamEndCapture hooks; referenced weakly
- *     so that the validator links without it);
+ *   - the core's count of captures in progress in the process,
+ *     gpuos_captures_in_progress();
  *   - cuStreamIsCapturing on the operation's stream;
  *   - cuStreamIsCapturing on CU_STREAM_LEGACY (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: a
  *     blocking stream of the context is capturing; the query does not harm it).
@@ -622,13 +621,12 @@ static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
  * destroyed right after its capture ends, and cuStreamIsCapturing on a destroyed
  * stream crashes (segfault, driver 580).
  */
-extern int gpuos_capturing __attribute__((weak));
 
 /* 1 if a capture is known to be in progress (in the process, or in the current
  * context's blocking streams). */
 static int capture_in_progress(void)
 {
-	if (&gpuos_capturing && __atomic_load_n(&gpuos_capturing, __ATOMIC_ACQUIRE) > 0)
+	if (gpuos_captures_in_progress() > 0)
 		return 1;
 	if (!D.is_capturing)
 		return 0;

@@ -64,6 +64,10 @@ void *gpuos_real(const char *exported_name);
  * excluded (it marks them with gpuos_track_ignore()). */
 size_t gpuos_track_snapshot(CUcontext ctx, struct gpuos_seg *out, size_t cap);
 
+/* How many stream captures are in progress in the process (the core's
+ * cuStreamBeginCapture* and cuStreamEndCapture hooks count them). */
+int gpuos_captures_in_progress(void);
+
 /* Exclude [base, base+size) from tracking (the validator's own buffers). */
 void gpuos_track_ignore(uint64_t base, uint64_t size, int ignore);
 
