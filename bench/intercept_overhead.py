@@ -6,15 +6,15 @@ under `gpuos run --report`, interleaved (plain, gpuos, plain, gpuos, ...), with 
 seed; compare the steps/s each run measures itself (process start and warmup excluded)
 and the checksums (every run must be bit-identical).  noop-launch gives the latency
 libgpuos adds to one kernel launch.  Separate runs on a VM differ by more than the
-overhead, so with --paired S each workload also runs once for about S seconds with its
-recording paused and resumed every --paired-period seconds, and neighbouring windows
-are compared (bench/paired.py).  Then run each workload once, shorter, under
+overhead, so with --paired S each workload also runs once for about S seconds, pausing
+and resuming its own recording every --paired-steps steps, and neighbouring windows are
+compared (bench/paired.py).  Then run each workload once, shorter, under
 `gpuos run --validate --report` and record what validation found: operations validated
 and skipped, operations with misses and the kernels behind them, missed, changed,
 predicted and over-predicted bytes.
 
     python3 bench/intercept_overhead.py [--workloads a,b] [--reps 3] [--quick] [--paired S]
-                                        [--passive] [--cpus LIST] [--ring-slots N]
+                                        [--paired-steps 1] [--passive] [--cpus LIST] [--ring-slots N]
                                         [--budget 900] [--out bench/results] [--update-readme]
     python3 bench/intercept_overhead.py --readme-from bench/results/intercept-H100-DATE.json [PART.json...]
 
@@ -196,23 +196,21 @@ def validation_run(workload: str, budget: Budget, env: dict[str, str], workdir: 
 
 def paired_run(name: str, a: argparse.Namespace, plain_sps: float, budget: Budget,
                env: dict[str, str], workdir: Path) -> dict[str, Any]:
-    """One run of about a.paired seconds under `gpuos run`, recording paused and resumed
-    every a.paired_period seconds (bench/paired.py)."""
+    """One run of about a.paired seconds under `gpuos run` that pauses and resumes its
+    own recording every a.paired_steps steps (bench/paired.py)."""
     steps = max(WORKLOADS[name].steps, round(a.paired * plain_sps))
     log_path = workdir / f"{name}-steps-{time.monotonic_ns()}.jsonl"
-    cmd = under_gpuos(suite_cmd(name, ["--steps", str(steps), "--step-log", str(log_path)]),
+    cmd = under_gpuos(suite_cmd(name, ["--steps", str(steps), "--step-log", str(log_path),
+                                       "--toggle-recording", str(a.paired_steps)]),
                       *(("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
-    toggler = paired.Toggler(log_path, a.paired_period).start()
-    try:
-        fin = run_one(cmd, "paired", budget, env)
-    finally:
-        toggler.stop()
-    if toggler.error:
-        raise RunFailed(f"paired run: {toggler.error}")
-    wins = paired.windows(paired.read_marks(log_path), toggler.switches)
-    return {"steps": steps, "period_s": a.paired_period, "wall_s": fin.wall_s,
-            "switches": len(toggler.switches), "result": fin.result(),
-            **paired.paired_overhead(wins)}
+    fin = run_one(cmd, "paired", budget, env)
+    marks = paired.read_marks(log_path)
+    wins = paired.windows(marks)
+    return {"steps": steps, "steps_per_window": a.paired_steps, "wall_s": fin.wall_s,
+            "result": fin.result(), **paired.paired_overhead(wins),
+            # each step's wall time in ms, negative while paused: to study the noise later
+            "step_ms": [round((t1 - t0) * 1e3, 3) * (-1 if paused else 1)
+                        for (t0, _, paused), (t1, _, _) in zip(marks, marks[1:])]}
 
 
 def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[str, str],
@@ -232,7 +230,7 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
             f"({entry['overhead_pct']:+.1f}%; plain runs {entry['plain_spread_pct']:.1f}% apart), "
             f"identical: {entry['identical']}")
         if a.paired:
-            log(f"{name}: paired run, recording paused and resumed every {a.paired_period} s")
+            log(f"{name}: paired run, recording paused and resumed every {a.paired_steps} steps")
             p = entry["paired"] = paired_run(name, a, entry["plain_steps_per_s"], budget, env, workdir)
             if p["triplets"]:
                 log(f"{name}: paired over {p['triplets']} window triplets: wall {p['wall']['overhead_pct']:+.2f}"
@@ -285,7 +283,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
         "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
-        "paired_s": a.paired or None, "paired_period_s": a.paired_period if a.paired else None,
+        "paired_s": a.paired or None, "paired_steps": a.paired_steps if a.paired else None,
         # how libgpuos records (docs/interception.md): on its recording thread unless inline
         "record_inline": os.environ.get("GPUOS_RECORD_INLINE") == "1",
         "record_cpus": os.environ.get("GPUOS_RECORD_CPUS") or None,
@@ -385,9 +383,17 @@ def paired_note(r: dict[str, Any]) -> str:
     if not walls:
         return ""
     return (f" In one run: one more run ({min(walls):.0f}-{max(walls):.0f} s) under `gpuos run` with its "
-            f"recording paused and resumed every {r['paired_period_s']} s; mean over triplets of "
+            f"recording paused and resumed {paired_period(r)}; mean over triplets of "
             "neighbouring windows of (step time recording / paused) - 1, ± its 95% confidence "
             "interval, for wall and CPU time per step.")
+
+
+def paired_period(r: dict[str, Any]) -> str:
+    """How often the paired runs of r switched (older results switched on a timer)."""
+    if r.get("paired_steps"):
+        k = r["paired_steps"]
+        return "at every step" if k == 1 else f"every {k} steps"
+    return f"every {r['paired_period_s']} s"
 
 
 def paired_cell(w: dict[str, Any]) -> str:
@@ -446,8 +452,9 @@ def main() -> None:
                     help="Also measure each workload in one run of about S seconds under `gpuos run`, "
                          "pausing and resuming its recording (bench/paired.py): immune to the "
                          "run-to-run noise of the host [0: not].")
-    ap.add_argument("--paired-period", type=float, metavar="S", default=0.5,
-                    help="Seconds between pausing and resuming in the paired run [0.5].")
+    ap.add_argument("--paired-steps", type=int, metavar="K", default=1,
+                    help="Steps between pausing and resuming in the paired run [1] (noop-launch: "
+                         "blocks of 1000 launches).")
     ap.add_argument("--ring-slots", type=int, metavar="N",
                     help="`gpuos run --ring-slots N` for the timed runs (how big a ring the "
                          "launch records stream through).")
@@ -467,6 +474,8 @@ def main() -> None:
     unknown = set(names) - set(WORKLOADS)
     if unknown:
         ap.error(f"unknown workloads: {', '.join(sorted(unknown))} (have: {', '.join(WORKLOADS)})")
+    if a.paired_steps < 1:
+        ap.error("--paired-steps wants 1 or more")
     if a.quick:
         a.reps = 1
     if a.cpus:

@@ -5,7 +5,7 @@ the writer protocol described in the header: a record starts in a slot whose seq
 word is ``(index + 1) | START``; a copy is only trusted if the writer has not claimed
 any of its slots again by the time we finished copying.  Readers never write records,
 so many can follow one ring and none can slow the application down; the one field
-written from outside is the header's ``ops_paused`` (`set_ops_paused`).
+written from outside is the header's ``ops_paused`` (`OpsPause`).
 
 The struct layouts below mirror the C header; tests/unit/test_intercept_ring.py
 compiles the header and checks every size and offset.
@@ -341,30 +341,52 @@ class RingReader:
         return now - self._stalled_at[1] > self.STALL_S and head > self.cursor + 1
 
 
-def set_ops_paused(pid: int, paused: bool) -> bool:
-    """Pause (or resume) the recording of operations in process `pid`: launches,
-    copies, memsets and graph launches go straight to the driver while paused;
-    allocations are still tracked, so records are exact again once resumed.  Returns
-    the previous state.  Raises what `open_proc_ring_fd` raises, and RingError for a
-    ring in validation mode (validation sees every operation; it cannot be paused).
-    """
-    fd = open_proc_ring_fd(pid, writable=True)
-    try:
-        size = os.fstat(fd).st_size
-        if size < HDR_SIZE:
-            raise RingError("too small to be a libgpuos ring")
-        hdr = mmap.mmap(fd, HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    try:
-        _check_header(hdr, size)
-        if HDR.unpack_from(hdr)[6] & RING_VALIDATE:  # hdr.flags
-            raise RingError(f"process {pid} runs under --validate: its operations cannot be paused")
-        was = bool(struct.unpack_from("<I", hdr, OPS_PAUSED_OFFSET)[0])
-        struct.pack_into("<I", hdr, OPS_PAUSED_OFFSET, int(paused))
+class OpsPause:
+    """The switch that pauses and resumes the recording of operations in process `pid`
+    (the ring header's ops_paused), mapped once: launches, copies, memsets and graph
+    launches go straight to the driver while paused; allocations are still tracked, so
+    records are exact again once resumed.  Raises what `open_proc_ring_fd` raises, and
+    RingError for a ring in validation mode (validation sees every operation; it cannot
+    be paused).  One store per switch: the paired benchmark switches at every step."""
+
+    def __init__(self, pid: int):
+        fd = open_proc_ring_fd(pid, writable=True)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HDR_SIZE:
+                raise RingError("too small to be a libgpuos ring")
+            self._hdr = mmap.mmap(fd, HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            _check_header(self._hdr, size)
+            if HDR.unpack_from(self._hdr)[6] & RING_VALIDATE:  # hdr.flags
+                raise RingError(f"process {pid} runs under --validate: its operations cannot be paused")
+        except RingError:
+            self._hdr.close()
+            raise
+
+    def set(self, paused: bool) -> bool:
+        """Pause (or resume); returns the previous state."""
+        was = bool(struct.unpack_from("<I", self._hdr, OPS_PAUSED_OFFSET)[0])
+        struct.pack_into("<I", self._hdr, OPS_PAUSED_OFFSET, int(paused))
         return was
-    finally:
-        hdr.close()
+
+    def close(self) -> None:
+        self._hdr.close()
+
+    def __enter__(self) -> "OpsPause":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def set_ops_paused(pid: int, paused: bool) -> bool:
+    """Pause (or resume) the recording of operations in process `pid` once (OpsPause);
+    returns the previous state."""
+    with OpsPause(pid) as switch:
+        return switch.set(paused)
 
 
 def open_proc_ring_fd(pid: int, writable: bool = False) -> int:

@@ -17,9 +17,12 @@ seed), so a run under `gpuos run` must print the checksum a plain run prints.
 
 ``--step-log FILE`` is for measuring within one run (bench/intercept_overhead.py
 --paired): the first line, written before the first CUDA call, is {"pid": PID}; the
-last, written at the end, is {"marks": [[t, cpu], ...]}: CLOCK_MONOTONIC seconds and
-the process's CPU seconds at the start of the timed steps and after each of them
-(noop-launch: after each block of STEP_LOG_LAUNCHES launches).
+last, written at the end, is {"marks": [[t, cpu, paused], ...]}: CLOCK_MONOTONIC
+seconds and the process's CPU seconds at the start of the timed steps and after each of
+them (noop-launch: after each block of STEP_LOG_LAUNCHES launches), and whether the step
+that starts at the mark ran with libgpuos's recording paused.  ``--toggle-recording K``
+(under `gpuos run`) pauses and resumes that recording every K steps, between two steps:
+the paired benchmark compares neighbouring steps recorded and not.
 """
 
 from __future__ import annotations
@@ -81,14 +84,60 @@ def sha256_tensors(torch, tensors) -> str:
     return h.hexdigest()
 
 
-def mark(marks: list | None) -> None:
-    """Note the time and the process's CPU time in the step log's marks (if kept)."""
+class ToggleError(Exception):
+    """--toggle-recording cannot reach this process's recording switch."""
+
+
+class StepMarks:
+    """The step log's marks: (time, CPU time, paused) at the start of the timed steps and
+    after each; with toggle_every K, this process's recording is resumed at the first
+    mark and then paused and resumed every K steps (gpuos.intercept.ring.OpsPause: one
+    store into the ring header), so that every step runs wholly in one state."""
+
+    def __init__(self, toggle_every: int = 0):
+        self.rows: list[tuple[float, float, bool]] = []
+        self.toggle_every = toggle_every
+        self._switch = None
+        self._paused = False
+
+    def mark(self) -> None:
+        t, cpu = time.monotonic(), time.process_time()
+        if self.toggle_every:
+            if self._switch is None:
+                self._switch = self._open()
+                self._switch.set(False)
+            elif len(self.rows) % self.toggle_every == 0:
+                self._paused = not self._paused
+                self._switch.set(self._paused)
+        self.rows.append((t, cpu, self._paused))
+
+    def finish(self) -> list[tuple[float, float, bool]]:
+        """Resume the recording (the rest of the run is recorded as usual)."""
+        if self._switch is not None:
+            self._switch.set(False)
+            self._switch.close()
+            self._switch = None
+        return self.rows
+
+    @staticmethod
+    def _open():
+        from gpuos.intercept.ring import OpsPause, RingError
+
+        try:
+            return OpsPause(os.getpid())
+        except (LookupError, RingError, OSError) as exc:
+            raise ToggleError(f"--toggle-recording needs this process to run under `gpuos run` "
+                              f"(without --validate): {exc}") from exc
+
+
+def mark(marks: StepMarks | None) -> None:
+    """Note a mark in the step log (if kept)."""
     if marks is not None:
-        marks.append((time.monotonic(), time.process_time()))
+        marks.mark()
 
 
 def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None],
-          marks: list | None = None):
+          marks: StepMarks | None = None):
     """Run warmup steps, then time `steps` steps; returns (seconds, CPU seconds of the whole
     process, their return values).  With `marks`, marks the start and each step's end."""
     for _ in range(warmup):
@@ -403,6 +452,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--exit-code", type=int, default=0, help="Exit with this status after printing.")
     p.add_argument("--step-log", metavar="FILE",
                    help="Write the pid at once and the time and CPU time of every step at the end.")
+    p.add_argument("--toggle-recording", type=int, default=0, metavar="K",
+                   help="Under `gpuos run`, with --step-log: pause and resume libgpuos's recording of "
+                        "this process's operations every K timed steps (the paired benchmark).")
     g = p.add_argument_group("sizes")
     g.add_argument("--image-size", type=int, default=224, help="ResNet input side.")
     g.add_argument("--layers", type=int, default=12, help="GPT blocks.")
@@ -412,7 +464,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--vocab", type=int, default=32768, help="GPT vocabulary.")
     g.add_argument("--size", type=int, default=1024, help="CuPy matrix side.")
     a = p.parse_args(argv)
-    a.marks = [] if a.step_log else None  # the step log's marks, kept by timed()
+    if a.toggle_recording < 0 or (a.toggle_recording and not a.step_log):
+        p.error("--toggle-recording K wants K >= 1 and --step-log")
+    # the step log's marks, kept by timed()
+    a.marks = StepMarks(a.toggle_recording) if a.step_log else None
     if a.list:
         return a
     if a.workload is None:
@@ -446,10 +501,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.step_log:
         with open(a.step_log, "w") as f:
             f.write(json.dumps({"pid": os.getpid()}) + "\n")
-    out = report(a, WORKLOADS[a.workload].run(a))
+    try:
+        out = report(a, WORKLOADS[a.workload].run(a))
+    except ToggleError as exc:
+        print(f"suite: {exc}", file=sys.stderr, flush=True)
+        return 2
     if a.step_log:
         with open(a.step_log, "a") as f:
-            f.write(json.dumps({"marks": a.marks}) + "\n")
+            f.write(json.dumps({"marks": a.marks.finish()}) + "\n")
     if a.json:
         print(json.dumps(out), flush=True)
     else:

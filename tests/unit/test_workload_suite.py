@@ -1,0 +1,60 @@
+"""gpuos.workloads.suite without a GPU: the step log's marks and the recording switch
+that the paired benchmark flips between steps (--toggle-recording)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuos.workloads import suite
+
+
+class FakeSwitch:
+    """Stands in for gpuos.intercept.ring.OpsPause (a real one needs a libgpuos ring:
+    test_libgpuos.py flips a real one through `gpuos trace pause|resume`)."""
+
+    def __init__(self):
+        self.states: list[bool] = []
+        self.closed = False
+
+    def set(self, paused: bool) -> bool:
+        self.states.append(paused)
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_marks_switch_between_steps_every_k(monkeypatch):
+    switch = FakeSwitch()
+    monkeypatch.setattr(suite.StepMarks, "_open", staticmethod(lambda: switch))
+    marks = suite.StepMarks(toggle_every=2)
+    for _ in range(7):  # the start and after each of 6 steps
+        marks.mark()
+    rows = marks.finish()
+    # steps 0-1 recorded, 2-3 paused, 4-5 recorded; the last mark starts no step
+    assert [paused for _, _, paused in rows] == [False, False, True, True, False, False, True]
+    assert switch.states == [False, True, False, True, False] and switch.closed  # resumed at the end
+    times = [t for t, _, _ in rows]
+    assert times == sorted(times)
+
+
+def test_marks_without_toggling_touch_no_switch(monkeypatch):
+    monkeypatch.setattr(suite.StepMarks, "_open", staticmethod(lambda: pytest.fail("opened a switch")))
+    marks = suite.StepMarks()
+    marks.mark()
+    marks.mark()
+    assert [paused for _, _, paused in marks.finish()] == [False, False]
+
+
+def test_toggling_outside_gpuos_run_is_a_clear_error():
+    with pytest.raises(suite.ToggleError, match="needs this process to run under `gpuos run`"):
+        suite.StepMarks(toggle_every=1).mark()
+
+
+@pytest.mark.parametrize("args", [["--toggle-recording", "1"],
+                                  ["--toggle-recording", "-1", "--step-log", "x"]])
+def test_toggle_recording_wants_a_step_log_and_a_positive_k(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        suite.parse(["resnet50-train", *args])
+    assert exc.value.code == 2
+    assert "--toggle-recording K wants K >= 1 and --step-log" in capsys.readouterr().err
