@@ -211,6 +211,31 @@ def paired_run(name: str, a: argparse.Namespace, plain_sps: float, budget: Budge
             "step_times": paired.step_times(marks)}
 
 
+def dumps(result: dict[str, Any]) -> str:
+    """The result as indented JSON, but each paired run's step times (thousands of them)
+    on one line."""
+    raw: list[str] = []
+
+    def lift(o: Any) -> Any:
+        if isinstance(o, list):
+            return [lift(v) for v in o]
+        if not isinstance(o, dict):
+            return o
+        out = {}
+        for k, v in o.items():
+            if k in ("step_times", "step_ms"):
+                raw.append(json.dumps(v, separators=(",", ":")))
+                out[k] = f"@raw{len(raw) - 1}"
+            else:
+                out[k] = lift(v)
+        return out
+
+    text = json.dumps(lift(result), indent=2)
+    for i, compact in enumerate(raw):
+        text = text.replace(f'"@raw{i}"', compact, 1)
+    return text + "\n"
+
+
 def reestimate(result: dict[str, Any]) -> bool:
     """The paired estimates of result again, from the step times its paired runs kept,
     with this bench/paired.py: a table shows the current estimator on the raw data.
@@ -327,7 +352,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
             if first and "torch" not in result:
                 result["torch"], result["cuda_runtime"] = first["torch"], first["cuda"]
             result["elapsed_s"] = time.monotonic() - t0
-            path.write_text(json.dumps(result, indent=2) + "\n")
+            path.write_text(dumps(result))
     log(f"wrote {path}")
     return result, path
 
@@ -403,7 +428,7 @@ def paired_note(r: dict[str, Any]) -> str:
             f"recording paused and resumed {paired_period(r)}; mean over triplets of "
             "neighbouring windows of the difference in step time (recording - paused), over the "
             "mean paused step, ± its 95% confidence interval, for wall time per step, for it with "
-            f"every step capped at the run's {paired.CAP_QUANTILE:.0%} percentile (the VM's random "
+            f"every step capped at the run's {paired.CAP_QUANTILE * 100:.0f}th percentile (the VM's random "
             "stalls, as frequent recording or not, bounded) and for CPU time per step.")
 
 
@@ -521,7 +546,7 @@ def readme_from(files: list[str], outdir: Path) -> None:
         source = result_path(outdir, result)
     if reestimate(result) or len(files) > 1:
         source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(json.dumps(result, indent=2) + "\n")
+        source.write_text(dumps(result))
         log(f"written to {source}")
     update_readme(markdown(result), source)
 

@@ -84,3 +84,23 @@ def test_mps_table_says_what_happened():
     assert table[("stock", "oob-write")][6] == "not recovered"
     assert table[("supervised", "oob-write")][6] == "7.00 / 9.00"
     assert table[("supervised", "oob-write")][7] == "incident recovered"
+
+
+def test_results_keep_step_times_on_one_line_and_read_back_the_same():
+    result = {"workloads": {"w": {"paired": {"step_times": [[45.1, 44.9, 0], [46.2, 46.0, 1]] * 50,
+                                             "wall": {"overhead_pct": 1.0}}},
+                            "old": {"paired": {"step_ms": [45.1, -46.2]}}}}
+    text = icpt.dumps(result)
+    assert json.loads(text) == result
+    assert len(text.splitlines()) < 20  # not one line per number
+
+
+def test_reestimate_uses_the_kept_step_times():
+    steps = [[50.0 if i % 2 == 0 else 49.0, 49.0, i % 2] for i in range(300)]  # recording 1 ms slower
+    result = {"workloads": {"w": {"paired": {"step_times": steps, "wall": {"overhead_pct": 99.0}}},
+                            "none": {"paired": {"wall": {"overhead_pct": 5.0}}}}}
+    assert icpt.reestimate(result)
+    p = result["workloads"]["w"]["paired"]
+    assert p["wall"]["overhead_pct"] == pytest.approx(100 / 49, rel=1e-3)
+    assert p["cpu"]["overhead_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert result["workloads"]["none"]["paired"]["wall"]["overhead_pct"] == 5.0  # nothing to estimate from

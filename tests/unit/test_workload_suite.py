@@ -3,6 +3,9 @@ that the paired benchmark flips between steps (--toggle-recording)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gpuos.workloads import suite
@@ -47,8 +50,13 @@ def test_marks_without_toggling_touch_no_switch(monkeypatch):
 
 
 def test_toggling_outside_gpuos_run_is_a_clear_error():
-    with pytest.raises(suite.ToggleError, match="needs this process to run under `gpuos run`"):
-        suite.StepMarks(toggle_every=1).mark()
+    # in a fresh process: this one may hold a ring of its own (other tests write rings)
+    code = ("from gpuos.workloads import suite\n"
+            "try:\n    suite.StepMarks(toggle_every=1).mark()\n"
+            "except suite.ToggleError as e:\n    print(e)\n    raise SystemExit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "needs this process to run under `gpuos run`" in r.stdout
 
 
 @pytest.mark.parametrize("args", [["--toggle-recording", "1"],
