@@ -10,10 +10,10 @@ and pauses and resumes the recording of its own operations every K steps, betwee
 steps (the ring header's ops_paused, what `gpuos trace pause|resume` sets); each triplet
 of neighbouring windows of K steps (recording, paused, recording or the reverse) gives
 the difference of mean step times recording - paused (wall and CPU), the outer windows
-averaged so that a steady drift cancels.  The overhead is the mean of those differences
-over the mean paused step, with its 95% confidence interval.  On the steps of a 280 s ResNet-50 run the
-interval was 3 times narrower with K = 1 than with the windows of 0.5 s (9 steps) that
-an outside process switching on a timer gave.
+averaged so that a steady drift cancels.  The overhead is the mean of those
+differences over the mean paused step, with its 95% confidence interval.  On the steps
+of a 280 s ResNet-50 run the interval was 3 times narrower with K = 1 than with the
+windows of 0.5 s (9 steps) that an outside process switching on a timer gave.
 
 The VM also stalls a step now and then (one run: 2.4% of ResNet-50 training steps took
 over twice the median, up to 3 times), as often recording as paused (9.7% and 9.0% of
@@ -21,7 +21,7 @@ steps over 1.3 times the median, and the same time lost in them), so stalls only
 noise, and a few of them decide the mean.  The same triplets are therefore also compared
 with every step capped at the run's 95th percentile (`wall_capped`): stalls still
 count, as the slowest normal step.  On the same data its interval was half as wide
-(ResNet-50 training: +2.3 ± 0.9% capped, +3.4 ± 1.6% not).
+(ResNet-50 training: +1.5 ± 1.0% capped, +1.2 ± 2.1% not).
 
 What this leaves out: being interposed at all (a paused wrapper still loads two words
 and calls through) and tracking allocations, which stay on while paused; noop-launch

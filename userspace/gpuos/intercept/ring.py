@@ -194,6 +194,15 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
     return rec
 
 
+def _ring_size(fd: int) -> int:
+    """The size of the memfd fd, checked to hold at least a ring header (so that mapping
+    the header is safe)."""
+    size = os.fstat(fd).st_size
+    if size < HDR_SIZE:
+        raise RingError("too small to be a libgpuos ring")
+    return size
+
+
 def _check_header(buf, size: int) -> int:
     """The slot count of the ring whose header is at the start of buf (a memfd of size
     bytes); RingError when it is not a ring this gpuos reads."""
@@ -211,9 +220,7 @@ class Ring:
     """A read-only view of one process's ring."""
 
     def __init__(self, fd: int):
-        size = os.fstat(fd).st_size
-        if size < HDR_SIZE:
-            raise RingError("too small to be a libgpuos ring")
+        size = _ring_size(fd)
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         self.nslots = _check_header(self.map, size)
         self.functions: dict[int, Function] = {}
@@ -352,9 +359,7 @@ class OpsPause:
     def __init__(self, pid: int):
         fd = open_proc_ring_fd(pid, writable=True)
         try:
-            size = os.fstat(fd).st_size
-            if size < HDR_SIZE:
-                raise RingError("too small to be a libgpuos ring")
+            size = _ring_size(fd)
             self._hdr = mmap.mmap(fd, HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
