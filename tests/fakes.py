@@ -8,7 +8,12 @@ the driver does:
     checkpointed --restore--> locked --unlock--> running
 
 and answers any other transition with a GpuosError, so code that calls the
-driver in the wrong order fails here as it would on a GPU.  A restore puts a
+driver in the wrong order fails here as it would on a GPU.  Like the driver, it
+does its checkpoint and restore through the process's *restore thread*
+(``restore_thread``; the main thread unless ``add`` names another), and like a
+JAX process it insists that no other thread of the process runs meanwhile:
+``running_threads`` records every thread it found running at a checkpoint,
+restore or unlock of a real process.  A restore puts a
 process's GPU memory back on the GPU it was checkpointed on unless gpu_pairs
 maps that to another; the target GPU must be one of devices().  Failures (a lock
 timeout, a failed restore, ...) are injected per method and pid.
@@ -56,12 +61,16 @@ class FakeDriver:
         self.usage: dict[int, tuple[str, int]] = {}  # pid -> (uuid, bytes)
         self.calls: list[tuple[str, int]] = []
         self.restore_pairs: dict[int, dict[str, str]] = {}
+        self.runners: dict[int, int] = {}
+        self.running_threads: list[tuple[str, int, int, str]] = []  # (call, pid, tid, state)
         self._failures: dict[tuple[str, int], list[GpuosError]] = {}
 
     # -- test set-up --------------------------------------------------------
-    def add(self, pid: int, uuid: str | None = None, used: int = GIB, state: str = RUNNING) -> None:
+    def add(self, pid: int, uuid: str | None = None, used: int = GIB, state: str = RUNNING,
+            runner: int | None = None) -> None:
         self.states[pid] = state
         self.usage[pid] = (uuid or self._devices[0].uuid, used)
+        self.runners[pid] = runner or pid
 
     def fail(self, method: str, pid: int, exc: GpuosError, times: int = 1) -> None:
         """The next ``times`` calls of ``method`` for ``pid`` raise ``exc``; the state is unchanged."""
@@ -86,6 +95,11 @@ class FakeDriver:
         self.calls.append(("state", pid))
         self._maybe_fail("state", pid)
         return self._state(pid)
+
+    def restore_thread(self, pid: int) -> int:
+        self._maybe_fail("restore_thread", pid)
+        self._state(pid)
+        return self.runners[pid]
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         self._transition("lock", pid, RUNNING, LOCKED)
@@ -120,8 +134,26 @@ class FakeDriver:
         if pending:
             raise pending.pop(0)
 
+    def _check_still(self, method: str, pid: int) -> None:
+        try:
+            tids = procs.tids(pid)
+        except GpuosError:
+            return  # not a real process
+        for tid in tids:
+            if tid == self.runners.get(pid, pid):
+                continue
+            try:
+                raw = open(f"/proc/{pid}/task/{tid}/stat").read()
+            except FileNotFoundError:
+                continue
+            state = raw.rpartition(")")[2].split()[0]
+            if state not in ("t", "T"):
+                self.running_threads.append((method, pid, tid, state))
+
     def _transition(self, method: str, pid: int, before: str, after: str) -> None:
         self.calls.append((method, pid))
+        if method in ("checkpoint", "restore", "unlock"):
+            self._check_still(method, pid)
         state = self._state(pid)
         if state != before:
             raise GpuosError(f"{method} (pid {pid}) failed: CUDA_ERROR_ILLEGAL_STATE "

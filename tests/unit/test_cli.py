@@ -122,7 +122,7 @@ def test_incomplete_and_unknown_format(env, store):
     write_criu_files(store.root / "half" / "criu")
     assert "incomplete" in one_error_line(gpuos(env, "images", "verify", "half"), 10)
     img = build_image(store, "future")
-    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 1', '"format_version": 2')
+    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 2', '"format_version": 3')
     (img / MANIFEST_NAME).write_text(text)
     one_error_line(gpuos(env, "images", "show", "future"), 11)
 

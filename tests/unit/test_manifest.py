@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gpuos.errors import ImageCorrupt, ImageFormatUnsupported
-from gpuos.manifest import FORMAT, FORMAT_VERSION, DriverInfo, FileEntry, GpuInfo, Manifest, ProcessInfo
+from gpuos.manifest import (FORMAT, FORMAT_VERSION, DriverInfo, FileEntry, GpuInfo, Manifest,
+                            ProcessInfo, TerminalInfo)
 
 from fakes import gpu_uuid
 from helpers import make_manifest
@@ -55,7 +56,7 @@ def test_total_size_is_recomputed_not_trusted():
     assert Manifest.from_json(json.dumps(data)).total_size == 4106
 
 
-@pytest.mark.parametrize("version", [0, 2, 99, "1", None])
+@pytest.mark.parametrize("version", [0, 3, 99, "1", None])
 def test_unknown_format_version_is_unsupported(version):
     data = json.loads(full_manifest().to_json())
     data["format_version"] = version
@@ -63,6 +64,23 @@ def test_unknown_format_version_is_unsupported(version):
         Manifest.from_json(json.dumps(data), where="x/manifest.json")
     assert exc.value.exit_code == 11
     assert "x/manifest.json" in exc.value.message
+
+
+def test_version_1_image_still_reads():
+    """Version 1 (before terminals were recorded) reads as an image with none."""
+    data = json.loads(full_manifest().to_json())
+    data["format_version"] = 1
+    del data["terminals"]
+    m = Manifest.from_json(json.dumps(data))
+    assert m.terminals == [] and m.format_version == 1
+    assert m.processes == full_manifest().processes
+
+
+def test_terminals_round_trip():
+    m = full_manifest()
+    m.terminals = [TerminalInfo(path="/dev/pts/3", rdev=(136 << 8) | 3, dev=25)]
+    back = Manifest.from_json(m.to_json())
+    assert back == m and back.terminals[0].criu_key == "tty[8803:19]"
 
 
 def test_missing_format_version_is_unsupported():

@@ -144,7 +144,7 @@ def test_load_without_manifest_is_incomplete(store: ImageStore):
 
 def test_load_reports_format_version(store: ImageStore):
     img = build_image(store, "job")
-    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 1', '"format_version": 7')
+    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 2', '"format_version": 7')
     (img / MANIFEST_NAME).write_text(text)
     with pytest.raises(ImageFormatUnsupported):
         ImageStore.load(img)

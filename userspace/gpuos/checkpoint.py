@@ -4,15 +4,17 @@ Phases (each timed, each recorded in the operation's journal first):
 
     prepare         find the tree, its CUDA processes, their GPUs
     lock            cuCheckpointProcessLock on every CUDA process (with a timeout)
-    gpu-checkpoint  cuCheckpointProcessCheckpoint: GPU memory moves into the process
+    gpu-checkpoint  cuCheckpointProcessCheckpoint: GPU memory moves into the process,
+                    whose own threads are held still (hold.py) and then stopped
     criu-dump       criu dump of the whole tree into the staging directory
-    gpu-restore     (--leave-running) cuCheckpointProcessRestore
-    unlock          (--leave-running) cuCheckpointProcessUnlock
+    gpu-restore     (--leave-running) cuCheckpointProcessRestore and Unlock, threads held
     checksum        sha256 + fsync of every file
     publish         manifest written, staging renamed into place
 
 Any failure before the dump completed puts every CUDA process back on its GPU
-and leaves it running; the previous image of that name is never touched.
+and leaves it running; the previous image of that name is never touched. With
+--leave-running, a process that cannot be resumed on its GPU (after retries) is
+left stopped and its image published: the image is then the way to continue it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import Callable
 
 from . import __version__, procs
 from .criu import Criu
-from .cudadrv import RUNNING, GpuDriver
+from .cudadrv import RUNNING, UNINITIALIZED, GpuDriver
 from .errors import CheckpointFailed, GpuosError, NotPermitted, ProcessLeftStopped
+from .hold import checkpoint_gpu, resume_gpu
 from .journal import Operation, put_back, pid_lock
-from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo
+from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo, TerminalInfo
 from .observe import Observer, Silent
 from .store import ImageStore, checksum_tree, tree_size
 
@@ -44,6 +47,7 @@ class CheckpointRequest:
     image: str | None = None  # name in the store, or a path; default "<comm>-<pid>"
     leave_running: bool = False
     lock_timeout_ms: int = 10_000
+    resume_tries: int = 3  # --leave-running: attempts to resume a process on its GPU
 
 
 @dataclass
@@ -96,18 +100,17 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
     tree = procs.tree(req.pid)
     if os.getpid() in tree:
         raise NotPermitted(f"pid {req.pid}'s process tree contains gpuos itself")
-    gpu_pids = [p for p in tree if procs.uses_cuda(p)]
-    driver = driver_factory() if gpu_pids else None
-    for gp in gpu_pids:
-        state = driver.state(gp)
-        if state != RUNNING:
-            raise CheckpointFailed(f"pid {gp} is {state} on the GPU, not running; "
-                                   "is another checkpoint under way? (`gpuos recover` puts it back)")
+    driver, gpu_pids = _gpu_processes(tree, driver_factory)
     criu_version = criu.check_version()
     final = store.resolve(req.image or default_name(st.comm, req.pid))
     if final.exists() and not (final / MANIFEST_NAME).is_file():
         raise GpuosError(f"{final} exists and is not a gpuos image; not replacing it")
-    options = ["--file-locks"] + (["--shell-job"] if st.tty_nr else [])
+    terminals = _terminals(tree)
+    # CRIU refuses a tree whose session or terminal is outside it unless told they are
+    # external (--shell-job): anything not started as its own session leader.
+    external = st.session != req.pid or bool(st.tty_nr) or bool(terminals)
+    options = ["--file-locks"] + (["--shell-job"] if external else [])
+    dump_options = options + [arg for t in terminals for arg in ("--external", t.criu_key)]
 
     with pid_lock(run_dir, req.pid):
         processes, gpus = _describe(tree, gpu_pids, driver)
@@ -118,7 +121,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             hostname=socket.gethostname(), kernel=platform.release(), root_pid=req.pid,
             leave_running=req.leave_running, processes=processes, gpus=gpus,
             driver=driver.driver_info() if driver else None, criu_version=criu_version,
-            criu_options=options, files=[], timings={})
+            criu_options=options, files=[], timings={}, terminals=terminals)
         op.record.gpu_pids, op.record.staging, op.record.final = gpu_pids, str(staging), str(final)
         op.record.draft = asdict(draft)
         op.timings["prepare"] = time.monotonic() - t_prepare
@@ -136,27 +139,22 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         driver.lock(gp, req.lock_timeout_ms)
                 with phase("gpu-checkpoint"):
                     for gp in gpu_pids:
-                        driver.checkpoint(gp)
+                        checkpoint_gpu(driver, gp)
             with phase("criu-dump"):
-                criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
+                criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, dump_options)
         except GpuosError as exc:
             raise _undo(op, driver, gpu_pids, staging, exc) from None
 
         stall = None
-        try:
-            if req.leave_running and gpu_pids:
-                with phase("gpu-restore"):
-                    for gp in gpu_pids:
-                        driver.restore(gp, {})
-                with phase("unlock"):
-                    for gp in gpu_pids:
-                        driver.unlock(gp)
-            if req.leave_running:
-                stall = time.monotonic() - stall_start
-        except GpuosError as exc:
-            raise ProcessLeftStopped(
-                f"the image was dumped but pid(s) {gpu_pids} could not be resumed on the GPU: "
-                f"{exc.message}; run `gpuos recover`") from None
+        left_stopped: list[str] = []
+        if req.leave_running and gpu_pids:
+            with phase("gpu-restore"):
+                for gp in gpu_pids:
+                    failure = _resume(driver, gp, req.resume_tries)
+                    if failure:
+                        left_stopped.append(f"pid {gp}: {failure}")
+        if req.leave_running and not left_stopped:
+            stall = time.monotonic() - stall_start
         with phase("checksum"):
             draft.files = checksum_tree(
                 staging, observer.bytes_progress("checksum", tree_size(staging)))
@@ -164,8 +162,60 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
         with phase("publish"):
             ImageStore.write_manifest(staging, draft)
             ImageStore.publish(staging, final)
+        if left_stopped:  # the journal stays: `gpuos recover` tries to resume them again
+            raise ProcessLeftStopped(
+                f"image {final} is published, but {'; '.join(left_stopped)}, after "
+                f"{req.resume_tries} tries; it is left stopped, unchanged since the image: "
+                f"`gpuos recover` tries again, or `kill -KILL {' '.join(str(p.pid) for p in processes)}; "
+                f"gpuos restore {final}` continues it from the image")
         op.finish()
         return CheckpointResult(path=final, manifest=draft, timings=dict(op.timings), stall=stall)
+
+
+def _gpu_processes(tree: list[int], driver_factory: Callable[[], GpuDriver]
+                   ) -> tuple[GpuDriver | None, list[int]]:
+    """The processes of the tree with CUDA state, each checked to be running on the GPU.
+
+    A process that maps libcuda but never initialized CUDA (the driver says so) is a CPU
+    process: CRIU alone saves it."""
+    mapped = [p for p in tree if procs.uses_cuda(p)]
+    if not mapped:
+        return None, []
+    driver = driver_factory()
+    gpu_pids = []
+    for pid in mapped:
+        state = driver.state(pid)
+        if state == UNINITIALIZED:
+            continue
+        if state != RUNNING:
+            raise CheckpointFailed(f"pid {pid} is {state} on the GPU, not running; "
+                                   "is another checkpoint under way? (`gpuos recover` puts it back)")
+        if procs.stat(pid).state == "T":
+            raise CheckpointFailed(f"pid {pid} is stopped (SIGSTOP); gpuos checkpoints running GPU "
+                                   f"processes: `kill -CONT {pid}` first")
+        gpu_pids.append(pid)
+    return driver, gpu_pids
+
+
+def _terminals(tree: list[int]) -> list[TerminalInfo]:
+    found: dict[int, TerminalInfo] = {}
+    for pid in tree:
+        for path, rdev, dev in procs.terminals(pid):
+            found.setdefault(rdev, TerminalInfo(path=path, rdev=rdev, dev=dev))
+    return sorted(found.values(), key=lambda t: t.rdev)
+
+
+def _resume(driver: GpuDriver, pid: int, tries: int) -> str | None:
+    """Resume a dumped process on its GPU, retrying; the last error, or None once it runs."""
+    error = None
+    for attempt in range(tries):
+        try:
+            resume_gpu(driver, pid, {})
+            return None
+        except GpuosError as exc:
+            error = exc.message
+            time.sleep(0.5 * (attempt + 1))
+    return f"could not be resumed on the GPU ({error})"
 
 
 def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging: Path,

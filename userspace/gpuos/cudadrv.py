@@ -18,6 +18,9 @@ from .manifest import DriverInfo
 MIN_CUDA_API = 12080
 
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
+# The driver's answer for a process that loaded libcuda but never initialized CUDA (torch.compile's
+# workers, a DataLoader's): a CPU process, for CRIU alone.
+UNINITIALIZED = "uninitialized"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class GpuDriver(Protocol):
     def devices(self) -> list[GpuDevice]: ...
     def processes(self) -> list[GpuProcess]: ...
     def state(self, pid: int) -> str: ...
+    def restore_thread(self, pid: int) -> int: ...
     def lock(self, pid: int, timeout_ms: int) -> None: ...
     def checkpoint(self, pid: int) -> None: ...
     def restore(self, pid: int, gpu_pairs: dict[str, str]) -> None: ...
@@ -140,14 +144,25 @@ class CudaDriver:
         return out
 
     def state(self, pid: int) -> str:
-        st = self._call("cuCheckpointProcessGetState", pid, pid=pid)
+        err, st = self.cu.cuCheckpointProcessGetState(pid)
+        if err == self.cu.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+            return UNINITIALIZED
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            self._call("cuCheckpointProcessGetState", pid, pid=pid)  # raises the specific error
         ps = self.cu.CUprocessState
-        return {
+        known = {
             ps.CU_PROCESS_STATE_RUNNING: RUNNING,
             ps.CU_PROCESS_STATE_LOCKED: LOCKED,
             ps.CU_PROCESS_STATE_CHECKPOINTED: CHECKPOINTED,
             ps.CU_PROCESS_STATE_FAILED: FAILED,
-        }.get(st, str(st))
+        }
+        if st not in known:
+            raise GpuosError(f"the driver reports checkpoint state {int(st)} for pid {pid}, "
+                             "which gpuos does not know (a newer driver?); nothing was changed")
+        return known[st]
+
+    def restore_thread(self, pid: int) -> int:
+        return int(self._call("cuCheckpointProcessGetRestoreThreadId", pid, pid=pid))
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         args = self.cu.CUcheckpointLockArgs()

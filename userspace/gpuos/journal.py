@@ -27,8 +27,9 @@ from typing import Callable, Iterator
 
 from . import procs
 from .criu import dump_completed
-from .cudadrv import CHECKPOINTED, LOCKED, GpuDriver
+from .cudadrv import GpuDriver
 from .errors import Busy, GpuosError
+from .hold import resume_gpu
 from .manifest import CRIU_DIR, Manifest
 from .store import STAGING_MARK, ImageStore, checksum_tree
 
@@ -142,15 +143,7 @@ def put_back(driver: GpuDriver, pid: int, pairs: dict[str, str] | None = None) -
     """Restore and unlock a process left stopped on the GPU; say what was done."""
     if not procs.alive(pid):
         return f"pid {pid} is gone"
-    state = driver.state(pid)
-    if state == CHECKPOINTED:
-        driver.restore(pid, pairs or {})
-        driver.unlock(pid)
-        return f"restored and unlocked pid {pid} on the GPU"
-    if state == LOCKED:
-        driver.unlock(pid)
-        return f"unlocked pid {pid}"
-    return f"pid {pid} was {state}; nothing to do"
+    return resume_gpu(driver, pid, pairs or {})
 
 
 def _finish_image(rec: JournalRecord) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 from .errors import ImageCorrupt, ImageFormatUnsupported
 
 FORMAT = "gpuos-image"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had no `terminals`
 MANIFEST_NAME = "manifest.json"
 CRIU_DIR = "criu"
 
@@ -38,6 +39,20 @@ class ProcessInfo:
     uses_gpu: bool
     gpu_memory: int = 0  # bytes, as NVML reported before the checkpoint
     gpu_uuids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TerminalInfo:
+    """A terminal a process of the image had open: CRIU saves it as external (--shell-job)
+    and the restore must hand one in (criu --inherit-fd)."""
+
+    path: str  # e.g. /dev/pts/3, as it was at the dump
+    rdev: int  # the device number: CRIU's key, tty[rdev:dev]
+    dev: int  # the device number of the file system holding the node (devpts)
+
+    @property
+    def criu_key(self) -> str:
+        return f"tty[{self.rdev:x}:{self.dev:x}]"
 
 
 @dataclass
@@ -69,6 +84,7 @@ class Manifest:
     criu_options: list[str]  # given to criu dump, and again to criu restore
     files: list[FileEntry]
     timings: dict[str, float]  # phase -> seconds
+    terminals: list[TerminalInfo] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -102,9 +118,10 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ImageCorrupt(f"{where}: not a gpuos image manifest")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ImageFormatUnsupported(
-                f"{where}: image format version {version!r}; this gpuos reads version {FORMAT_VERSION}")
+                f"{where}: image format version {version!r}; this gpuos reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}")
         data.pop("total_size", None)
         try:
             driver = data.pop("driver")
@@ -112,6 +129,7 @@ class Manifest:
                 processes=[ProcessInfo(**p) for p in data.pop("processes")],
                 gpus=[GpuInfo(**g) for g in data.pop("gpus")],
                 files=[FileEntry(**f) for f in data.pop("files")],
+                terminals=[TerminalInfo(**t) for t in data.pop("terminals", [])],
                 driver=DriverInfo(**driver) if driver is not None else None,
                 **data,
             )

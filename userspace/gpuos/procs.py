@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,3 +121,28 @@ def check_target(pid: int) -> ProcStat:
     if os.geteuid() != 0:
         raise NotPermitted("checkpointing needs root (CRIU and the driver's checkpoint API)")
     return st
+
+
+# Terminal devices by major number: 4 virtual consoles and serial lines, 136-143 pty slaves.
+TTY_MAJORS = {4, *range(136, 144)}
+
+
+def terminals(pid: int) -> list[tuple[str, int, int]]:
+    """The terminals the process has open: (path, rdev, st_dev of the node's file system)."""
+    found = {}
+    fd_dir = PROC / str(pid) / "fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise NotPermitted(f"not permitted to inspect pid {pid} (run as root)") from None
+    for fd in fds:
+        try:
+            st = os.stat(fd_dir / fd)
+            path = os.readlink(fd_dir / fd)
+        except OSError:
+            continue  # closed meanwhile
+        if stat_mod.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in TTY_MAJORS:
+            found[st.st_rdev] = (path, st.st_rdev, st.st_dev)
+    return list(found.values())

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from . import procs
-from .cudadrv import GpuDriver
+from .cudadrv import UNINITIALIZED, GpuDriver
 from .errors import GpuosError
 
 
@@ -21,7 +21,8 @@ class GpuProcessRow:
     command: str
     gpu_memory: int  # bytes, summed over GPUs
     gpus: list[str]  # UUIDs
-    state: str  # running | locked | checkpointed | failed | unknown (with why)
+    state: str  # running | locked | checkpointed | failed | cpu (libcuda loaded, CUDA never
+    #             initialized: CRIU alone saves it) | unknown (with why)
 
 
 def cuda_pids() -> list[int]:
@@ -51,6 +52,8 @@ def gpu_processes(driver: GpuDriver) -> list[GpuProcessRow]:
             continue
         try:
             state = driver.state(pid)
+            if state == UNINITIALIZED:
+                state = "cpu"
         except GpuosError as exc:
             state = f"unknown ({exc.message})"
         used = usage.get(pid, [])

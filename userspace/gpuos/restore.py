@@ -1,7 +1,9 @@
 """Restore an image: checks first, then criu restore, then the GPU state.
 
 Phases: verify (checksums), checks (GPU model and memory, driver version,
-pids free), criu-restore, gpu-restore, unlock.  A failure after criu restored
+pids free, terminals), criu-restore (every task left stopped), gpu-restore
+(restore and unlock each CUDA process with only the driver's restore thread
+running, hold.py), then every process continues.  A failure after criu restored
 the tree kills what was restored: the host is left as before and the image
 is untouched.
 """
@@ -21,6 +23,7 @@ from .criu import Criu
 from .cudadrv import GpuDevice, GpuDriver
 from .errors import (GpuMismatch, GpuosError, InsufficientGpuMemory, NoSuchProcess, PidTaken,
                      RestoreFailed)
+from .hold import resume_gpu
 from .journal import Operation
 from .manifest import CRIU_DIR, GpuInfo, Manifest
 from .observe import Observer, Silent
@@ -72,6 +75,32 @@ def check_pids_free(manifest: Manifest) -> None:
         raise PidTaken(f"pid {pid}, which the image's processes need, is taken by {what}")
 
 
+def open_terminals(manifest: Manifest, tty: str | None) -> dict[str, int]:
+    """An open fd for each terminal the image's processes had: the same terminal if it is
+    still there, else ``tty`` (any terminal the user names). CRIU's key -> fd."""
+    fds: dict[str, int] = {}
+    try:
+        for t in manifest.terminals:
+            path = tty or t.path
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if tty is None and (st is None or st.st_rdev != t.rdev):
+                raise RestoreFailed(
+                    f"the image's processes had terminal {t.path} open, which is gone or is now "
+                    "another terminal; name one for them with --tty PATH (e.g. --tty $(tty)); "
+                    "nothing was restored")
+            if st is None or os.major(st.st_rdev) not in procs.TTY_MAJORS:
+                raise RestoreFailed(f"--tty {path}: not a terminal; nothing was restored")
+            fds[t.criu_key] = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
+
+
 def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
     for pid in pids:
         try:
@@ -85,7 +114,7 @@ def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
 
 def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
-            observer: Observer = Silent()) -> RestoreResult:
+            observer: Observer = Silent(), tty: str | None = None) -> RestoreResult:
     image = store.resolve(image_ref)
     manifest = store.load(image)
     timings: dict[str, float] = {}
@@ -107,6 +136,7 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
         gpu_map = plan_gpus(manifest.gpus, driver.devices())
     check_pids_free(manifest)
     criu.check_version()
+    terminal_fds = open_terminals(manifest, tty)
     timings["checks"] = time.monotonic() - t0
 
     op = Operation(run_dir, "restore")
@@ -121,24 +151,30 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
 
     try:
         with phase("criu-restore"):
-            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options)
+            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options, terminal_fds)
     except GpuosError as exc:
         op.finish()
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
+    finally:
+        for fd in terminal_fds.values():
+            os.close(fd)
     pairs = gpu_map if any(o != n for o, n in gpu_map.items()) else {}
     try:
         if gpu_pids:
             with phase("gpu-restore"):
                 for gp in gpu_pids:
-                    driver.restore(gp, pairs)
-            with phase("unlock"):
-                for gp in gpu_pids:
-                    driver.unlock(gp)
+                    resume_gpu(driver, gp, pairs)
     except GpuosError as exc:
         _kill_tree([p.pid for p in manifest.processes])
         op.finish()
         raise RestoreFailed(f"{exc.message}; the restored processes were killed, the image is intact"
                             ) from None
+    for p in manifest.processes:  # criu left every task stopped; the CUDA ones run already
+        if p.pid not in gpu_pids:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
     return RestoreResult(pid=root, manifest=manifest, timings=dict(op.timings), gpu_map=gpu_map)

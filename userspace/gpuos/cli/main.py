@@ -101,13 +101,17 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
                    lock_timeout: float, as_json: bool) -> None:
     """Checkpoint process PID and all its descendants into an image.
 
+    Any process works: a session leader or not, with or without a terminal
+    (started from a shell, nohup, setsid, systemd, a container or a scheduler).
     CUDA processes in the tree are locked (waiting at most --lock-timeout for
     their GPU work to drain) and their GPU memory is moved to host memory by the
-    driver; then criu dumps the whole tree. The image is written beside the
-    previous image of that name and replaces it in one atomic rename only once
-    it is complete, fsynced and checksummed. If anything fails, the processes
-    are put back on their GPUs and left running, and the previous image is kept.
-    Needs root.
+    driver, their own threads held still meanwhile; then criu dumps the whole
+    tree. The image is written beside the previous image of that name and
+    replaces it in one atomic rename only once it is complete, fsynced and
+    checksummed. If anything fails, the processes are put back on their GPUs and
+    left running, and the previous image is kept. With --leave-running, a
+    process that cannot be resumed on its GPU is left stopped and its image
+    published, and the one-line error says how to go on. Needs root.
     """
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
@@ -132,23 +136,27 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 @cli.command("restore", epilog=EXIT_CODES_HELP)
 @click.argument("image", metavar="IMAGE")
 @click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256 first.")
+@click.option("--tty", metavar="PATH",
+              help="The terminal to give processes that had one (their own is used if it is "
+                   "still there; e.g. --tty $(tty) takes this one).")
 @json_option
 @click.pass_obj
-def restore_cmd(rt: Runtime, image: str, no_verify: bool, as_json: bool) -> None:
+def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
     Checks first, changing nothing if any fails: the image is complete and its
     checksums match, a GPU of the same model with enough free memory is here
     (the same GPU if present, else another of that model), the driver version
-    is the same, and every pid the image needs is free. Then criu restores the
-    tree with its original pids and the driver restores its GPU memory. The
-    processes continue where they were checkpointed. Needs root.
+    is the same, every pid the image needs is free, and a terminal the processes
+    had open is still there (or --tty names one). Then criu restores the tree
+    with its original pids, in a session of its own, and the driver restores its
+    GPU memory. The processes continue where they were checkpointed. Needs root.
     """
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
-                  observer=rep)
+                  observer=rep, tty=tty)
     if as_json:
         emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map})
         return
