@@ -239,10 +239,17 @@ def resume_gpu(driver: "GpuDriver", pid: int, gpu_pairs: dict[str, str]) -> str:
     """Restore (if checkpointed) and unlock a process, running or stopped, and let it run.
     If that fails, the process is left stopped (never running without its GPU state) and
     the error raised. Returns what was done."""
-    state = driver.state(pid)
-    if state not in (CHECKPOINTED, LOCKED):
-        return f"pid {pid} was {state}; nothing to do"
+    # The driver answers through the restore thread: ask only once it runs (a query of a
+    # stopped process waits for ever; measured on H100, r580).
     h = hold(pid, driver.restore_thread(pid))
+    try:
+        state = driver.state(pid)
+    except BaseException:
+        h.stop()  # unknown: it may be checkpointed, so it must not run
+        raise
+    if state not in (CHECKPOINTED, LOCKED):
+        h.release()
+        return f"pid {pid} was {state}; nothing to do"
     try:
         if state == CHECKPOINTED:
             driver.restore(pid, gpu_pairs)

@@ -51,7 +51,10 @@ def gpu_processes(driver: GpuDriver) -> list[GpuProcessRow]:
         except GpuosError:
             continue
         try:
-            state = driver.state(pid)
+            if procs.stat(pid).state == "T":  # the driver would wait for its restore thread
+                state = "stopped (`gpuos recover` resumes one gpuos left stopped)"
+            else:
+                state = driver.state(pid)
             if state == UNINITIALIZED:
                 state = "cpu"
         except GpuosError as exc:

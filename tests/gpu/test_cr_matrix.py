@@ -1,0 +1,151 @@
+"""The C/R transparency matrix: every kind of GPU program checkpointed, killed, restored.
+
+Each program runs once uninterrupted, then again: a third of the way in `gpuos
+checkpoint` (which kills it), `gpuos restore`, and its step log must equal the
+uninterrupted run's line for line (random inputs from a seed, results logged
+exactly). Programs are in tests/gpu/programs/. Skipped cleanly without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuos.workloads import TORCHJOB, results, steps_done
+
+from test_cr_gpu import _WHY, gpuos  # noqa: F401 - the same readiness check and CLI runner
+
+pytestmark = [pytest.mark.gpu] + ([pytest.mark.skip(reason=_WHY)] if _WHY else [])
+
+PROGRAMS = Path(__file__).with_name("programs")
+STEPS = 45
+PY = sys.executable
+
+
+def matrix(mode: str) -> list[str]:
+    return [PY, str(PROGRAMS / "matrix.py"), mode]
+
+
+ROWS = {
+    "cuda-runtime": None,  # built with nvcc below
+    "driver-api-vmm": matrix("vmm"),
+    "cupy": matrix("cupy-mix"),
+    "torch-eager-train": [PY, str(TORCHJOB), "--mode", "train"],
+    "torch-compile-train": matrix("torch-compile"),
+    "cuda-graphs": matrix("cuda-graphs"),
+    "hf-generate": matrix("hf-generate"),
+    "jax-train": [PY, str(PROGRAMS / "jax_train.py")],
+    "dataloader-workers": matrix("dataloader"),
+    "threads-streams": matrix("threads-streams"),
+    "two-gpu-processes": matrix("two-processes"),
+    "hold-16gib": [PY, str(TORCHJOB), "--mode", "infer", "--hold-gib", "16", "--check-every", "10"],
+}
+
+
+def command(row: str, log: Path, sleep: float, workdir: Path) -> list[str]:
+    if row == "cuda-runtime":
+        exe = workdir / "cuda_runtime"
+        if not exe.exists():
+            nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+            subprocess.run([nvcc, "-O2", "-o", str(exe), str(PROGRAMS / "cuda_runtime.cu")], check=True)
+        return [str(exe), str(log), str(STEPS), str(int(sleep * 1000)), "1234"]
+    args = ["--steps", str(STEPS), "--log", str(log), "--step-sleep", str(sleep)]
+    return ROWS[row] + args
+
+
+def start(row: str, workdir: Path, tag: str, sleep: float) -> tuple[subprocess.Popen, Path]:
+    log = workdir / f"{tag}.log"
+    out = open(workdir / f"{tag}.out", "w")
+    proc = subprocess.Popen(command(row, log, sleep, workdir), stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=PROGRAMS)
+    return proc, log
+
+
+def wait_gone(pid: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        assert time.monotonic() < deadline, f"pid {pid} still running"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def env(tmp_path):
+    return dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_checkpoint_kill_restore_matches_uninterrupted(row, env, tmp_path):
+    ref, ref_log = start(row, tmp_path, "ref", 0.0)
+    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    expected = results(ref_log)
+    assert expected[-1] == "done" and len(expected) > STEPS
+
+    proc, log = start(row, tmp_path, "run", 0.1)
+    deadline = time.monotonic() + 300
+    while steps_done(log) < STEPS // 3:
+        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+        assert time.monotonic() < deadline, "too slow to reach a third of its steps"
+        time.sleep(0.02)
+    res = gpuos(env, "checkpoint", str(proc.pid), "--image", row, "--json", check=None)
+    report = {"row": row, "checkpoint": res.stdout.strip()[-2000:] or res.stderr.strip()[-2000:]}
+    assert res.returncode == 0, report
+    out = json.loads(res.stdout)
+    proc.wait(timeout=60)  # criu killed it; reap so its pid is free
+    at = steps_done(log)
+    assert 0 < at < STEPS
+    res = gpuos(env, "restore", row, "--json", check=None)
+    assert res.returncode == 0, {"row": row, "restore": res.stdout + res.stderr}
+    wait_gone(proc.pid)
+    got = results(log)
+    print(json.dumps({"row": row, "gpu_pids": out["gpu_pids"], "pids": out["pids"], "at_step": at,
+                      "size": out["size"], "timings": out["timings"],
+                      "restore": json.loads(res.stdout)["timings"], "identical": got == expected}))
+    assert got == expected
+
+
+def test_jax_leave_running_is_identical(env, tmp_path):
+    ref, ref_log = start("jax-train", tmp_path, "ref", 0.0)
+    assert ref.wait(timeout=600) == 0
+    proc, log = start("jax-train", tmp_path, "run", 0.1)
+    while steps_done(log) < STEPS // 3:
+        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+        time.sleep(0.02)
+    res = gpuos(env, "checkpoint", str(proc.pid), "--image", "jax-live", "--leave-running", "--json",
+                check=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert proc.wait(timeout=600) == 0
+    assert results(log) == results(ref_log)
+    gpuos(env, "images", "verify", "jax-live")
+
+
+def test_managed_memory_is_refused_and_left_running(env, tmp_path):
+    code = ("import time\nfrom cuda.bindings import runtime as rt\n"
+            "err, p = rt.cudaMallocManaged(64 << 20, rt.cudaMemAttachGlobal); assert err == 0\n"
+            "rt.cudaMemset(p, 1, 64 << 20); rt.cudaDeviceSynchronize()\n"
+            "print('ready', flush=True)\n"
+            "for i in range(600):\n    rt.cudaMemset(p, i, 64 << 20); rt.cudaDeviceSynchronize(); time.sleep(0.05)\n")
+    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        res = gpuos(env, "checkpoint", str(proc.pid), "--image", "managed", check=None)
+        assert res.returncode == 6, res.stdout + res.stderr
+        assert "managed memory" in res.stderr and "left running" in res.stderr
+        time.sleep(1)
+        assert proc.poll() is None
+        assert not (Path(env["GPUOS_HOME"]) / "images" / "managed").exists()
+    finally:
+        proc.kill()
+        proc.wait()
