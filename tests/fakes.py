@@ -136,19 +136,11 @@ class FakeDriver:
 
     def _check_still(self, method: str, pid: int) -> None:
         try:
-            tids = procs.tids(pid)
+            states = procs.thread_states(pid)
         except GpuosError:
             return  # not a real process
-        for tid in tids:
-            if tid == self.runners.get(pid, pid):
-                continue
-            try:
-                raw = open(f"/proc/{pid}/task/{tid}/stat").read()
-            except FileNotFoundError:
-                continue
-            state = raw.rpartition(")")[2].split()[0]
-            if state not in ("t", "T"):
-                self.running_threads.append((method, pid, tid, state))
+        self.running_threads += [(method, pid, tid, st) for tid, st in states.items()
+                                 if tid != self.runners.get(pid, pid) and st not in ("t", "T")]
 
     def _transition(self, method: str, pid: int, before: str, after: str) -> None:
         self.calls.append((method, pid))

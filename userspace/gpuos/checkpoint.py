@@ -110,7 +110,6 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
     # external (--shell-job): anything not started as its own session leader.
     external = st.session != req.pid or bool(st.tty_nr) or bool(terminals)
     options = ["--file-locks"] + (["--shell-job"] if external else [])
-    dump_options = options + [arg for t in terminals for arg in ("--external", t.criu_key)]
 
     with pid_lock(run_dir, req.pid):
         processes, gpus = _describe(tree, gpu_pids, driver)
@@ -141,7 +140,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                     for gp in gpu_pids:
                         checkpoint_gpu(driver, gp)
             with phase("criu-dump"):
-                criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, dump_options)
+                criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
         except GpuosError as exc:
             raise _undo(op, driver, gpu_pids, staging, exc) from None
 

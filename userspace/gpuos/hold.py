@@ -88,17 +88,6 @@ def _wait_stop(tid: int, deadline: float) -> int | None:
         time.sleep(0.001)
 
 
-def _task_states(pid: int) -> dict[int, str]:
-    out = {}
-    for tid in procs.tids(pid):
-        try:
-            raw = (procs.PROC / str(pid) / "task" / str(tid) / "stat").read_text()
-        except FileNotFoundError:
-            continue
-        out[tid] = raw.rpartition(")")[2].split()[0]
-    return out
-
-
 @dataclass
 class ThreadHold:
     """Every thread of ``pid`` stopped under ptrace by this process, except ``runner`` (the
@@ -192,10 +181,10 @@ class ThreadHold:
         self._detach_all()
         self._resend()  # queued while stopped; delivered after SIGCONT
         deadline = time.monotonic() + timeout
-        while any(s != "T" for s in _task_states(self.pid).values()):
+        while any(s != "T" for s in procs.thread_states(self.pid).values()):
             if time.monotonic() > deadline:
                 raise GpuosError(f"pid {self.pid} did not stop after SIGSTOP "
-                                 f"(thread states {_task_states(self.pid)})")
+                                 f"(thread states {procs.thread_states(self.pid)})")
             time.sleep(0.001)
 
 
@@ -203,7 +192,7 @@ def hold(pid: int, runner: int, timeout: float = 10.0) -> ThreadHold:
     """Stop every thread of ``pid`` but ``runner``, whether the process runs or is
     group-stopped (then it is continued, with only ``runner`` running)."""
     h = ThreadHold(pid=pid, runner=runner)
-    was_stopped = any(s == "T" for s in _task_states(pid).values())
+    was_stopped = any(s == "T" for s in procs.thread_states(pid).values())
     try:
         h._seize_all(time.monotonic() + timeout)
         if was_stopped:
@@ -215,12 +204,6 @@ def hold(pid: int, runner: int, timeout: float = 10.0) -> ThreadHold:
         h._detach_all()
         raise
     return h
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether every thread of the process is in a group stop ('T')."""
-    states = _task_states(pid)
-    return bool(states) and all(s == "T" for s in states.values())
 
 
 def checkpoint_gpu(driver: "GpuDriver", pid: int) -> None:

@@ -71,6 +71,18 @@ def tids(pid: int) -> list[int]:
         raise NoSuchProcess(f"no process with pid {pid}") from None
 
 
+def thread_states(pid: int) -> dict[int, str]:
+    """Each thread's state letter (R, S, T stopped, t traced, ...), for threads still there."""
+    out = {}
+    for tid in tids(pid):
+        try:
+            raw = (PROC / str(pid) / "task" / str(tid) / "stat").read_text()
+        except FileNotFoundError:
+            continue
+        out[tid] = raw.rpartition(")")[2].split()[0]
+    return out
+
+
 def children(pid: int) -> list[int]:
     kids: set[int] = set()
     task_dir = PROC / str(pid) / "task"
