@@ -142,10 +142,33 @@ def test_managed_memory_is_refused_and_left_running(env, tmp_path):
         assert proc.stdout.readline().strip() == "ready"
         res = gpuos(env, "checkpoint", str(proc.pid), "--image", "managed", check=None)
         assert res.returncode == 6, res.stdout + res.stderr
-        assert "managed memory" in res.stderr and "left running" in res.stderr
+        assert "uses CUDA managed memory" in res.stderr and "nothing was changed" in res.stderr
         time.sleep(1)
         assert proc.poll() is None
         assert not (Path(env["GPUOS_HOME"]) / "images" / "managed").exists()
     finally:
         proc.kill()
+        proc.wait()
+
+
+def test_cuda_ipc_is_refused_and_left_running(env, tmp_path):
+    proc = subprocess.Popen([PY, str(PROGRAMS / "ipc_share.py")], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = ""
+        while not line.startswith("ready"):
+            line = proc.stdout.readline()
+            assert line, "ipc_share.py exited early"
+        child = int(line.split()[1])
+        for pid in (proc.pid, child):  # exporter and importer alike
+            res = gpuos(env, "checkpoint", str(pid), "--image", f"ipc-{pid}", check=None)
+            assert res.returncode == 6, res.stdout + res.stderr
+            assert "(CUDA IPC)" in res.stderr and "nothing was changed" in res.stderr
+        res = gpuos(env, "ps", "--json", check=None)
+        states = {p["pid"]: p["state"] for p in json.loads(res.stdout)["processes"]}
+        assert states.get(proc.pid) == states.get(child) == "running", states
+        assert not (Path(env["GPUOS_HOME"]) / "images").exists() or \
+            not list((Path(env["GPUOS_HOME"]) / "images").iterdir())
+    finally:
+        os.killpg(proc.pid, 9)
         proc.wait()

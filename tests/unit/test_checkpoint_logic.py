@@ -19,8 +19,8 @@ import gpuos.checkpoint
 from gpuos import procs
 from gpuos.checkpoint import CheckpointRequest, checkpoint, default_name
 from gpuos.cudadrv import CHECKPOINTED, LOCKED, RUNNING
-from gpuos.errors import (Busy, CheckpointFailed, GpuosError, LockTimeout, NotPermitted,
-                          ProcessLeftStopped)
+from gpuos.errors import (Busy, CheckpointFailed, DriverUnsupported, GpuosError, LockTimeout,
+                          NotPermitted, ProcessLeftStopped)
 from gpuos.journal import recover
 from gpuos.manifest import GpuInfo
 from gpuos.store import ImageStore
@@ -318,3 +318,45 @@ def test_never_replaces_a_directory_that_is_not_an_image(home, store, processes,
     assert proc.poll() is None, "the process was dumped (and killed) for an image that cannot be published"
     assert criu.dumps == []
     assert hidden_entries(precious.parent) == [] and journals(home.run) == []
+
+
+def test_cuda_ipc_is_refused_before_anything_changes(home, store, driver, target, monkeypatch):
+    """A process that maps the runtime's IPC file (as every exporter and importer of CUDA IPC
+    memory does) is refused before the lock: the driver would checkpoint an importer and
+    then fail to restore it."""
+    root, child, shell = target
+    shm = f"/dev/shm/cuda.shm.gpuos-test.{os.getpid()}"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600); os.ftruncate(fd, 4096)\n"
+        "m = mmap.mmap(fd, 4096); print('ready', flush=True); time.sleep(60)"), shm],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert gpuos.checkpoint.unsupported_features(holder.pid) == [gpuos.checkpoint.IPC]
+        assert gpuos.checkpoint.unsupported_features(root) == []
+        seen = {child: gpuos.checkpoint.unsupported_features(holder.pid)}  # the child "maps" it
+        monkeypatch.setattr(gpuos.checkpoint, "unsupported_features", lambda pid: seen.get(pid, []))
+        with pytest.raises(DriverUnsupported) as exc:
+            run(home, store, driver, FakeCriu(), root)
+    finally:
+        holder.kill()
+        holder.wait()
+        os.unlink(shm)
+    assert exc.value.exit_code == 6
+    assert f"pid {child} shares GPU memory with other processes (CUDA IPC)" in exc.value.message
+    assert "nothing was changed" in exc.value.message
+    assert "lock" not in driver.calls_for(root) + driver.calls_for(child)
+    assert driver.states == {root: RUNNING, child: RUNNING} and journals(home.run) == []
+
+
+def test_managed_memory_is_refused_before_anything_changes(home, store, driver, target, monkeypatch):
+    root, child, _ = target
+    monkeypatch.setattr(gpuos.checkpoint, "unsupported_features",
+                        lambda pid: [gpuos.checkpoint.MANAGED] if pid == child else [])
+    with pytest.raises(DriverUnsupported) as exc:
+        run(home, store, driver, FakeCriu(), root)
+    assert exc.value.exit_code == 6
+    assert f"pid {child} uses CUDA managed memory" in exc.value.message
+    assert "lock" not in driver.calls_for(root) + driver.calls_for(child)
+    assert driver.states == {root: RUNNING, child: RUNNING}

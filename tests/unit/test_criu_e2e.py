@@ -7,7 +7,9 @@ working criu.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from gpuos.config import Paths
 from gpuos.store import ImageStore
 
 from helpers import (Processes, assert_consecutive, counted, gpuos, gpuos_env, gpuos_json,
-                     hidden_entries, journals, tree_digest, wait_for)
+                     hidden_entries, journals, kill_if_running, tree_digest, wait_for)
 
 pytestmark = pytest.mark.criu
 
@@ -134,6 +136,8 @@ def test_dump_refused_by_criu_exits_8_keeps_process_and_previous_image(cr: CR):
             line = error_line(gpuos(cr.env, "checkpoint", str(proc.pid), "--image", "job"), 8)
             assert "left running" in line
             assert "criu dump failed" in line
+            kept = Path(line.rsplit("(log: ", 1)[1].rstrip(")"))  # criu's own log outlives the image
+            assert kept.parent == cr.paths.run and "Connected TCP socket" in kept.read_text()
             assert proc.poll() is None
             keeps_counting(log)
             code, out = gpuos_json(cr.env, "checkpoint", str(proc.pid), "--image", "job")
@@ -145,6 +149,57 @@ def test_dump_refused_by_criu_exits_8_keeps_process_and_previous_image(cr: CR):
         listener.close()
     assert tree_digest(cr.store.root / "job") == previous
     assert hidden_entries(cr.store.root) == [] and journals(cr.paths.run) == []
+
+
+RENAMED_FILE = """
+import mmap, os, sys, time
+# What glibc's sem_open does: a file under a temporary name, linked to its final one.
+tmp, final = sys.argv[2] + ".tmp", sys.argv[2]
+fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, 4096)
+shared = mmap.mmap(fd, 4096)
+os.link(tmp, final)
+os.unlink(tmp)
+log = open(sys.argv[1], "a", buffering=1)
+i = 0
+while True:
+    shared[0] = (shared[0] + 1) % 256
+    log.write(f"{i} {shared[0]}\\n")
+    i += 1
+    time.sleep(0.05)
+"""
+
+
+def test_a_file_known_by_another_name_restores_twice_and_leaves_no_link(cr: CR):
+    """A file held under a name that is gone while it lives on under another (every named
+    semaphore): CRIU must re-link it (links.py), and gpuos keeps that link in the image."""
+    script, log = cr.tmp / "renamed.py", cr.tmp / "renamed.log"
+    final = Path(f"/dev/shm/gpuos-test-{os.getpid()}-{cr.tmp.name}")
+    script.write_text(RENAMED_FILE)
+    proc = cr.processes.start([sys.executable, str(script), str(log), str(final)], "renamed")
+    try:
+        wait_for(lambda: len(log.read_text().splitlines()) >= 5 if log.exists() else False)
+        cr.processes.adopt(proc.pid, str(script))
+        before = set(Path("/dev/shm").glob("link_remap.*"))
+
+        code, out = gpuos_json(cr.env, "checkpoint", str(proc.pid), "--image", "renamed")
+        assert code == 0, out
+        assert set(Path("/dev/shm").glob("link_remap.*")) == before  # moved into the image
+        assert list((cr.store.root / "renamed" / "links" / "dev" / "shm").glob("link_remap.*"))
+        proc.wait(timeout=10)
+        dumped = [int(ln.split()[1]) for ln in log.read_text().splitlines()]
+        for _ in range(2):  # an image restores any number of times, each from the dump
+            log.write_text("\n".join(f"{i} {v}" for i, v in enumerate(dumped)) + "\n")
+            code, res = gpuos_json(cr.env, "restore", "renamed")
+            assert code == 0, res
+            wait_for(lambda: len(log.read_text().splitlines()) >= len(dumped) + 5)
+            values = [int(ln.split()[1]) for ln in log.read_text().splitlines()]
+            assert values[len(dumped)] == (dumped[-1] + 1) % 256  # the file's content went on
+            assert set(Path("/dev/shm").glob("link_remap.*")) == before
+            kill_if_running(res["pid"], str(script))
+        assert gpuos(cr.env, "images", "verify", "renamed").returncode == 0
+    finally:
+        final.unlink(missing_ok=True)
 
 
 def test_corrupt_image_is_refused_before_anything_is_restored(cr: CR):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a CUDA feature the driver's checkpoint cannot save looks like from outside (GPU host, root).
 
-    tools/probes/features_probe.py OUTDIR
+    tools/probes/features_probe.py OUTDIR [CASE...]
 
 For each case a small program runs; the probe writes its /proc maps lines that name a
 device or driver file, its fd targets, NVML's view, and what lock / checkpoint /
@@ -41,6 +41,11 @@ CASES = {
             "    ctx=mp.get_context('spawn'); q=ctx.Queue(); e=ctx.Event()\n"
             "    x=torch.ones(1<<20,device='cuda'); p=ctx.Process(target=child,args=(q,e)); p.start(); q.put(x)\n"
             "    time.sleep(8); print('ready',p.pid,flush=True); time.sleep(600)"),
+    "forked": ("import os,time,torch\n"
+               "x=torch.ones(1<<20,device='cuda'); h=torch.ones(1<<20).pin_memory(); torch.cuda.synchronize()\n"
+               "c=os.fork()\n"
+               "if c==0: time.sleep(600); os._exit(0)\n"
+               "print('ready',c,flush=True); time.sleep(600)"),
     "cupy_pool": ("import cupy,time; cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)\n"
                   "x=cupy.ones(1<<20); cupy.cuda.Device().synchronize(); print('ready',flush=True); time.sleep(600)"),
 }
@@ -81,7 +86,11 @@ def main() -> None:
     drv = CudaDriver()
     results = {}
     for name, code in CASES.items():
-        proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        if sys.argv[2:] and name not in sys.argv[2:]:
+            continue
+        script = out / f"{name}.py"  # a file: spawned children re-import their functions from it
+        script.write_text(code)
+        proc = subprocess.Popen([PY, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         lines = []
         t0 = time.monotonic()
@@ -94,7 +103,7 @@ def main() -> None:
                 break
         r: dict = {"output": lines[-5:]}
         pids = [proc.pid]
-        if name == "ipc" and lines and lines[-1].startswith("ready"):
+        if name in ("ipc", "forked") and lines and lines[-1].startswith("ready"):
             pids.append(int(lines[-1].split()[1]))
         for pid in pids:
             rr: dict = look(pid)

@@ -30,10 +30,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, procs
-from .criu import Criu
+from . import __version__, forked, links, procs
+from .criu import DUMP_LOG, Criu
 from .cudadrv import RUNNING, UNINITIALIZED, GpuDriver
-from .errors import CheckpointFailed, GpuosError, NotPermitted, ProcessLeftStopped
+from .errors import (CheckpointFailed, DriverUnsupported, GpuosError, NoSuchProcess, NotPermitted,
+                     ProcessLeftStopped)
 from .hold import checkpoint_gpu, resume_gpu
 from .journal import Operation, put_back, pid_lock
 from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo, TerminalInfo
@@ -101,6 +102,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
     if os.getpid() in tree:
         raise NotPermitted(f"pid {req.pid}'s process tree contains gpuos itself")
     driver, gpu_pids = _gpu_processes(tree, driver_factory)
+    inherited = _inherited(tree, gpu_pids)
     criu_version = criu.check_version()
     final = store.resolve(req.image or default_name(st.comm, req.pid))
     if final.exists() and not (final / MANIFEST_NAME).is_file():
@@ -139,8 +141,15 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 with phase("gpu-checkpoint"):
                     for gp in gpu_pids:
                         checkpoint_gpu(driver, gp)
+            if inherited:
+                with phase("drop-inherited"):
+                    for inh in inherited:
+                        _drop(inh)
             with phase("criu-dump"):
+                remap_dirs = links.candidate_dirs(tree)
+                before = links.remaps_in(remap_dirs)
                 criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
+                links.keep(links.remaps_in(remap_dirs) - before, staging)
         except GpuosError as exc:
             raise _undo(op, driver, gpu_pids, staging, exc) from None
 
@@ -189,11 +198,45 @@ def _gpu_processes(tree: list[int], driver_factory: Callable[[], GpuDriver]
         if state != RUNNING:
             raise CheckpointFailed(f"pid {pid} is {state} on the GPU, not running; "
                                    "is another checkpoint under way? (`gpuos recover` puts it back)")
+        seen = unsupported_features(pid)
+        if seen:
+            # Refused before anything changes. Measured on H100, r580: the driver refuses to
+            # checkpoint managed memory (after the lock); it checkpoints a process that
+            # imported another's memory through IPC, then cannot restore it (INVALID_VALUE).
+            raise DriverUnsupported(f"pid {pid} {' and '.join(seen)}, which this driver cannot "
+                                    "checkpoint and restore; nothing was changed")
         if procs.stat(pid).state == "T":
             raise CheckpointFailed(f"pid {pid} is stopped (SIGSTOP); gpuos checkpoints running GPU "
                                    f"processes: `kill -CONT {pid}` first")
         gpu_pids.append(pid)
     return driver, gpu_pids
+
+
+def _inherited(tree: list[int], gpu_pids: list[int]) -> list[forked.Inherited]:
+    """What the tree's CPU processes inherited from a CUDA ancestor by fork and cannot use
+    (read now, while the ancestors still have it)."""
+    if not gpu_pids:
+        return []
+    parent = {p: procs.stat(p).ppid for p in tree}
+    found = []
+    for pid in tree:
+        if pid in gpu_pids:
+            continue
+        ancestor = parent[pid]
+        while ancestor in parent and ancestor not in gpu_pids:
+            ancestor = parent[ancestor]
+        if ancestor in gpu_pids:
+            inh = forked.inherited(pid, ancestor)
+            if inh:
+                found.append(inh)
+    return found
+
+
+def _drop(inh: forked.Inherited) -> None:
+    try:
+        forked.drop(inh)
+    except NoSuchProcess:
+        pass  # exited meanwhile: nothing of it to dump
 
 
 def _terminals(tree: list[int]) -> list[TerminalInfo]:
@@ -231,8 +274,36 @@ def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging:
         return ProcessLeftStopped(
             f"{cause.message}; then putting the process back failed ({'; '.join(failed)}); "
             "run `gpuos recover`")
+    log = staging / CRIU_DIR / DUMP_LOG
+    kept = ""
+    if log.is_file():  # the one thing of the failed image worth keeping
+        dest = op.run_dir / f"checkpoint-{op.op_id}-{DUMP_LOG}"
+        shutil.copyfile(log, dest)
+        kept = f" (log: {dest})"
     shutil.rmtree(staging, ignore_errors=True)
     op.finish()
     # Specific errors (lock timeout, not permitted, ...) keep their exit code.
     kind = CheckpointFailed if type(cause) is GpuosError else type(cause)
-    return kind(f"{cause.message}; the process was left running")
+    return kind(f"{cause.message}; the process was left running{kept}")
+
+
+MANAGED = "uses CUDA managed memory (cudaMallocManaged)"
+IPC = "shares GPU memory with other processes (CUDA IPC)"
+
+
+def unsupported_features(pid: int) -> list[str]:
+    """What the driver cannot checkpoint and restore that /proc shows the process using
+    (the driver itself would only say NOT_SUPPORTED, or worse). Measured on H100 (r580): a CUDA process maps
+    /dev/nvidia-uvm once, and once more with managed memory; a process that exported
+    memory through CUDA IPC, and each that imported it, maps /dev/shm/cuda.shm.*."""
+    try:
+        paths = [line.split(None, 5)[5].strip() for line in open(f"/proc/{pid}/maps")
+                 if len(line.split(None, 5)) == 6]
+    except OSError:
+        return []
+    seen = []
+    if paths.count("/dev/nvidia-uvm") > 1:
+        seen.append(MANAGED)
+    if any(p.startswith("/dev/shm/cuda.shm.") for p in paths):
+        seen.append(IPC)
+    return seen

@@ -87,7 +87,8 @@ class Criu:
         return elapsed
 
     def dump(self, pid: int, images: Path, leave_running: bool, options: list[str]) -> float:
-        args = ["dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, *options]
+        # --link-remap: files whose name is gone but that live on under another (see links.py)
+        args = ["dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, "--link-remap", *options]
         if leave_running:
             args.append("--leave-running")
         return self._run(args, images / DUMP_LOG, "dump")

@@ -43,7 +43,7 @@ from .errors import GpuosError, NoSuchProcess, NotPermitted
 if TYPE_CHECKING:
     from .cudadrv import GpuDriver
 
-PTRACE_CONT, PTRACE_DETACH = 7, 17
+PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH = 7, 9, 12, 13, 17
 PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
 PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x420A, 0x420B
 PTRACE_EVENT_STOP = 128
@@ -55,9 +55,16 @@ _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c
 _libc.ptrace.restype = ctypes.c_long
 
 
+class _Regs(ctypes.Structure):
+    """x86-64 ``struct user_regs_struct``."""
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
+        "fs_base gs_base ds es fs gs").split()]
+
+
 def _ptrace(request: int, tid: int, addr: int = 0, data: object = None) -> int:
     """One ptrace request; returns 0, or the errno."""
-    if isinstance(data, ctypes._SimpleCData):
+    if isinstance(data, (ctypes._SimpleCData, ctypes.Structure)):
         arg = ctypes.cast(ctypes.pointer(data), ctypes.c_void_p)
     else:
         arg = ctypes.c_void_p(data or 0)
@@ -91,10 +98,10 @@ def _wait_stop(tid: int, deadline: float) -> int | None:
 @dataclass
 class ThreadHold:
     """Every thread of ``pid`` stopped under ptrace by this process, except ``runner`` (the
-    driver's restore thread), which runs with every signal blocked."""
+    driver's restore thread, if any), which runs with every signal blocked."""
 
     pid: int
-    runner: int
+    runner: int | None
     seized: list[int] = field(default_factory=list)
     resend: dict[int, int] = field(default_factory=dict)  # tid -> signal caught while seizing
     runner_mask: ctypes.c_uint64 = field(default_factory=ctypes.c_uint64)
@@ -168,6 +175,42 @@ class ThreadHold:
             _libc.tgkill(self.pid, tid, sig)  # to the thread that had it; gone is fine
         self.resend = {}
 
+    def syscall(self, nr: int, *args: int) -> int:
+        """Make a stopped thread of the process run one system call (x86-64) and return its
+        result (negative: -errno); the thread is then exactly where it was, an interrupted
+        system call of its own restarted as the kernel would have. The instruction run is a
+        ``syscall`` already in the process's vDSO or libc: its memory is not written."""
+        tid = next((t for t in self.seized if t != self.runner), None)
+        if tid is None or os.uname().machine != "x86_64":
+            raise GpuosError(f"cannot run a system call in pid {self.pid} "
+                             f"({'no stopped thread' if tid is None else os.uname().machine})")
+        saved = _Regs()
+        if _ptrace(PTRACE_GETREGS, tid, 0, saved):
+            raise GpuosError(f"ptrace getregs of thread {tid} failed")
+        regs = _Regs.from_buffer_copy(saved)
+        regs.rip = _syscall_instruction(self.pid)
+        regs.orig_rax = 2**64 - 1  # not in a system call: no restart of the interrupted one
+        regs.rax = nr
+        for name, value in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), args):
+            setattr(regs, name, value & (2**64 - 1))
+        try:
+            if _ptrace(PTRACE_SETREGS, tid, 0, regs):
+                raise GpuosError(f"ptrace setregs of thread {tid} failed")
+            for _ in range(64):  # signals that arrive meanwhile stop it first: keep them
+                if _ptrace(PTRACE_SINGLESTEP, tid):
+                    raise GpuosError(f"ptrace singlestep of thread {tid} failed")
+                sig = _wait_stop(tid, time.monotonic() + 10)
+                if not sig:
+                    break
+                self.resend.setdefault(tid, sig)
+            done = _Regs()
+            _ptrace(PTRACE_GETREGS, tid, 0, done)
+            if done.rip != regs.rip + 2:
+                raise GpuosError(f"the system call in thread {tid} did not complete")
+        finally:
+            _ptrace(PTRACE_SETREGS, tid, 0, saved)
+        return ctypes.c_int64(done.rax).value
+
     def release(self) -> None:
         """Let every thread run again."""
         self._stop_runner()
@@ -188,7 +231,28 @@ class ThreadHold:
             time.sleep(0.001)
 
 
-def hold(pid: int, runner: int, timeout: float = 10.0) -> ThreadHold:
+def _syscall_instruction(pid: int) -> int:
+    """The address of a ``syscall`` instruction (0f 05) in the process's vDSO or libc code."""
+    regions = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            if "x" in parts[1] and (path == "[vdso]" or "/libc.so" in path or "/libc-" in path):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                regions.append((path != "[vdso]", start, end))
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for _, start, end in sorted(regions):
+            for chunk in range(start, end, 1 << 20):
+                mem.seek(chunk)
+                data = mem.read(min(1 << 20, end - chunk) + 1)
+                at = data.find(b"\x0f\x05")
+                if at >= 0:
+                    return chunk + at
+    raise GpuosError(f"found no syscall instruction in pid {pid}'s vDSO or libc")
+
+
+def hold(pid: int, runner: int | None = None, timeout: float = 10.0) -> ThreadHold:
     """Stop every thread of ``pid`` but ``runner``, whether the process runs or is
     group-stopped (then it is continued, with only ``runner`` running)."""
     h = ThreadHold(pid=pid, runner=runner)
@@ -197,7 +261,8 @@ def hold(pid: int, runner: int, timeout: float = 10.0) -> ThreadHold:
         h._seize_all(time.monotonic() + timeout)
         if was_stopped:
             os.kill(pid, signal.SIGCONT)  # clears the group stop; seized threads stay put
-        h._start_runner(notified=was_stopped)
+        if runner is not None:
+            h._start_runner(notified=was_stopped)
     except BaseException:
         if was_stopped:
             os.kill(pid, signal.SIGSTOP)  # back into the group stop it was in, not running

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import procs
+from . import links, procs
 from .criu import Criu
 from .cudadrv import GpuDevice, GpuDriver
 from .errors import (GpuMismatch, GpuosError, InsufficientGpuMemory, NoSuchProcess, PidTaken,
@@ -149,10 +149,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
         observer.phase(name)
         return op.phase(name)
 
+    relinked = links.put_back(image)
     try:
         with phase("criu-restore"):
             root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options, terminal_fds)
     except GpuosError as exc:
+        links.remove(relinked)
         op.finish()
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
     finally:
