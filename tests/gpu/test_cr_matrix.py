@@ -172,3 +172,36 @@ def test_cuda_ipc_is_refused_and_left_running(env, tmp_path):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def _gpu_of(pid: int) -> str | None:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout
+    return next((u.strip() for p, u in (ln.split(",") for ln in out.splitlines() if "," in ln)
+                 if int(p) == pid), None)
+
+
+def _gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return len([ln for ln in out.splitlines() if ln.startswith("GPU ")])
+
+
+@pytest.mark.skipif(not _WHY and _gpu_count() < 2, reason="needs two GPUs of one model")
+def test_restore_onto_the_other_gpu_matches_uninterrupted(env, tmp_path):
+    """The driver's gpuPairs: checkpointed on GPU 0, restored on GPU 1 (`restore --gpu 1`)."""
+    ref, ref_log = start("torch-eager-train", tmp_path, "ref", 0.0)
+    assert ref.wait(timeout=600) == 0
+    proc, log = start("torch-eager-train", tmp_path, "run", 0.1)
+    while steps_done(log) < STEPS // 3:
+        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+        time.sleep(0.02)
+    before = _gpu_of(proc.pid)
+    gpuos(env, "checkpoint", str(proc.pid), "--image", "moved")
+    proc.wait(timeout=60)
+    res = gpuos(env, "restore", "moved", "--gpu", "1", "--json")
+    gpu_map = json.loads(res.stdout)["gpu_map"]
+    after = _gpu_of(proc.pid)
+    wait_gone(proc.pid)
+    print(json.dumps({"before": before, "after": after, "gpu_map": gpu_map}))
+    assert before and after and before != after and gpu_map == {before: after}
+    assert results(log) == results(ref_log)

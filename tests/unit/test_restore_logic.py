@@ -9,7 +9,7 @@ import pytest
 from gpuos.criu import Criu
 from gpuos.errors import GpuMismatch, ImageCorrupt, InsufficientGpuMemory, PidTaken
 from gpuos.manifest import DriverInfo, GpuInfo
-from gpuos.restore import check_pids_free, plan_gpus, restore
+from gpuos.restore import check_pids_free, plan_gpus, resolve_onto, restore
 
 from fakes import A100, GIB, H100, FakeDriver, device, gpu_uuid
 from helpers import build_image, journals, make_manifest, tree_digest, zombie
@@ -46,6 +46,50 @@ def test_remap_picks_a_gpu_of_that_model_with_room():
     memory_used_by_image free'.  The first such GPU being full must not fail the restore."""
     devices = [device(2, free=1 * GIB), device(3, free=70 * GIB)]
     assert plan_gpus([wanted(7, used=10 * GIB)], devices) == {gpu_uuid(7): gpu_uuid(3)}
+
+
+def test_gpu_option_moves_the_image_to_the_gpu_named():
+    devices = [device(0), device(1)]
+    for spec in ("1", gpu_uuid(1), f"{gpu_uuid(0)}=1"):
+        onto = resolve_onto([spec], [wanted(0)], devices)
+        assert plan_gpus([wanted(0)], devices, onto) == {gpu_uuid(0): gpu_uuid(1)}
+
+
+def test_gpu_option_swaps_two_gpus():
+    devices = [device(0), device(1)]
+    onto = resolve_onto([f"{gpu_uuid(0)}=1", f"{gpu_uuid(1)}=0"], [wanted(0), wanted(1)], devices)
+    assert plan_gpus([wanted(0), wanted(1)], devices, onto) == {gpu_uuid(0): gpu_uuid(1),
+                                                                gpu_uuid(1): gpu_uuid(0)}
+
+
+def test_gpu_option_moves_one_and_places_the_other():
+    devices = [device(0), device(1), device(2)]
+    onto = resolve_onto([f"{gpu_uuid(0)}=1"], [wanted(0), wanted(1)], devices)
+    # The image's GPU 1 is taken by the move: it goes to the one left.
+    assert plan_gpus([wanted(0), wanted(1)], devices, onto) == {gpu_uuid(0): gpu_uuid(1),
+                                                                gpu_uuid(1): gpu_uuid(2)}
+
+
+@pytest.mark.parametrize("specs, image, why", [
+    (["5"], 1, "no GPU 5 here"),
+    (["GPU-nope"], 1, "no GPU GPU-nope here"),
+    (["1"], 2, "say which goes where"),
+    (["GPU-other=1"], 1, "the image used no GPU GPU-other"),
+    ([f"{gpu_uuid(0)}=1", f"{gpu_uuid(1)}=1"], 2, "two of the image's GPUs on one GPU"),
+    ([f"{gpu_uuid(0)}=1", f"{gpu_uuid(0)}=0"], 2, "twice"),
+])
+def test_gpu_option_errors(specs, image, why):
+    with pytest.raises(GpuMismatch, match=why) as exc:
+        resolve_onto(specs, [wanted(i) for i in range(image)], [device(0), device(1)])
+    assert exc.value.exit_code == 12
+
+
+def test_gpu_option_still_checks_model_and_memory():
+    onto = {gpu_uuid(0): gpu_uuid(1)}
+    with pytest.raises(GpuMismatch):
+        plan_gpus([wanted(0, H100)], [device(0, H100), device(1, A100)], onto)
+    with pytest.raises(InsufficientGpuMemory):
+        plan_gpus([wanted(0, used=20 * GIB)], [device(0), device(1, free=1 * GIB)], onto)
 
 
 def test_other_model_is_a_mismatch():

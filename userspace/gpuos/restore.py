@@ -38,15 +38,48 @@ class RestoreResult:
     gpu_map: dict[str, str]  # image GPU UUID -> GPU restored onto
 
 
-def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice]) -> dict[str, str]:
-    """Map each of the image's GPUs to one here: the same UUID if present, else a free
-    GPU of the same model with room for what the image held."""
+def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
+    for d in devices:
+        if spec == d.uuid or (spec.isdigit() and int(spec) == d.index):
+            return d
+    have = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "none"
+    raise GpuMismatch(f"no GPU {spec} here; GPUs: {have}")
+
+
+def resolve_onto(specs: list[str], wanted: list[GpuInfo], devices: list[GpuDevice]
+                 ) -> dict[str, str]:
+    """``--gpu`` choices to {image GPU uuid: GPU uuid here}. A spec is ``N|UUID`` (the
+    image's only GPU goes there) or ``OLD=N|UUID`` (OLD: the image's GPU uuid)."""
+    onto: dict[str, str] = {}
+    for spec in specs:
+        old, sep, new = spec.rpartition("=")
+        if not sep:
+            if len(wanted) != 1:
+                raise GpuMismatch(f"the image used {len(wanted)} GPUs: say which goes where "
+                                  "(--gpu OLD_UUID=N, once per GPU)")
+            old = wanted[0].uuid
+        if old not in {g.uuid for g in wanted}:
+            raise GpuMismatch(f"the image used no GPU {old}; it used "
+                              f"{', '.join(g.uuid for g in wanted) or 'none'}")
+        if old in onto:
+            raise GpuMismatch(f"--gpu names the image's GPU {old} twice")
+        onto[old] = _device(new, devices).uuid
+    if len(set(onto.values())) != len(onto):
+        raise GpuMismatch("--gpu puts two of the image's GPUs on one GPU")
+    return onto
+
+
+def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice],
+              onto: dict[str, str] | None = None) -> dict[str, str]:
+    """Map each of the image's GPUs to one here: the one ``onto`` names, else the same UUID
+    if present, else a free GPU of the same model with room for what the image held."""
     mapping: dict[str, str] = {}
     by_uuid = {d.uuid: d for d in devices}
-    taken: set[str] = set()
+    onto = onto or {}
+    taken: set[str] = set(onto.values())
     for g in wanted:
-        here = by_uuid.get(g.uuid)
-        if here is None:
+        here = by_uuid.get(onto.get(g.uuid, g.uuid))
+        if here is None or (g.uuid not in onto and here.uuid in taken):
             same = [d for d in devices if d.name == g.name and d.uuid not in taken
                     and d.uuid not in {w.uuid for w in wanted}]
             here = next((d for d in same if d.memory_free >= g.memory_used_by_image),
@@ -114,7 +147,8 @@ def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
 
 def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
-            observer: Observer = Silent(), tty: str | None = None) -> RestoreResult:
+            observer: Observer = Silent(), tty: str | None = None,
+            gpus: list[str] | None = None) -> RestoreResult:
     image = store.resolve(image_ref)
     manifest = store.load(image)
     timings: dict[str, float] = {}
@@ -133,7 +167,8 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
         if manifest.driver and here.version != manifest.driver.version:
             raise GpuMismatch(f"the image was made with driver {manifest.driver.version}; "
                               f"this host runs {here.version}")
-        gpu_map = plan_gpus(manifest.gpus, driver.devices())
+        devices = driver.devices()
+        gpu_map = plan_gpus(manifest.gpus, devices, resolve_onto(gpus or [], manifest.gpus, devices))
     check_pids_free(manifest)
     criu.check_version()
     terminal_fds = open_terminals(manifest, tty)

@@ -139,14 +139,19 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 @click.option("--tty", metavar="PATH",
               help="The terminal to give processes that had one (their own is used if it is "
                    "still there; e.g. --tty $(tty) takes this one).")
+@click.option("--gpu", "gpus", metavar="N|UUID|OLD=N", multiple=True,
+              help="Restore onto this GPU (index or UUID) instead of the one the image used; "
+                   "for an image of several GPUs, OLD_UUID=N once per GPU to move.")
 @json_option
 @click.pass_obj
-def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, as_json: bool) -> None:
+def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, gpus: tuple[str, ...],
+                as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
     Checks first, changing nothing if any fails: the image is complete and its
     checksums match, a GPU of the same model with enough free memory is here
-    (the same GPU if present, else another of that model), the driver version
+    (the one --gpu names, else the same GPU if present, else another of that
+    model: the driver moves the process's memory there), the driver version
     is the same, every pid the image needs is free, and a terminal the processes
     had open is still there (or --tty names one). Then criu restores the tree
     with its original pids, in a session of its own, and the driver restores its
@@ -156,7 +161,7 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, as_js
     _recover_first(rt, rep)
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
-                  observer=rep, tty=tty)
+                  observer=rep, tty=tty, gpus=list(gpus))
     if as_json:
         emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map})
         return
