@@ -221,3 +221,14 @@ def test_corrupt_image_is_refused_before_the_driver_is_opened(home, store):
     with pytest.raises(ImageCorrupt):
         restore("gpujob", home.run, store, no_driver, NO_CRIU)
     assert journals(home.run) == []
+
+
+def test_restore_pairs_complete_a_move_into_a_permutation():
+    from gpuos.restore import restore_pairs
+    devices = [device(0), device(1), device(2, A100)]
+    assert restore_pairs({gpu_uuid(0): gpu_uuid(0)}, devices) == {}
+    assert restore_pairs({gpu_uuid(0): gpu_uuid(1)}, devices) == {gpu_uuid(0): gpu_uuid(1),
+                                                                  gpu_uuid(1): gpu_uuid(0),
+                                                                  gpu_uuid(2): gpu_uuid(2)}
+    # From another host: only the image's GPUs are paired.
+    assert restore_pairs({gpu_uuid(7): gpu_uuid(1)}, devices) == {gpu_uuid(7): gpu_uuid(1)}

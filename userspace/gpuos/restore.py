@@ -98,6 +98,26 @@ def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice],
     return mapping
 
 
+def restore_pairs(gpu_map: dict[str, str], devices: list[GpuDevice]) -> dict[str, str]:
+    """The driver's gpuPairs for ``gpu_map``: none when nothing moves. The driver wants a
+    pair for every GPU it checkpointed (INVALID_VALUE otherwise, measured on 2 H100s: a
+    process using GPU 0 of two had both checkpointed), so on the host where the image was
+    made the move is completed into a permutation of the GPUs of each model here."""
+    if all(o == n for o, n in gpu_map.items()):
+        return {}
+    here = {d.uuid: d for d in devices}
+    if not all(o in here for o in gpu_map):
+        return dict(gpu_map)  # another host: its GPUs are the image's only
+    pairs = dict(gpu_map)
+    for d in devices:
+        if d.uuid not in pairs:
+            spare = next((e.uuid for e in devices if e.name == d.name
+                          and e.uuid not in pairs.values()), None)
+            if spare:
+                pairs[d.uuid] = spare
+    return pairs
+
+
 def check_pids_free(manifest: Manifest) -> None:
     for pid in manifest.all_ids():
         try:
@@ -162,6 +182,7 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
     gpu_pids = manifest.gpu_pids
     driver = driver_factory() if gpu_pids else None
     gpu_map: dict[str, str] = {}
+    devices: list[GpuDevice] = []
     if driver:
         here = driver.driver_info()
         if manifest.driver and here.version != manifest.driver.version:
@@ -176,7 +197,8 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
 
     op = Operation(run_dir, "restore")
     op.record.gpu_pids = gpu_pids
-    op.record.gpu_pairs = gpu_map if any(o != n for o, n in gpu_map.items()) else {}
+    pairs = restore_pairs(gpu_map, devices)
+    op.record.gpu_pairs = pairs
     op.timings.update(timings)
     workdir = run_dir / f"restore-{op.op_id}"
 
@@ -195,7 +217,6 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
     finally:
         for fd in terminal_fds.values():
             os.close(fd)
-    pairs = gpu_map if any(o != n for o, n in gpu_map.items()) else {}
     try:
         if gpu_pids:
             with phase("gpu-restore"):
