@@ -152,6 +152,9 @@ static inline int gpuos_on(void)
 void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 extern GPUOS_TLS uint32_t gpuos_tls_tid;
+/* The real dlsym (hooks.c; NULL until the process's first dlsym): libgpuos's own lookups
+ * that must not go through its dlsym. */
+extern void *(*gpuos_real_dlsym)(void *, const char *);
 uint32_t gpuos_tid_slow(void);
 static inline uint32_t gpuos_tid(void)
 {

@@ -76,8 +76,15 @@ enum { WORKER_UNSTARTED, WORKER_RUNNING, WORKER_NONE };
 /* Both are taken at every drain: alone (GPUOS_ALONE), like cal. */
 static GPUOS_ALONE(pthread_mutex_t) drain_mu = { .v = PTHREAD_MUTEX_INITIALIZER };
 static GPUOS_ALONE(pthread_mutex_t) list_mu = { .v = PTHREAD_MUTEX_INITIALIZER }; /* queues, worker_state */
-static struct queue *queues;
-static int worker_state;
+static struct queue *queues;   /* written under list_mu, read by the recording thread: atomics */
+static int worker_state;       /* written under list_mu, read by launching threads: atomics */
+
+/* ThreadSanitizer cannot see the atomics of this (uninstrumented) library: a queue entry
+ * published by a launching thread and read by the recording thread would look like a
+ * race in a TSan-built application. Its runtime, when present, is told of each handoff
+ * (__tsan_release/__tsan_acquire on the index that publishes it); NULL otherwise. */
+static void (*tsan_release)(void *);
+static void (*tsan_acquire)(void *);
 static uint32_t wake_word; /* the recording thread's futex */
 static GPUOS_TLS struct queue *tls_q;
 static GPUOS_TLS uint8_t *tls_next; /* where tls_q's next entry goes, unless it wraps */
@@ -199,6 +206,8 @@ static uint64_t drain_queue(struct queue *q)
 	uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE), t = q->tail;
 	if (head == t)
 		return 0;
+	if (tsan_acquire)
+		tsan_acquire(&q->head);
 	/* One read lock for them all: the launching threads do not take it. */
 	pthread_rwlock_rdlock(&gpuos_lock.v);
 	for (uint64_t at = t; at != head;) {
@@ -208,6 +217,8 @@ static uint64_t drain_queue(struct queue *q)
 		at += e->size;
 	}
 	pthread_rwlock_unlock(&gpuos_lock.v);
+	if (tsan_release)
+		tsan_release(&q->tail);
 	__atomic_store_n(&q->tail, head, __ATOMIC_RELEASE);
 	return head - t;
 }
@@ -233,7 +244,7 @@ static uint64_t drain_queues(void)
 			struct queue **pp = &queues;
 			while (*pp != q)
 				pp = &(*pp)->next;
-			*pp = next;
+			__atomic_store_n(pp, next, __ATOMIC_RELEASE);
 			pthread_mutex_unlock(&list_mu.v);
 			free(q);
 		}
@@ -319,7 +330,7 @@ static void q_key_init(void)
 static void worker_start(void)
 {
 	const char *inl = getenv("GPUOS_RECORD_INLINE");
-	worker_state = WORKER_NONE;
+	__atomic_store_n(&worker_state, WORKER_NONE, __ATOMIC_RELEASE);
 	if (inl && !strcmp(inl, "1"))
 		return;
 	gpuos_hot.tsc_ok = tsc_constant() && clock_pair(&cal.tsc0, &cal.ns0);
@@ -351,21 +362,27 @@ static void worker_start(void)
 		return;
 	}
 	pthread_setname_np(t, "gpuos-rec");
-	worker_state = WORKER_RUNNING;
+	__atomic_store_n(&worker_state, WORKER_RUNNING, __ATOMIC_RELEASE);
 }
 
 static struct queue *queue_new(void)
 {
 	pthread_once(&q_key_once, q_key_init);
 	pthread_mutex_lock(&list_mu.v);
-	if (worker_state == WORKER_UNSTARTED)
+	if (worker_state == WORKER_UNSTARTED) {
+		if (gpuos_real_dlsym) {
+			tsan_release = (void (*)(void *))gpuos_real_dlsym(RTLD_DEFAULT, "__tsan_release");
+			tsan_acquire = (void (*)(void *))gpuos_real_dlsym(RTLD_DEFAULT, "__tsan_acquire");
+			dlerror();
+		}
 		worker_start();
+	}
 	struct queue *q = NULL;
 	if (worker_state == WORKER_RUNNING && (q = aligned_alloc(64, sizeof *q)) != NULL) {
 		memset(q, 0, offsetof(struct queue, buf)); /* fns[].handle 0: no entry */
 		q->tid = gpuos_tid();
 		q->next = queues;
-		queues = q;
+		__atomic_store_n(&queues, q, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&list_mu.v);
 	if (q) {
@@ -383,7 +400,7 @@ static inline struct queue *queue_get(void)
 	struct queue *q = tls_q;
 	if (likely(q != NULL))
 		return q;
-	if (gpuos_validating || worker_state == WORKER_NONE || tls_no_queue)
+	if (gpuos_validating || __atomic_load_n(&worker_state, __ATOMIC_ACQUIRE) == WORKER_NONE || tls_no_queue)
 		return NULL;
 	if (!(q = queue_new()))
 		tls_no_queue = 1;
@@ -426,6 +443,8 @@ struct gpuos_qe *gpuos_defer_reserve(size_t size, uint16_t kind, uint16_t flags)
 	uint64_t skip = off + size > QUEUE_BYTES ? QUEUE_BYTES - off : 0;
 	if (h + skip + size - q->tail_seen > QUEUE_BYTES) {
 		q->tail_seen = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
+		if (tsan_acquire)
+			tsan_acquire(&q->tail); /* the space it frees is ours again */
 		if (h + skip + size - q->tail_seen > QUEUE_BYTES)
 			return NULL; /* full: the caller drains it and records inline */
 	}
@@ -453,6 +472,8 @@ void gpuos_defer_commit(int ok)
 	if (!ok)
 		return;
 	uint64_t head = q->head + q->pending;
+	if (tsan_release)
+		tsan_release(&q->head);
 	__atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
 	tls_next = q->buf + (head & QUEUE_MASK);
 	/* Wake the recording thread if it naps long, or if the queue is half full (the

@@ -57,7 +57,10 @@ static const char *const hook_names[HK_COUNT] = {
 /* ---- names ------------------------------------------------------------------------------ */
 
 typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
+/* The real dlsym; read by dlsym_x86_64.S, set once by gpuos_dlsym_init (racing threads
+ * store the same value). */
+__attribute__((visibility("hidden"))) dlsym_fn gpuos_real_dlsym;
+#define real_dlsym gpuos_real_dlsym
 static pthread_once_t names_once = PTHREAD_ONCE_INIT;
 static uint16_t by_name[HK_COUNT];    /* indices sorted by exported name */
 static char base_names[HK_COUNT][64]; /* exported names less _ptsz/_ptds and _vN */
@@ -83,11 +86,22 @@ static void base_name(char *out, size_t cap, const char *name)
 		out[d - 2] = 0;
 }
 
+/* glibc's dlsym: GLIBC_2.34 since libdl merged into libc, GLIBC_2.2.5 before (x86-64's
+ * base version; dlsym_x86_64.S is the only dlsym there is, so no other matters). */
+__attribute__((visibility("hidden"))) dlsym_fn gpuos_dlsym_init(void)
+{
+	dlsym_fn f = __atomic_load_n(&gpuos_real_dlsym, __ATOMIC_ACQUIRE);
+	if (!f)
+		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!f)
+		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	__atomic_store_n(&gpuos_real_dlsym, f, __ATOMIC_RELEASE);
+	return f;
+}
+
 static void init_names(void)
 {
-	real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-	if (!real_dlsym)
-		real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	gpuos_dlsym_init();
 	for (uint16_t i = 0; i < HK_COUNT; i++) {
 		by_name[i] = i;
 		base_name(base_names[i], sizeof base_names[i], hook_names[i]);
@@ -211,18 +225,24 @@ void *gpuos_real(const char *name)
 
 /* ---- dlsym -------------------------------------------------------------------------------- */
 
-/* For names outside the table the real dlsym is tail-called, so that it sees our
- * caller's return address and RTLD_NEXT keeps its meaning.  For table names an
- * RTLD_NEXT lookup is made relative to libgpuos (preloaded, so ahead of any driver). */
-GPUOS_EXPORT void *dlsym(void *handle, const char *name)
+/* dlsym itself is dlsym_x86_64.S; it asks here for every name starting with "cu".
+ * For a table name, the answer is the wrapper exactly when the lookup would succeed
+ * without libgpuos: a lookup that finds our own export (RTLD_DEFAULT, or a handle whose
+ * scope includes us) is made again past us (RTLD_NEXT from here), which finds the
+ * driver's symbol if the driver has one and fails, with dlerror set, if it does not.
+ * An RTLD_NEXT lookup of a table name is made relative to libgpuos (preloaded, so
+ * ahead of any driver). Returns 0 for names outside the table. */
+__attribute__((visibility("hidden"))) int gpuos_dlsym_table(void *handle, const char *name, void **out)
 {
 	pthread_once(&names_once, init_names);
-	if (name[0] == 'c' && name[1] == 'u') {
-		int i = hook_index(name);
-		if (i >= 0)
-			return real_dlsym(handle, name) ? hook_wrappers[i] : NULL;
-	}
-	return real_dlsym(handle, name);
+	int i = hook_index(name);
+	if (i < 0)
+		return 0;
+	void *p = real_dlsym ? real_dlsym(handle, name) : NULL;
+	if (p == hook_wrappers[i])
+		p = real_dlsym(RTLD_NEXT, name);
+	*out = p ? hook_wrappers[i] : NULL;
+	return 1;
 }
 
 /* ---- cuGetProcAddress ----------------------------------------------------------------------- */

@@ -125,7 +125,6 @@ static struct {
 
 static int g_resolved;          /* 0: not yet, 1: all required found, -1: unavailable */
 static int g_status_emitted;    /* the one "validation unavailable" STATUS record */
-static int g_debug = -1;
 
 /* ---- per-context state ----------------------------------------------------------- */
 
@@ -178,22 +177,9 @@ void gpuos_val_forget(void)
 	g_status_emitted = 0;
 }
 
-static void dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void dbg(const char *fmt, ...)
-{
-	if (g_debug < 0) {
-		const char *e = getenv("GPUOS_LIB_DEBUG");
-		g_debug = e && *e && strcmp(e, "0") != 0;
-	}
-	if (!g_debug)
-		return;
-	char buf[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof buf, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "gpuos: validate: %s\n", buf);
-}
+/* One switch for all of libgpuos's diagnostics (ctl.c: GPUOS_LIB_DEBUG=1). */
+void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define dbg(fmt, ...) gpuos_dbg("validate: " fmt, ##__VA_ARGS__)
 
 static const char *errname(CUresult r)
 {

@@ -12,8 +12,10 @@ include $(TESTS_DIR)/../fakecuda/fake.mk
 
 TEST_CFLAGS = -O2 -g -std=gnu11 -pthread -Wall -Wextra -Werror -I$(CUDA_INC) -I$(TESTS_DIR)/../fakecuda -I$(TESTS_DIR) $(TEST_EXTRA_CFLAGS)
 TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threads
-TEST_DLOPEN := t_dlsym t_procaddr
-TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN))
+TEST_DLOPEN := t_dlsym t_procaddr t_dlsym_answers
+# Sanitizer-instrumented builds, to run with libgpuos preloaded (it must not break them).
+TEST_SANITIZED := t_threads_tsan t_dlsym_tsan t_direct_asan
+TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN) $(TEST_SANITIZED))
 TEST_HDRS := $(TESTS_DIR)/common.h $(TESTS_DIR)/work.h $(TESTS_DIR)/../fakecuda/fakecuda.h
 
 .PHONY: testprogs testrun
@@ -28,6 +30,18 @@ $(addprefix $(O)/tests/,$(TEST_LINKED)): $(O)/tests/%: $(TESTS_DIR)/%.c $(TEST_H
 $(addprefix $(O)/tests/,$(TEST_DLOPEN)): $(O)/tests/%: $(TESTS_DIR)/%.c $(TEST_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(TEST_CFLAGS) -o $@ $< -ldl -lm
+
+$(O)/tests/t_threads_tsan: $(TESTS_DIR)/t_threads.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -fsanitize=thread -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
+
+$(O)/tests/t_dlsym_tsan: $(TESTS_DIR)/t_dlsym.c $(TEST_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -fsanitize=thread -o $@ $< -ldl -lm
+
+$(O)/tests/t_direct_asan: $(TESTS_DIR)/t_direct.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -fsanitize=address -fno-omit-frame-pointer -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
 
 # Every program on the fake (TEST_PRELOAD=path/libgpuos.so to run them under it).
 testrun: testprogs $(FAKE_LIB)

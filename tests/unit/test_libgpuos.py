@@ -469,3 +469,41 @@ def test_selftime_build_times_each_launch(build, env, inline):
         # misses each of the 3 buffers once.
         assert queued > 0 and misses <= 3 * 2, line
     assert prog_json(got.stdout)[0]["ok"]
+
+
+@pytest.mark.parametrize("driver_global", [False, True])
+def test_dlsym_answers_as_it_would_without_libgpuos(build, env, driver_global):
+    """libgpuos exports every name of its hook table; dlsym must still say "absent" for a
+    name the driver lacks (the fake has no cuMemcpyBatchAsync_v2), through RTLD_DEFAULT,
+    a handle and RTLD_NEXT, and set dlerror the same way."""
+    names = ["cuInit", "cuMemAlloc_v2", "cuMemcpyBatchAsync_v2", "cuNoSuchEntryPoint", "malloc"]
+    fake = str(build / "fakecuda" / "libcuda.so")
+
+    def answers(preload: list[str]) -> list[str]:
+        res = subprocess.run([str(build / "tests" / "t_dlsym_answers"), *names],
+                             env=dict(env, LD_PRELOAD=":".join(preload)), capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.splitlines()
+
+    driver = [fake] if driver_global else []
+    without = answers(driver)
+    assert answers([str(build / "libgpuos.so"), *driver]) == without
+    assert ("default cuMemcpyBatchAsync_v2 absent error" in without) and \
+        ("handle cuMemcpyBatchAsync_v2 absent error" in without)
+    assert (f"default cuInit {'found no-error' if driver_global else 'absent error'}") in without
+
+
+@pytest.mark.parametrize("prog", ["t_threads_tsan", "t_dlsym_tsan", "t_direct_asan"])
+def test_sanitizer_built_programs_run_under_libgpuos(build, env, tmp_path, prog):
+    """A ThreadSanitizer or AddressSanitizer build of an application runs with libgpuos
+    preloaded (TSan's runtime looks up its interceptors with dlsym before anything is
+    initialised) and under `gpuos run`, with no sanitizer report."""
+    (out,) = plain(build, env, prog, "5", LD_PRELOAD=str(build / "libgpuos.so"),
+                   ASAN_OPTIONS="verify_asan_link_order=0")
+    assert out["ok"]
+    res = subprocess.run([*GPUOS, "run", "--", str(build / "tests" / prog), "5"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Sanitizer" not in res.stderr and prog_json(res.stdout)[0]["ok"]
+    assert "tracking;" in res.stderr

@@ -117,6 +117,11 @@ class Supervisor:
         env = dict(os.environ)
         pre = env.get("LD_PRELOAD", "").strip()
         env["LD_PRELOAD"] = f"{self.lib} {pre}".strip()
+        # ASan refuses to start when a preload comes before its runtime; libgpuos defines
+        # no allocation function, so the order changes nothing ASan intercepts.
+        asan = env.get("ASAN_OPTIONS", "")
+        if "verify_asan_link_order" not in asan:
+            env["ASAN_OPTIONS"] = f"{asan}:verify_asan_link_order=0".lstrip(":")
         env["GPUOS_CTL"] = str(ctl)
         for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS"):
             env.pop(var, None)  # only what this run asks for

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dlsym_x86_64.S - libgpuos's dlsym, which every dynamically linked program calls
+ * (sanitizer runtimes before anything is initialised, from .preinit_array).
+ *
+ * A name that does not start with "cu" costs three compares and a jump to the real
+ * dlsym: a jump, not a call, so the real one sees our caller's return address and
+ * RTLD_NEXT keeps its meaning whatever the compiler would have done with C. No other
+ * work happens before that check. "cu" names go to gpuos_dlsym_table (hooks.c), which
+ * answers for names of the hook table and leaves the rest to the same jump.
+ */
+	.text
+	.globl	dlsym
+	.type	dlsym, @function
+dlsym:
+	.cfi_startproc
+	testq	%rsi, %rsi
+	jz	.Lreal
+	cmpb	$'c', (%rsi)
+	jne	.Lreal
+	cmpb	$'u', 1(%rsi)
+	jne	.Lreal
+	pushq	%rdi
+	.cfi_adjust_cfa_offset 8
+	pushq	%rsi
+	.cfi_adjust_cfa_offset 8
+	subq	$24, %rsp		/* 16-byte aligned for the call; 8(%rsp) is the answer */
+	.cfi_adjust_cfa_offset 24
+	leaq	8(%rsp), %rdx
+	call	gpuos_dlsym_table	/* (handle, name, &answer): 1 if a table name */
+	movq	8(%rsp), %rcx
+	addq	$24, %rsp
+	.cfi_adjust_cfa_offset -24
+	popq	%rsi
+	.cfi_adjust_cfa_offset -8
+	popq	%rdi
+	.cfi_adjust_cfa_offset -8
+	testl	%eax, %eax
+	jz	.Lreal
+	movq	%rcx, %rax
+	ret
+.Lreal:
+	movq	gpuos_real_dlsym(%rip), %rax
+	testq	%rax, %rax
+	jz	.Linit
+	jmp	*%rax
+.Linit:					/* the process's first dlsym: find the real one */
+	pushq	%rdi
+	.cfi_adjust_cfa_offset 8
+	pushq	%rsi
+	.cfi_adjust_cfa_offset 8
+	subq	$8, %rsp
+	.cfi_adjust_cfa_offset 8
+	call	gpuos_dlsym_init	/* the real dlsym, or NULL */
+	addq	$8, %rsp
+	.cfi_adjust_cfa_offset -8
+	popq	%rsi
+	.cfi_adjust_cfa_offset -8
+	popq	%rdi
+	.cfi_adjust_cfa_offset -8
+	testq	%rax, %rax
+	jz	.Lnone
+	jmp	*%rax
+.Lnone:
+	xorl	%eax, %eax
+	ret
+	.cfi_endproc
+	.size	dlsym, .-dlsym
+
+	.section .note.GNU-stack,"",@progbits
