@@ -235,9 +235,14 @@ static void odel(void *o)
 /* ---------------------------------------------------------------------------------
  * Contexts: the primary context and created ones; a per-thread current stack.
  */
-struct ctx { struct obj o; int primary; unsigned flags; unsigned long long id; };
-static struct ctx g_pctx = { { O_CTX }, 1, 0, 1 };
+/* dead: a kernel touched memory outside every allocation and FAKECUDA_STICKY_FAULTS=1:
+ * like a GPU context after an illegal address, every later call in it fails. (By
+ * default a fault fails only its launch, which the semantics tests rely on.) */
+struct ctx { struct obj o; int primary; unsigned flags; unsigned long long id; int dead; };
+static struct ctx g_pctx = { { O_CTX }, 1, 0, 1, 0 };
 static unsigned long long g_ctx_ids = 1;
+static struct ctx *g_spare_ctx;
+static int g_sticky_faults;
 static int g_pctx_refs;
 struct pool { struct obj o; };
 static struct pool g_pool = { { O_POOL } };
@@ -246,7 +251,8 @@ static struct pool g_pool = { { O_POOL } };
 static __thread struct ctx *t_stack[CTX_STACK];
 static __thread int t_depth;
 #define CUR (t_depth ? t_stack[t_depth - 1] : NULL)
-#define NEED_CTX() do { if (!CUR) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+#define NEED_CTX() do { if (!CUR) return CUDA_ERROR_INVALID_CONTEXT; \
+	if (CUR->dead) return CUDA_ERROR_ILLEGAL_ADDRESS; } while (0)
 
 static CUresult do_init(unsigned flags)
 {
@@ -282,14 +288,26 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (t_depth == CTX_STACK)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (!(c = onew(sizeof(*c), O_CTX)))
+	if (g_spare_ctx) { /* the handle of the last destroyed context, as drivers do */
+		c = g_spare_ctx;
+		g_spare_ctx = NULL;
+		memset(c, 0, sizeof *c);
+		c->o.type = O_CTX;
+		if (oreg(&c->o)) {
+			free(c);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	} else if (!(c = onew(sizeof(*c), O_CTX))) {
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	c->flags = flags;
 	c->id = ++g_ctx_ids;
 	t_stack[t_depth++] = c;
 	*pctx = (CUcontext)c;
 	return CUDA_SUCCESS;
 }
+
+static void ctx_free_memory(struct ctx *c);
 
 static CUresult ctx_destroy(CUcontext h)
 {
@@ -302,7 +320,12 @@ static CUresult ctx_destroy(CUcontext h)
 			t_depth--;
 			i--;
 		}
-	odel(c);
+	ctx_free_memory(c); /* like the real driver: the context's memory goes with it */
+	for (size_t i = 0; i < nobj; i++)
+		if (objs[i] == &c->o)
+			objs[i] = objs[--nobj];
+	free(g_spare_ctx);
+	g_spare_ctx = c; /* the next context created gets this handle again */
 	return CUDA_SUCCESS;
 }
 
@@ -400,15 +423,31 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t n, int kind)
 	NEED_CTX();
 	if (!dptr || !n)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (n > FAKECUDA_TOTAL_MEM - g_dev_used || !(p = aligned_alloc(4096, round_up(n, 4096))))
+	/* mmap'd, so that touching it once freed faults, as on a GPU */
+	if (n > FAKECUDA_TOTAL_MEM - g_dev_used ||
+	    (p = mmap(NULL, round_up(n, 4096), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		      -1, 0)) == MAP_FAILED)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	memset(p, 0, round_up(n, 4096));
 	if (!al_add((uintptr_t)p, n, kind)) {
-		free(p);
+		munmap(p, round_up(n, 4096));
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*dptr = (CUdeviceptr)(uintptr_t)p;
 	return CUDA_SUCCESS;
+}
+
+/* Unmap and forget an allocation made by mem_alloc. */
+static void mem_release(struct alloc *a)
+{
+	munmap((void *)a->base, round_up(a->size, 4096));
+	al_del(a);
+}
+
+static void ctx_free_memory(struct ctx *c)
+{
+	for (size_t i = nal; i-- > 0;)
+		if (al[i].ctx == c && ((1 << al[i].kind) & (DEVICE_KINDS | (1 << A_HOST))))
+			mem_release(&al[i]);
 }
 
 static CUresult mem_free(CUdeviceptr p)
@@ -417,8 +456,7 @@ static CUresult mem_free(CUdeviceptr p)
 	NEED_CTX();
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
-	free((void *)a->base);
-	al_del(a);
+	mem_release(a);
 	return CUDA_SUCCESS;
 }
 
@@ -450,8 +488,7 @@ static CUresult host_free(void *p)
 	NEED_CTX();
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
-	free(p);
-	al_del(a);
+	mem_release(a);
 	return CUDA_SUCCESS;
 }
 
@@ -974,8 +1011,11 @@ static CUresult node_run(const struct node *n)
 	case CU_GRAPH_NODE_TYPE_KERNEL:
 		g_fault = 0;
 		n->k->fn((void **)n->pp);
-		if (g_fault)
+		if (g_fault) {
+			if (CUR && g_sticky_faults)
+				CUR->dead = 1;
 			return CUDA_ERROR_ILLEGAL_ADDRESS;
+		}
 		if (n->k->fp)
 			S.fp_launches++;
 		else
@@ -2515,6 +2555,8 @@ __attribute__((constructor)) static void fake_ctor(void)
 {
 	const char *d = getenv("FAKECUDA_DEBUG");
 	g_debug = d && *d && *d != '0';
+	d = getenv("FAKECUDA_STICKY_FAULTS");
+	g_sticky_faults = d && *d && *d != '0';
 }
 
 __attribute__((destructor)) static void fake_dtor(void)

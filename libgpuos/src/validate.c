@@ -100,6 +100,7 @@ typedef CUresult (*pf_free_t)(CUdeviceptr);
 typedef CUresult (*pf_htod_async_t)(CUdeviceptr, const void *, size_t, CUstream);
 typedef CUresult (*pf_dtoh_async_t)(void *, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*pf_err_name_t)(CUresult, const char **);
+typedef CUresult (*pf_addr_range_t)(CUdeviceptr *, size_t *, CUdeviceptr);
 
 static struct {
 	/* required */
@@ -116,6 +117,7 @@ static struct {
 	pf_free_t free;
 	pf_htod_async_t htod_async;
 	pf_dtoh_async_t dtoh_async;
+	pf_addr_range_t addr_range;
 	/* optional (NULL: do without) */
 	pf_is_capturing_t is_capturing;   /* drivers before CUDA 10 have no capture at all */
 	pf_xchg_mode_t xchg_mode;
@@ -273,6 +275,7 @@ static int resolve(void)
 	REQ(stream_create, "cuStreamCreate");
 	REQ(stream_sync, "cuStreamSynchronize");
 	REQ(launch, "cuLaunchKernel");
+	REQ(addr_range, "cuMemGetAddressRange_v2");
 	REQ(alloc, "cuMemAlloc_v2");
 	REQ(free, "cuMemFree_v2");
 	REQ(htod_async, "cuMemcpyHtoDAsync_v2");
@@ -575,6 +578,20 @@ static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
 			return (size_t)-1;
 		n = gpuos_track_snapshot(ctx, *arr, *cap);
 	}
+	/* Only what the driver still knows in this context is fingerprinted: an allocation
+	 * the map kept past its end (its context destroyed, maybe a new one at the same
+	 * handle) may be unmapped, and hashing it would fault the application's context. */
+	size_t kept = 0;
+	for (size_t i = 0; i < n; i++) {
+		CUdeviceptr base = 0;
+		size_t size = 0;
+		if (D.addr_range(&base, &size, (CUdeviceptr)(*arr)[i].base) == CUDA_SUCCESS)
+			(*arr)[kept++] = (*arr)[i];
+		else
+			dbg("allocation %#llx + %llu is no longer the driver's: not fingerprinted",
+			    (unsigned long long)(*arr)[i].base, (unsigned long long)(*arr)[i].size);
+	}
+	n = kept;
 	/* The core promises sorted, non-overlapping segments; the binary searches below
 	 * rely on it, so make sure of the order at least. */
 	for (size_t i = 1; i < n; i++) {

@@ -507,3 +507,14 @@ def test_sanitizer_built_programs_run_under_libgpuos(build, env, tmp_path, prog)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Sanitizer" not in res.stderr and prog_json(res.stdout)[0]["ok"]
     assert "tracking;" in res.stderr
+
+
+def test_validation_never_touches_memory_of_a_destroyed_context(build, env):
+    """A context destroyed with memory in it, a new one at the same handle: the map still
+    lists the old memory, which the driver unmapped; hashing it would be an illegal
+    address, and like a GPU the fake then fails every later call of the context."""
+    res = subprocess.run([*GPUOS, "run", "--validate", "--", str(build / "tests" / "t_ctx_reuse")],
+                         env=dict(env, FAKECUDA_STICKY_FAULTS="1"), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["reused", "1", "ok"]  # the handle came back: the hazard is real
