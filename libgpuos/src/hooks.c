@@ -88,7 +88,9 @@ static void base_name(char *out, size_t cap, const char *name)
 
 /* glibc's dlsym: GLIBC_2.34 since libdl merged into libc, GLIBC_2.2.5 before (x86-64's
  * base version; dlsym_x86_64.S is the only dlsym there is, so no other matters). */
-__attribute__((visibility("hidden"))) dlsym_fn gpuos_dlsym_init(void)
+/* Runs before a sanitizer runtime is initialised (its first dlsym): never instrumented. */
+__attribute__((visibility("hidden"), no_sanitize_thread, no_sanitize_address))
+dlsym_fn gpuos_dlsym_init(void)
 {
 	dlsym_fn f = __atomic_load_n(&gpuos_real_dlsym, __ATOMIC_ACQUIRE);
 	if (!f)
