@@ -2091,9 +2091,24 @@ static const struct pa proc_table[] = {
 	PA(cuFakeInternalOnly, 0, fake_internal_only)
 };
 
+/* What a newer driver's entry point looks like to libgpuos: an address that is none of
+ * the exported variants (FAKECUDA_NEW_VARIANT=cuName makes cuGetProcAddress("cuName")
+ * answer with it). Never meant to be called. */
+static CUresult fake_new_variant(void)
+{
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 static CUresult proc_address(const char *sym, void **pfn, int ver, cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *status)
 {
+	const char *newer = getenv("FAKECUDA_NEW_VARIANT");
+	if (sym && pfn && newer && !strcmp(sym, newer)) {
+		*pfn = (void *)fake_new_variant;
+		if (status)
+			*status = CU_GET_PROC_ADDRESS_SUCCESS;
+		return CUDA_SUCCESS;
+	}
 	const struct pa *best = NULL;
 	int known = 0, pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
 	if (status)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * gpuos_ring.h - the shared-memory launch log of libgpuos (format version 1).
+ * gpuos_ring.h - the shared-memory launch log of libgpuos (format version 2).
  *
  * libgpuos, preloaded into a process by `gpuos run`, records what the process does
  * with the GPU into a ring in a memfd named "gpuos-ring" (so /proc/PID/fd shows
@@ -64,7 +64,8 @@
  *               LAUNCH records with GPUOS_LAUNCH_GRAPH set and the same graph_exec.
  *   VALIDATE    struct gpuos_rec_validate + nmiss * struct gpuos_rec_miss: the outcome
  *               of validating one launch, copy or graph launch (`gpuos run --validate`).
- *   STATUS      struct gpuos_rec_status: tracking changed state (e.g. turned off).
+ *   STATUS      struct gpuos_rec_status: tracking changed state (turned off, or became
+ *               incomplete: then err holds the GPUOS_INCOMPLETE_* bit that was set).
  *   PARAMS      struct gpuos_rec_params + nparams * struct gpuos_rec_param + the bytes:
  *               the raw parameters of a launch whose kernel name matched
  *               GPUOS_DUMP_PARAMS (`gpuos run --dump-params`), to study a blind spot.
@@ -76,7 +77,7 @@
 #include <stdint.h>
 
 #define GPUOS_RING_MAGIC 0x31474e4952534f47ULL /* "GOSRING1" */
-#define GPUOS_RING_VERSION 1
+#define GPUOS_RING_VERSION 2 /* 2: GPUOS_TRACK_INCOMPLETE and hdr.incomplete */
 #define GPUOS_RING_HDR_SIZE 4096
 #define GPUOS_SLOT_SIZE 64
 #define GPUOS_SLOT_PAYLOAD 56
@@ -85,9 +86,16 @@
 
 /* hdr.state */
 enum gpuos_track_state {
-	GPUOS_TRACK_ON = 1,  /* tracking */
-	GPUOS_TRACK_OFF = 2, /* turned off for good; hdr.reason says why; the app runs on untouched */
+	GPUOS_TRACK_ON = 1,         /* tracking: the record is complete */
+	GPUOS_TRACK_OFF = 2,        /* turned off for good; hdr.reason says why; the app runs on untouched */
+	GPUOS_TRACK_INCOMPLETE = 3, /* tracking, but something went unrecorded: hdr.incomplete says what */
 };
+
+/* hdr.incomplete: why a record is incomplete (bits only ever set). A reader's own
+ * losses (the ring lapped it) are the reader's to add. */
+#define GPUOS_INCOMPLETE_UNKNOWN_ENTRY (1u << 0) /* cuGetProcAddress gave a hooked name's entry point
+						  * that matches no hooked variant: it runs unseen */
+#define GPUOS_INCOMPLETE_RECORD_LOST   (1u << 1) /* a record larger than the ring was not written (hdr.lost) */
 
 /* hdr.flags */
 #define GPUOS_RING_VALIDATE (1u << 0) /* validation mode is on */
@@ -132,7 +140,7 @@ struct gpuos_ring_hdr {
 				     * Allocations and objects are still tracked, so records
 				     * are exact again from the first operation after 0.
 				     * Ignored in validation mode. */
-	uint32_t reserved0;
+	uint32_t incomplete;        /* atomic: GPUOS_INCOMPLETE_* bits, with GPUOS_TRACK_INCOMPLETE */
 };
 
 struct gpuos_func_ent {

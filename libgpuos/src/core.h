@@ -150,6 +150,9 @@ static inline int gpuos_on(void)
 }
 
 void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Tracking goes on, but the record misses something (GPUOS_INCOMPLETE_* bit `why`):
+ * the ring says so, once per reason, with a STATUS record. */
+void gpuos_track_incomplete(uint32_t why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 extern GPUOS_TLS uint32_t gpuos_tls_tid;
 /* The real dlsym (hooks.c; NULL until the process's first dlsym): libgpuos's own lookups

@@ -61,26 +61,49 @@ uint32_t gpuos_tid_slow(void)
 	return gpuos_tls_tid;
 }
 
-void gpuos_track_off(int err, const char *fmt, ...)
+/* A STATUS record (state, err, the formatted reason); turning off also writes the
+ * reason into the ring header and its state there. */
+static void emit_status(uint32_t state, int32_t err, const char *fmt, va_list ap)
 {
 	struct gpuos_rec_status st;
 	memset(&st, 0, sizeof st);
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(st.reason, sizeof st.reason, fmt, ap);
-	va_end(ap);
-	if (__atomic_exchange_n(&gpuos_hot.run_state, GPUOS_RUN_OFF, __ATOMIC_ACQ_REL) == GPUOS_RUN_OFF)
-		return;
-	gpuos_dbg("tracking off: %s", st.reason);
+	gpuos_dbg("tracking %s: %s", state == GPUOS_TRACK_OFF ? "off" : "incomplete", st.reason);
 	struct gpuos_ring_hdr *h = gpuos_ring_hdr();
 	if (!h)
 		return;
-	memcpy(h->reason, st.reason, sizeof h->reason);
-	h->reason_errno = err;
-	__atomic_store_n(&h->state, GPUOS_TRACK_OFF, __ATOMIC_RELEASE);
-	st.state = GPUOS_TRACK_OFF;
+	if (state == GPUOS_TRACK_OFF) {
+		memcpy(h->reason, st.reason, sizeof h->reason);
+		h->reason_errno = err;
+		__atomic_store_n(&h->state, GPUOS_TRACK_OFF, __ATOMIC_RELEASE);
+	}
+	st.state = state;
 	st.err = err;
 	gpuos_ring_emit(GPUOS_REC_STATUS, 0, &st, sizeof st, NULL, 0);
+}
+
+void gpuos_track_off(int err, const char *fmt, ...)
+{
+	if (__atomic_exchange_n(&gpuos_hot.run_state, GPUOS_RUN_OFF, __ATOMIC_ACQ_REL) == GPUOS_RUN_OFF)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	emit_status(GPUOS_TRACK_OFF, err, fmt, ap);
+	va_end(ap);
+}
+
+void gpuos_track_incomplete(uint32_t why, const char *fmt, ...)
+{
+	struct gpuos_ring_hdr *h = gpuos_ring_hdr();
+	if (!h || (__atomic_fetch_or(&h->incomplete, why, __ATOMIC_ACQ_REL) & why))
+		return; /* no ring, or said already */
+	uint32_t on = GPUOS_TRACK_ON;
+	__atomic_compare_exchange_n(&h->state, &on, GPUOS_TRACK_INCOMPLETE, 0, __ATOMIC_ACQ_REL,
+				    __ATOMIC_ACQUIRE); /* off stays off */
+	va_list ap;
+	va_start(ap, fmt);
+	emit_status(GPUOS_TRACK_INCOMPLETE, (int32_t)why, fmt, ap);
+	va_end(ap);
 }
 
 /* ---- the handshake ------------------------------------------------------------------- */

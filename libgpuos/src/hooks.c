@@ -264,7 +264,9 @@ static void *proc_swap(const char *symbol, void *p)
 	for (size_t i = 0; symbol && i < HK_COUNT; i++) {
 		if (!strcmp(symbol, base_names[i])) {
 			GPUOS_COUNT(n_unmatched_procs, 1);
-			gpuos_dbg("cuGetProcAddress(%s) = %p matches no hooked variant: passed through", symbol, p);
+			gpuos_track_incomplete(GPUOS_INCOMPLETE_UNKNOWN_ENTRY,
+					       "cuGetProcAddress(%s) gave an entry point that matches no "
+					       "hooked variant: its calls are not seen", symbol);
 			break;
 		}
 	}

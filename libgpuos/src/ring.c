@@ -258,6 +258,10 @@ void gpuos_ring_emit(uint16_t type, uint16_t flags, void *rec, size_t rec_len, c
 	uint64_t k = (rec_len + tail_len + GPUOS_SLOT_PAYLOAD - 1) / GPUOS_SLOT_PAYLOAD;
 	if (k > R.nslots) {
 		__atomic_fetch_add(&hdr->lost, 1, __ATOMIC_RELAXED);
+		if (type != GPUOS_REC_STATUS) /* the status saying so fits: never recursive */
+			gpuos_track_incomplete(GPUOS_INCOMPLETE_RECORD_LOST,
+					       "a record of %zu bytes did not fit the ring (%u slots)",
+					       rec_len + tail_len, (unsigned)R.nslots);
 		return;
 	}
 	struct gpuos_rec_hdr *h = rec;

@@ -543,3 +543,41 @@ def test_libgpuos_built_with_tsan_is_race_free(build, env, tsan_lib, prog, mode)
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ThreadSanitizer" not in res.stderr, res.stderr[-4000:]
     assert prog_json(res.stdout)[0]["ok"]
+
+
+NEWER_DRIVER = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+p, st = ctypes.c_void_p(), ctypes.c_int()
+assert cuda.cuInit(0) == 0
+assert cuda.cuGetProcAddress_v2(b"cuMemAlloc", ctypes.byref(p), 13000, ctypes.c_uint64(0),
+                                ctypes.byref(st)) == 0 and p.value
+"""
+
+
+def test_an_entry_point_libgpuos_does_not_know_makes_tracking_incomplete(build, env, tmp_path):
+    """A driver whose cuGetProcAddress answers a hooked name with a variant libgpuos does
+    not hook (a newer driver): its calls would go unseen, so the record is incomplete,
+    and the report, the summary, the log and the ring header say so."""
+    script, report, log = tmp_path / "newer.py", tmp_path / "report.json", tmp_path / "log.jsonl"
+    script.write_text(NEWER_DRIVER)
+    res = subprocess.run([*GPUOS, "run", "--report", str(report), "--log", str(log), "--",
+                          sys.executable, str(script)],
+                         env=dict(env, FAKECUDA_NEW_VARIANT="cuMemAlloc"), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (proc,) = json.loads(report.read_text())["processes"]
+    assert proc["state"] == "incomplete" and proc["incomplete"] == ["unknown-entry-point"]
+    assert "tracking INCOMPLETE (unknown-entry-point)" in res.stderr
+    records = list(read_log(log))[1:]  # after the header
+    status = [r for r in records if r["type"] == "status"]
+    assert [s["state"] for s in status] == ["incomplete"] and "cuMemAlloc" in status[0]["reason"]
+    end = [r for r in records if r["type"] == "proc" and r.get("event") == "end"]
+    assert end and end[-1]["state"] == "incomplete"
+
+
+def test_a_complete_run_says_on(build, env, tmp_path):
+    (out,), report, log = traced(build, env, tmp_path, "t_procaddr", "3")
+    (proc,) = report["processes"]
+    assert proc["state"] == "on" and proc["incomplete"] == []
+    assert not [r for r in log if r["type"] == "status"]

@@ -20,7 +20,8 @@ def _summary(res: RunResult) -> list[str]:
         lines.append("no process made a CUDA driver call: nothing was tracked")
     for p in res.processes:
         c = p.counters
-        state = "tracking" if p.state == "on" else f"tracking OFF ({p.reason})"
+        state = {"on": "tracking", "incomplete": f"tracking INCOMPLETE ({', '.join(p.incomplete)})"
+                 }.get(p.state, f"tracking OFF ({p.reason})")
         lines.append(f"pid {p.pid} {Path(p.exe).name}: {state}; {c['launches']} launches, "
                      f"{c['copies']} copies, {c['allocs']} allocations, "
                      f"{c['graph_launches']} graph launches"

@@ -124,7 +124,8 @@ def _describe(rec: dict, name: str | None) -> str:
         return (f"validate #{rec['seq']} {name or rec['op']}: changed {rec['changed_bytes']} B, "
                 f"missed {rec['missed_bytes']} B, over-predicted {rec['overpredicted_bytes']} B")
     if t == "status":
-        return f"tracking {rec['state']}: {rec['reason']}"
+        why = f" ({', '.join(rec['incomplete'])})" if rec.get("incomplete") else ""
+        return f"tracking {rec['state']}{why}: {rec['reason']}"
     return t
 
 
@@ -155,13 +156,16 @@ def launches_cmd(pid: int, show_all: bool, from_start: bool, duration: float | N
     h = ring.header()
     if not h.tracking and not as_json:
         click.echo(f"gpuos: tracking is off in process {pid}: {h.reason}", err=True)
+    elif h.incomplete and not as_json:
+        click.echo(f"gpuos: the record of process {pid} is incomplete "
+                   f"({', '.join(h.incomplete_reasons)})", err=True)
     reader = R.RingReader(ring, from_start=from_start)
     end = None if duration is None else time.monotonic() + duration
     try:
         while True:
             alive = os.path.exists(f"/proc/{pid}")
             for rtype, flags, ts, tid, body in reader.poll():
-                if not show_all and rtype != R.LAUNCH:
+                if not show_all and rtype not in (R.LAUNCH, R.STATUS):  # a status: always
                     continue
                 rec = R.decode(rtype, flags, ts, tid, body)
                 fn = ring.function(rec["func"]) if rec.get("func") is not None else None

@@ -73,6 +73,7 @@ class ProcessReport:
     pid: int
     ppid: int
     exe: str
-    state: str                # "on" | "off"
-    reason: str | None
+    state: str                # "on" | "incomplete" | "off"
+    reason: str | None        # why off
     counters: dict[str, int]
+    incomplete: list[str] = field(default_factory=list)  # why incomplete (ring.INCOMPLETE, reader-lapped)

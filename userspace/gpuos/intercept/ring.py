@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 MAGIC = 0x31474E4952534F47
-VERSION = 1
+VERSION = 2
 HDR_SIZE = 4096
 SLOT_SIZE = 64
 SLOT_PAYLOAD = 56
@@ -29,10 +29,12 @@ SLOT_START = 1 << 63
 MEMFD_NAME = "gpuos-ring"
 CHUNK = 4096  # GPUOS_VALIDATE_CHUNK
 
-TRACK_ON, TRACK_OFF = 1, 2
+TRACK_ON, TRACK_OFF, TRACK_INCOMPLETE = 1, 2, 3
+TRACK_STATES = {TRACK_ON: "on", TRACK_OFF: "off", TRACK_INCOMPLETE: "incomplete"}
+INCOMPLETE = {1 << 0: "unknown-entry-point", 1 << 1: "record-lost"}  # GPUOS_INCOMPLETE_*
 RING_VALIDATE = 1
 
-HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QII")
+HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QII")  # ..., ops_paused, incomplete
 OPS_PAUSED_OFFSET = 448  # hdr.ops_paused (u32)
 COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_layout",
             "unmatched_procs", "validated", "validate_skipped", "misses")
@@ -107,10 +109,20 @@ class RingHeader:
     driver_version: int
     counters: dict[str, int] = field(default_factory=dict)
     ops_paused: bool = False
+    incomplete: int = 0  # GPUOS_INCOMPLETE_* bits
 
     @property
     def tracking(self) -> bool:
-        return self.state == TRACK_ON
+        """Recording (completely or not)."""
+        return self.state in (TRACK_ON, TRACK_INCOMPLETE)
+
+    @property
+    def state_name(self) -> str:
+        return TRACK_STATES.get(self.state, f"unknown ({self.state})")
+
+    @property
+    def incomplete_reasons(self) -> list[str]:
+        return flag_names(self.incomplete, INCOMPLETE)
 
     @property
     def validate(self) -> bool:
@@ -190,7 +202,9 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
                    flags=flag_names(flags, PARAMS_FLAGS), params=params)
     elif rtype == STATUS:
         state, err, reason = STATUS_BODY.unpack_from(body)
-        rec.update(state="on" if state == TRACK_ON else "off", err=err, reason=_cstr(reason))
+        rec.update(state=TRACK_STATES.get(state, str(state)), err=err, reason=_cstr(reason))
+        if state == TRACK_INCOMPLETE:
+            rec["incomplete"] = flag_names(err, INCOMPLETE)
     return rec
 
 
@@ -243,7 +257,8 @@ class Ring:
                           reason_errno=f[10], reason=_cstr(f[11]), start_realtime_ns=f[12],
                           start_mono_ns=f[13], strtab_off=f[14], func_cap=f[16],
                           func_count=f[17], driver_version=f[19],
-                          counters=dict(zip(COUNTERS, f[21:31])), ops_paused=bool(f[31]))
+                          counters=dict(zip(COUNTERS, f[21:31])), ops_paused=bool(f[31]),
+                          incomplete=f[32])
 
     def head(self) -> int:
         return struct.unpack_from("<Q", self.map, 32)[0]

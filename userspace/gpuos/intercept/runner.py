@@ -250,9 +250,21 @@ class Supervisor:
         t.ended = True
         if self.log:
             h = t.ring.header()
-            self.log.write({"type": "proc", "event": "end", "pid": t.pid,
-                            "state": "on" if h.tracking else "off",
-                            "reason": h.reason or None, "counters": h.counters})
+            state, incomplete = self._state(t, h)
+            self.log.write({"type": "proc", "event": "end", "pid": t.pid, "state": state,
+                            "incomplete": incomplete, "reason": h.reason or None,
+                            "counters": h.counters})
+
+    @staticmethod
+    def _state(t: Tracked, h: R.RingHeader) -> tuple[str, list[str]]:
+        """on | incomplete | off, and why incomplete: the library's reasons, and this
+        reader's own loss (the ring lapped it: records are missing from the log)."""
+        reasons = h.incomplete_reasons
+        if t.reader is not None and (t.reader.stats.skipped_slots or t.reader.stats.torn):
+            reasons.append("reader-lapped")
+        if h.state == R.TRACK_OFF:
+            return "off", reasons
+        return ("incomplete" if reasons else "on"), reasons
 
     def _drain_all(self) -> None:
         for t in self.procs.values():
@@ -293,8 +305,9 @@ class Supervisor:
             self._end(t)
             h = t.ring.header()
             counters = dict(h.counters, records_lost=h.lost)
-            procs.append(ProcessReport(t.pid, t.ppid, t.exe, "on" if h.tracking else "off",
-                                       h.reason or None, counters))
+            state, incomplete = self._state(t, h)
+            procs.append(ProcessReport(t.pid, t.ppid, t.exe, state, h.reason or None, counters,
+                                       incomplete))
         readers = [t.reader for t in self.procs.values() if t.reader]
         return RunResult(self.opts.cmd, rc, wall, procs, self.summary,
                          log_records=sum(r.stats.records for r in readers),
