@@ -319,6 +319,9 @@ enum gpuos_val_skip_reason {
 	GPUOS_VAL_SKIP_NOMEM = 2,     /* no GPU memory for the fingerprints */
 	GPUOS_VAL_SKIP_ERROR = 3,     /* a driver call of the validator failed */
 	GPUOS_VAL_SKIP_OTHER_CTX = 4, /* the operation's context is not the one validated */
+	GPUOS_VAL_SKIP_BUSY = 5,      /* another thread's operation held validation too long
+				       * (GPUOS_VAL_WAIT_MS): waiting could deadlock, since that
+				       * operation may be waiting for this one */
 };
 
 struct gpuos_rec_validate {

@@ -14,6 +14,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core.h"
 
@@ -42,14 +43,53 @@ int gpuos_stream_captured_ask(uint64_t stream)
 	return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Validation holds gpuos_val_lock from before the operation to after it has finished
+ * on the GPU. An operation may wait for another thread's (a kernel spinning on a flag
+ * that thread's copy sets): that thread must not wait for the lock for ever. It waits
+ * GPUOS_VAL_WAIT_MS (default 1000), then runs its operation unvalidated (skipped: busy). */
+static long val_wait_ms(void)
+{
+	static long ms = -1; /* racing first callers store the same value */
+	long v = __atomic_load_n(&ms, __ATOMIC_RELAXED);
+	if (v < 0) {
+		const char *e = getenv("GPUOS_VAL_WAIT_MS");
+		v = e && *e ? strtol(e, NULL, 10) : 1000;
+		v = v > 0 ? v : 1000;
+		__atomic_store_n(&ms, v, __ATOMIC_RELAXED);
+	}
+	return v;
+}
+
 void gpuos_val_begin(struct gpuos_val_op *op)
 {
-	pthread_mutex_lock(&gpuos_val_lock);
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	long ms = val_wait_ms();
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	if (pthread_mutex_timedlock(&gpuos_val_lock, &until) != 0) {
+		op->skip_reason = GPUOS_VAL_SKIP_BUSY; /* not holding the lock */
+		op->state = NULL;
+		/* It runs while another is validated: that one's changes are no longer its own. */
+		__atomic_add_fetch(&gpuos_val_busy, 1, __ATOMIC_ACQ_REL);
+		__atomic_add_fetch(&gpuos_val_overlaps, 1, __ATOMIC_ACQ_REL);
+		return;
+	}
 	gpuos_val_before(op);
 }
 
 CUresult gpuos_val_end(struct gpuos_val_op *op, CUresult res)
 {
+	if (op->skip_reason == GPUOS_VAL_SKIP_BUSY) {
+		__atomic_add_fetch(&gpuos_val_overlaps, 1, __ATOMIC_ACQ_REL);
+		__atomic_sub_fetch(&gpuos_val_busy, 1, __ATOMIC_ACQ_REL);
+		gpuos_val_after(op, res); /* records it skipped; touches no shared state */
+		return res;
+	}
 	gpuos_val_after(op, res);
 	pthread_mutex_unlock(&gpuos_val_lock);
 	return res;

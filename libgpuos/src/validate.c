@@ -58,10 +58,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "validate.h"
 
 pthread_mutex_t gpuos_val_lock = PTHREAD_MUTEX_INITIALIZER;
+uint64_t gpuos_val_busy, gpuos_val_overlaps;
+static uint64_t g_overlaps_before; /* gpuos_val_overlaps when the operation's before() ran */
 
 /* The PTX of fingerprint.cu, embedded by the Makefile (NUL-terminated). */
 extern const char gpuos_fingerprint_ptx[];
@@ -719,10 +722,27 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 	return GPUOS_VAL_SKIP_NONE;
 }
 
+/* Tests only: hold validation this long in every operation, as one whose kernel waits
+ * for another thread would (GPUOS_TEST_VAL_HOLD_MS). */
+static void test_hold(void)
+{
+	static long ms = -1;
+	if (ms < 0) {
+		const char *e = getenv("GPUOS_TEST_VAL_HOLD_MS");
+		ms = e && *e ? strtol(e, NULL, 10) : 0;
+	}
+	if (ms > 0) {
+		struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+		nanosleep(&t, NULL);
+	}
+}
+
 void gpuos_val_before(struct gpuos_val_op *op)
 {
 	op->skip_reason = GPUOS_VAL_SKIP_NONE;
 	op->state = NULL;
+	g_overlaps_before = __atomic_load_n(&gpuos_val_overlaps, __ATOMIC_ACQUIRE);
+	test_hold();
 	if (!resolve()) {
 		op->skip_reason = GPUOS_VAL_SKIP_ERROR;
 		return;
@@ -1019,6 +1039,12 @@ void gpuos_val_after(struct gpuos_val_op *op, CUresult res)
 	}
 	if (op->skip_reason || st != &g_op || !st->vc) {
 		emit_skipped(op, op->skip_reason ? op->skip_reason : GPUOS_VAL_SKIP_ERROR);
+		return;
+	}
+	if (__atomic_load_n(&gpuos_val_busy, __ATOMIC_ACQUIRE) ||
+	    __atomic_load_n(&gpuos_val_overlaps, __ATOMIC_ACQUIRE) != g_overlaps_before) {
+		st->vc = NULL;
+		emit_skipped(op, GPUOS_VAL_SKIP_BUSY);
 		return;
 	}
 	struct scope sc;

@@ -40,6 +40,11 @@ struct gpuos_val_op {
 };
 
 extern pthread_mutex_t gpuos_val_lock;
+/* Operations that run unvalidated (busy) while validation is held: gpuos_val_busy are
+ * under way; gpuos_val_overlaps counts their starts and ends. A validation during which
+ * either moved, or that ends with one under way, is skipped too (busy): the changes it
+ * saw are not its operation's alone. */
+extern uint64_t gpuos_val_busy, gpuos_val_overlaps;
 
 /* Before the operation.  Never fails the application: on any error it sets
  * op->skip_reason and the operation runs unvalidated. */

@@ -581,3 +581,24 @@ def test_a_complete_run_says_on(build, env, tmp_path):
     (proc,) = report["processes"]
     assert proc["state"] == "on" and proc["incomplete"] == []
     assert not [r for r in log if r["type"] == "status"]
+
+
+@pytest.mark.parametrize("lib", ["plain", "tsan"])
+def test_validation_held_too_long_is_skipped_not_waited_for(build, env, tmp_path, tsan_lib, lib):
+    """Validation holds a lock from before an operation to after it has finished; an
+    operation that waits for another thread's (a kernel spinning on a flag that thread's
+    copy sets) would deadlock the two. Every operation here holds it 30 ms
+    (GPUOS_TEST_VAL_HOLD_MS); the other threads wait 10 ms (GPUOS_VAL_WAIT_MS), then run
+    theirs unvalidated ("busy"); a validation that such an operation overlapped is not
+    trusted either (busy), so no miss is reported that the operation did not cause."""
+    report = tmp_path / "report.json"
+    extra = {"GPUOS_TEST_VAL_HOLD_MS": "30", "GPUOS_VAL_WAIT_MS": "10"}
+    if lib == "tsan":
+        extra["GPUOS_LIBGPUOS"] = str(tsan_lib)
+    prog = "t_threads_tsan" if lib == "tsan" else "t_threads"
+    res = subprocess.run([*GPUOS, "run", "--validate", "--report", str(report), "--",
+                          str(build / "tests" / prog), "3"], env=dict(env, **extra),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ThreadSanitizer" not in res.stderr, res.stderr[-3000:]
+    v = json.loads(report.read_text())["validation"]
+    assert v["skipped"] > 0 and v["operations"] > 0 and v["with_misses"] == 0, v

@@ -74,7 +74,7 @@ COPY_KINDS = {1: "htod", 2: "dtoh", 3: "dtod", 4: "htoh", 5: "unified", 6: "peer
               7: "memset", 8: "2d", 9: "3d", 10: "batch"}
 COPY_FLAGS = {1 << 0: "async", 1 << 1: "graph", 1 << 2: "captured"}
 GRAPH_FLAGS = {1 << 0: "incomplete", 1 << 1: "captured"}
-SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context"}
+SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context", 5: "busy"}
 OP_TYPES = {LAUNCH: "launch", COPY: "copy", GRAPH: "graph"}
 NO_FUNC = 0xFFFFFFFF
 
