@@ -113,6 +113,23 @@ struct gpuos_drv {
 	PFN_cuGraphChildGraphNodeGetGraph_v10000 graph_child_graph;
 	PFN_cuGraphMemAllocNodeGetParams_v11040 graph_mem_alloc_node_get_params;
 	PFN_cuGraphMemFreeNodeGetParams_v11040 graph_mem_free_node_get_params;
+	/* the validator's (validate.c) */
+	PFN_cuCtxPushCurrent_v4000 ctx_push;
+	PFN_cuCtxPopCurrent_v4000 ctx_pop;
+	PFN_cuCtxSynchronize_v2000 ctx_sync;
+	PFN_cuCtxGetId_v12000 ctx_get_id;
+	PFN_cuModuleLoadData_v2000 module_load_data;
+	PFN_cuModuleGetFunction_v2000 module_get_function;
+	PFN_cuStreamCreate_v2000 stream_create;
+	PFN_cuStreamSynchronize_v2000 stream_sync;
+	PFN_cuLaunchKernel_v4000 launch_kernel;
+	PFN_cuMemGetAddressRange_v3020 mem_get_address_range;
+	PFN_cuMemAlloc_v3020 mem_alloc;
+	PFN_cuMemFree_v3020 mem_free;
+	PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
+	PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async;
+	PFN_cuGetErrorName_v6000 get_error_name;
+	PFN_cuThreadExchangeStreamCaptureMode_v10010 thread_exchange_capture_mode;
 };
 extern struct gpuos_drv gpuos_drv;
 

@@ -161,6 +161,22 @@ static const struct {
 	DRV(graph_child_graph, "cuGraphChildGraphNodeGetGraph"),
 	DRV(graph_mem_alloc_node_get_params, "cuGraphMemAllocNodeGetParams"),
 	DRV(graph_mem_free_node_get_params, "cuGraphMemFreeNodeGetParams"),
+	DRV(ctx_push, "cuCtxPushCurrent_v2"),
+	DRV(ctx_pop, "cuCtxPopCurrent_v2"),
+	DRV(ctx_sync, "cuCtxSynchronize"),
+	DRV(ctx_get_id, "cuCtxGetId"),
+	DRV(module_load_data, "cuModuleLoadData"),
+	DRV(module_get_function, "cuModuleGetFunction"),
+	DRV(stream_create, "cuStreamCreate"),
+	DRV(stream_sync, "cuStreamSynchronize"),
+	DRV(launch_kernel, "cuLaunchKernel"),
+	DRV(mem_get_address_range, "cuMemGetAddressRange_v2"),
+	DRV(mem_alloc, "cuMemAlloc_v2"),
+	DRV(mem_free, "cuMemFree_v2"),
+	DRV(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"),
+	DRV(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
+	DRV(get_error_name, "cuGetErrorName"),
+	DRV(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode"),
 #undef DRV
 };
 
@@ -205,24 +221,6 @@ void gpuos_resolve(void)
 	tls_resolving = 1;
 	pthread_once(&resolve_once, do_resolve);
 	tls_resolving = 0;
-}
-
-void *gpuos_real(const char *name)
-{
-	if (!name)
-		return NULL;
-	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
-		gpuos_resolve();
-	pthread_once(&names_once, init_names);
-	int i = hook_index(name);
-	if (i >= 0)
-		return gpuos_realfn[i];
-	if (!driver)
-		return NULL;
-	void *p = real_dlsym(driver, name);
-	if (!p)
-		dlerror();
-	return p;
 }
 
 /* ---- dlsym -------------------------------------------------------------------------------- */

@@ -16,7 +16,7 @@
  *           (changed / predicted / over-predicted / missed bytes, up to 64 misses).
  *
  * Everything the validator does on the GPU goes through the real driver entry points
- * (gpuos_real()), never through the exported cu* names (those are libgpuos's own
+ * (gpuos_drv), never through the exported cu* names (those are libgpuos's own
  * wrappers: calling them would record our work as the application's, or recurse into
  * gpuos_val_before() and deadlock on gpuos_val_lock).  Our device buffers are hidden
  * from the core's map with gpuos_track_ignore() so they are neither fingerprinted nor
@@ -60,6 +60,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core.h"
 #include "validate.h"
 
 pthread_mutex_t gpuos_val_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -84,49 +85,11 @@ struct fp_seg {
 
 /* ---- real driver entry points ---------------------------------------------------- */
 
-typedef CUresult (*pf_ctx_get_current_t)(CUcontext *);
-typedef CUresult (*pf_ctx_push_t)(CUcontext);
-typedef CUresult (*pf_ctx_pop_t)(CUcontext *);
-typedef CUresult (*pf_ctx_sync_t)(void);
-typedef CUresult (*pf_ctx_get_id_t)(CUcontext, unsigned long long *);
-typedef CUresult (*pf_mod_load_t)(CUmodule *, const void *);
-typedef CUresult (*pf_mod_getfn_t)(CUfunction *, CUmodule, const char *);
-typedef CUresult (*pf_stream_create_t)(CUstream *, unsigned int);
-typedef CUresult (*pf_stream_sync_t)(CUstream);
-typedef CUresult (*pf_is_capturing_t)(CUstream, CUstreamCaptureStatus *);
-typedef CUresult (*pf_xchg_mode_t)(CUstreamCaptureMode *);
-typedef CUresult (*pf_launch_t)(CUfunction, unsigned int, unsigned int, unsigned int,
-				unsigned int, unsigned int, unsigned int, unsigned int,
-				CUstream, void **, void **);
-typedef CUresult (*pf_alloc_t)(CUdeviceptr *, size_t);
-typedef CUresult (*pf_free_t)(CUdeviceptr);
-typedef CUresult (*pf_htod_async_t)(CUdeviceptr, const void *, size_t, CUstream);
-typedef CUresult (*pf_dtoh_async_t)(void *, CUdeviceptr, size_t, CUstream);
-typedef CUresult (*pf_err_name_t)(CUresult, const char **);
-typedef CUresult (*pf_addr_range_t)(CUdeviceptr *, size_t *, CUdeviceptr);
-
-static struct {
-	/* required */
-	pf_ctx_get_current_t ctx_get_current;
-	pf_ctx_push_t ctx_push;
-	pf_ctx_pop_t ctx_pop;
-	pf_ctx_sync_t ctx_sync;
-	pf_mod_load_t mod_load;
-	pf_mod_getfn_t mod_getfn;
-	pf_stream_create_t stream_create;
-	pf_stream_sync_t stream_sync;
-	pf_launch_t launch;
-	pf_alloc_t alloc;
-	pf_free_t free;
-	pf_htod_async_t htod_async;
-	pf_dtoh_async_t dtoh_async;
-	pf_addr_range_t addr_range;
-	/* optional (NULL: do without) */
-	pf_is_capturing_t is_capturing;   /* drivers before CUDA 10 have no capture at all */
-	pf_xchg_mode_t xchg_mode;
-	pf_ctx_get_id_t ctx_get_id;       /* CUDA 12.0+: tells a reused context handle */
-	pf_err_name_t err_name;
-} D;
+/* The validator calls the driver through gpuos_drv (hooks.c resolves every entry point
+ * libgpuos calls itself, once), never through the exported cu* names: those are
+ * libgpuos's own wrappers, and calling them would record our work as the application's,
+ * or recurse into gpuos_val_before() and deadlock on gpuos_val_lock. */
+#define D gpuos_drv
 
 static int g_resolved;          /* 0: not yet, 1: all required found, -1: unavailable */
 static int g_status_emitted;    /* the one "validation unavailable" STATUS record */
@@ -183,13 +146,12 @@ void gpuos_val_forget(void)
 }
 
 /* One switch for all of libgpuos's diagnostics (ctl.c: GPUOS_LIB_DEBUG=1). */
-void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define dbg(fmt, ...) gpuos_dbg("validate: " fmt, ##__VA_ARGS__)
 
 static const char *errname(CUresult r)
 {
 	const char *s = NULL;
-	if (D.err_name && D.err_name(r, &s) == CUDA_SUCCESS && s)
+	if (D.get_error_name && D.get_error_name(r, &s) == CUDA_SUCCESS && s)
 		return s;
 	return "CUDA error";
 }
@@ -249,42 +211,34 @@ static void unavailable(CUresult err, const char *fmt, ...)
 	gpuos_ring_emit(GPUOS_REC_STATUS, 0, &st, sizeof st, NULL, 0);
 }
 
-/* Look up the real entry points once.  1: usable, 0: validation unavailable. */
+/* Whether the driver has what validation needs (once).  1: usable, 0: unavailable. */
 static int resolve(void)
 {
 	if (g_resolved)
 		return g_resolved > 0;
-#define REQ(field, name)                                                   \
-	do {                                                               \
-		*(void **)&D.field = gpuos_real(name);                     \
-		if (!D.field) {                                            \
-			g_resolved = -1;                                   \
-			unavailable(CUDA_ERROR_NOT_FOUND,                  \
-				    "the driver has no %s", name);         \
-			return 0;                                          \
-		}                                                          \
-	} while (0)
-#define OPT(field, name) (*(void **)&D.field = gpuos_real(name))
-	OPT(err_name, "cuGetErrorName");
-	OPT(is_capturing, "cuStreamIsCapturing");
-	OPT(xchg_mode, "cuThreadExchangeStreamCaptureMode");
-	OPT(ctx_get_id, "cuCtxGetId");
-	REQ(ctx_get_current, "cuCtxGetCurrent");
-	REQ(ctx_push, "cuCtxPushCurrent_v2");
-	REQ(ctx_pop, "cuCtxPopCurrent_v2");
-	REQ(ctx_sync, "cuCtxSynchronize");
-	REQ(mod_load, "cuModuleLoadData");
-	REQ(mod_getfn, "cuModuleGetFunction");
-	REQ(stream_create, "cuStreamCreate");
-	REQ(stream_sync, "cuStreamSynchronize");
-	REQ(launch, "cuLaunchKernel");
-	REQ(addr_range, "cuMemGetAddressRange_v2");
-	REQ(alloc, "cuMemAlloc_v2");
-	REQ(free, "cuMemFree_v2");
-	REQ(htod_async, "cuMemcpyHtoDAsync_v2");
-	REQ(dtoh_async, "cuMemcpyDtoHAsync_v2");
+	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
+		gpuos_resolve();
+	static const struct {
+		size_t off;
+		const char *name;
+	} required[] = {
+#define REQ(field, name) { offsetof(struct gpuos_drv, field), name }
+		REQ(ctx_get_current, "cuCtxGetCurrent"), REQ(ctx_push, "cuCtxPushCurrent_v2"),
+		REQ(ctx_pop, "cuCtxPopCurrent_v2"), REQ(ctx_sync, "cuCtxSynchronize"),
+		REQ(module_load_data, "cuModuleLoadData"), REQ(module_get_function, "cuModuleGetFunction"),
+		REQ(stream_create, "cuStreamCreate"), REQ(stream_sync, "cuStreamSynchronize"),
+		REQ(launch_kernel, "cuLaunchKernel"), REQ(mem_get_address_range, "cuMemGetAddressRange_v2"),
+		REQ(mem_alloc, "cuMemAlloc_v2"), REQ(mem_free, "cuMemFree_v2"),
+		REQ(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"), REQ(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
 #undef REQ
-#undef OPT
+	}; /* the others (capture queries, cuCtxGetId, cuGetErrorName) are optional */
+	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+		if (!*(void **)((char *)&gpuos_drv + required[i].off)) {
+			g_resolved = -1;
+			unavailable(CUDA_ERROR_NOT_FOUND, "the driver has no %s", required[i].name);
+			return 0;
+		}
+	}
 	g_resolved = 1;
 	return 1;
 }
@@ -302,9 +256,9 @@ struct scope {
 static CUcontext scope_enter(struct scope *sc, CUcontext want, CUresult *res)
 {
 	memset(sc, 0, sizeof *sc);
-	if (D.xchg_mode) {
+	if (D.thread_exchange_capture_mode) {
 		CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-		if (D.xchg_mode(&m) == CUDA_SUCCESS) {
+		if (D.thread_exchange_capture_mode(&m) == CUDA_SUCCESS) {
 			sc->mode_set = 1;
 			sc->old_mode = m;
 		}
@@ -341,7 +295,7 @@ static void scope_leave(struct scope *sc)
 	}
 	if (sc->mode_set) {
 		CUstreamCaptureMode m = sc->old_mode;
-		D.xchg_mode(&m);
+		D.thread_exchange_capture_mode(&m);
 	}
 }
 
@@ -352,13 +306,13 @@ static void dev_free(CUdeviceptr *p, size_t bytes)
 	if (!*p)
 		return;
 	gpuos_track_ignore((uint64_t)*p, bytes, 0);
-	D.free(*p);
+	D.mem_free(*p);
 	*p = 0;
 }
 
 static CUresult dev_alloc(CUdeviceptr *p, size_t bytes)
 {
-	CUresult r = D.alloc(p, bytes);
+	CUresult r = D.mem_alloc(p, bytes);
 	if (r != CUDA_SUCCESS) {
 		*p = 0;
 		return r;
@@ -448,12 +402,12 @@ static CUresult vctx_init(struct vctx *vc)
 {
 	CUresult r;
 	if (!vc->mod) {
-		r = D.mod_load(&vc->mod, gpuos_fingerprint_ptx);
+		r = D.module_load_data(&vc->mod, gpuos_fingerprint_ptx);
 		if (r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX ||
 		    r == CUDA_ERROR_INVALID_IMAGE) {
 			char *low = ptx_lowered();
 			if (low) {
-				CUresult r2 = D.mod_load(&vc->mod, low);
+				CUresult r2 = D.module_load_data(&vc->mod, low);
 				free(low);
 				if (r2 == CUDA_SUCCESS)
 					r = r2;
@@ -470,9 +424,9 @@ static CUresult vctx_init(struct vctx *vc)
 		}
 	}
 	if (!vc->f_hash || !vc->f_diff) {
-		r = D.mod_getfn(&vc->f_hash, vc->mod, "gpuos_fp_hash");
+		r = D.module_get_function(&vc->f_hash, vc->mod, "gpuos_fp_hash");
 		if (r == CUDA_SUCCESS)
-			r = D.mod_getfn(&vc->f_diff, vc->mod, "gpuos_fp_diff");
+			r = D.module_get_function(&vc->f_diff, vc->mod, "gpuos_fp_diff");
 		if (r != CUDA_SUCCESS) {
 			vc->f_hash = vc->f_diff = NULL;
 			if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -552,14 +506,14 @@ static CUresult hash_into(struct vctx *vc, const struct fp_seg *segs, size_t nse
 {
 	if (nseg == 0 || nchunks == 0)
 		return CUDA_SUCCESS;
-	CUresult r = D.htod_async(vc->d_segs, segs, nseg * sizeof *segs, vc->stream);
+	CUresult r = D.memcpy_htod_async(vc->d_segs, segs, nseg * sizeof *segs, vc->stream);
 	if (r != CUDA_SUCCESS)
 		return r;
 	CUdeviceptr d_segs = vc->d_segs;
 	unsigned int n = (unsigned int)nseg;
 	unsigned long long nch = nchunks;
 	void *args[] = { &d_segs, &n, &out, &nch };
-	return D.launch(vc->f_hash, grid_for(nchunks, HASH_BLOCK / 32), 1, 1,
+	return D.launch_kernel(vc->f_hash, grid_for(nchunks, HASH_BLOCK / 32), 1, 1,
 			HASH_BLOCK, 1, 1, 0, vc->stream, args, NULL);
 }
 
@@ -588,7 +542,7 @@ static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
 	for (size_t i = 0; i < n; i++) {
 		CUdeviceptr base = 0;
 		size_t size = 0;
-		if (D.addr_range(&base, &size, (CUdeviceptr)(*arr)[i].base) == CUDA_SUCCESS)
+		if (D.mem_get_address_range(&base, &size, (CUdeviceptr)(*arr)[i].base) == CUDA_SUCCESS)
 			(*arr)[kept++] = (*arr)[i];
 		else
 			dbg("allocation %#llx + %llu is no longer the driver's: not fingerprinted",
@@ -634,12 +588,12 @@ static int capture_in_progress(void)
 {
 	if (gpuos_captures_in_progress() > 0)
 		return 1;
-	if (!D.is_capturing)
+	if (!D.stream_is_capturing)
 		return 0;
 	/* A blocking stream of the context capturing makes the legacy stream answer
 	 * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (without harming the capture). */
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-	CUresult r = D.is_capturing(CU_STREAM_LEGACY, &cs);
+	CUresult r = D.stream_is_capturing(CU_STREAM_LEGACY, &cs);
 	if (is_capture_error(r) || (r == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE))
 		return 1;
 	return 0;
@@ -652,9 +606,9 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 	CUresult r;
 	CUstreamCaptureStatus cs;
 
-	if (D.is_capturing) {
+	if (D.stream_is_capturing) {
 		cs = CU_STREAM_CAPTURE_STATUS_NONE;
-		r = D.is_capturing(op->stream, &cs);
+		r = D.stream_is_capturing(op->stream, &cs);
 		if (is_capture_error(r) || (r == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE))
 			return GPUOS_VAL_SKIP_CAPTURE;
 		if (r != CUDA_SUCCESS) {
@@ -894,18 +848,18 @@ static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 	r = hash_into(vc, g_fseg2, nalive, vc->d_after, nchunks);
 	static const unsigned int zero;
 	if (r == CUDA_SUCCESS)
-		r = D.htod_async(vc->d_count, &zero, sizeof zero, vc->stream);
+		r = D.memcpy_htod_async(vc->d_count, &zero, sizeof zero, vc->stream);
 	if (r == CUDA_SUCCESS) {
 		CUdeviceptr before = vc->d_before, after = vc->d_after;
 		CUdeviceptr changed = vc->d_changed, count = vc->d_count;
 		unsigned long long nch = nchunks;
 		void *args[] = { &before, &after, &nch, &changed, &count };
-		r = D.launch(vc->f_diff, grid_for(nchunks, HASH_BLOCK), 1, 1, HASH_BLOCK, 1, 1,
+		r = D.launch_kernel(vc->f_diff, grid_for(nchunks, HASH_BLOCK), 1, 1, HASH_BLOCK, 1, 1,
 			     0, vc->stream, args, NULL);
 	}
 	unsigned int count = 0;
 	if (r == CUDA_SUCCESS)
-		r = D.dtoh_async(&count, vc->d_count, sizeof count, vc->stream);
+		r = D.memcpy_dtoh_async(&count, vc->d_count, sizeof count, vc->stream);
 	if (r == CUDA_SUCCESS)
 		r = D.stream_sync(vc->stream);
 	if (r == CUDA_SUCCESS && count) {
@@ -913,7 +867,7 @@ static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 			count = (unsigned int)nchunks; /* cannot happen */
 		if (GROW(g_changed, g_changed_cap, count))
 			return GPUOS_VAL_SKIP_NOMEM;
-		r = D.dtoh_async(g_changed, vc->d_changed, (size_t)count * 8, vc->stream);
+		r = D.memcpy_dtoh_async(g_changed, vc->d_changed, (size_t)count * 8, vc->stream);
 		if (r == CUDA_SUCCESS)
 			r = D.stream_sync(vc->stream);
 	}

@@ -59,9 +59,6 @@ void gpuos_val_forget(void);
 
 /* Provided by the core for the validator. */
 
-/* The real driver entry point of an exported symbol name ("cuMemAlloc_v2"), or NULL. */
-void *gpuos_real(const char *exported_name);
-
 /* Copy the live, GPU-fingerprintable allocations of `ctx` (device, pitched, async/pool,
  * VMM mappings with access set, graph allocations; not managed, not host), sorted by
  * base and non-overlapping, into out[0..cap).  Returns how many there are (may exceed
