@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Interception overhead of libgpuos on the workload suite, and how well it predicts.
 
-For each workload of `python3 -m gpuos.workloads.suite` (default: all), run it plain and
-under `gpuos run --report`, interleaved (plain, gpuos, plain, gpuos, ...), with the same
-seed; compare the steps/s each run measures itself (process start and warmup excluded)
-and the checksums (every run must be bit-identical).  noop-launch gives the latency
-libgpuos adds to one kernel launch.  Separate runs on a VM differ by more than the
+For each workload of `python3 -m gpuos.workloads.suite` (default: all), run it in rounds
+of three short runs with the same seed, in an order that rotates from round to round:
+plain; `gpuos run --paused` (passive: interposed, allocations tracked, operations not
+recorded); `gpuos run` (recording).  Each run measures its own steps/s (process start and
+warmup excluded); every run must be bit-identical.  Pairing the runs of a round takes out
+the host's slow drift: the passive cost (passive vs plain), the recording cost
+(recording vs passive) and the whole (recording vs plain) are mean differences of time
+per step over the rounds, with 95% intervals (bench/paired.py, rounds_overhead).
+noop-launch gives the latency libgpuos adds to one kernel launch.  Separate runs on a VM differ by more than the
 overhead, so with --paired S each workload also runs once for about S seconds, pausing
 and resuming its own recording every --paired-steps steps, and neighbouring windows are
 compared (bench/paired.py).  Then run each workload once, shorter, under
@@ -14,7 +18,7 @@ and skipped, operations with misses and the kernels behind them, missed, changed
 predicted and over-predicted bytes.
 
     python3 bench/intercept_overhead.py [--workloads a,b] [--reps 3] [--quick] [--paired S]
-                                        [--paired-steps 1] [--passive] [--cpus LIST] [--ring-slots N]
+                                        [--paired-steps 1] [--cpus LIST] [--ring-slots N]
                                         [--budget 900] [--out bench/results] [--update-readme]
     python3 bench/intercept_overhead.py --readme-from bench/results/intercept-H100-DATE.json [PART.json...]
 
@@ -41,7 +45,6 @@ from typing import Any
 import paired
 import readme_table
 from gpuos import __version__
-from gpuos.intercept.runner import libgpuos_path
 from gpuos.workloads.run import Finished, private_caches, run, suite_cmd, under_gpuos
 from gpuos.workloads.suite import WORKLOADS
 
@@ -114,23 +117,44 @@ def gpu_process(report: dict, pid: int) -> dict | None:
     return next((p for p in report["processes"] if p["pid"] == pid), None)
 
 
+MODES = ("plain", "passive", "gpuos")  # a round: one run of each, the order rotating
+
+
+def round_order(rep: int) -> tuple[str, ...]:
+    k = rep % len(MODES)
+    return MODES[k:] + MODES[:k]
+
+
 def timed_run(workload: str, args: list[str], mode: str, budget: Budget, env: dict[str, str],
               workdir: Path, gpuos_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One timed run, plain, passive (libgpuos preloaded without `gpuos run`: its wrappers
-    only call through) or under `gpuos run --report`: the workload's JSON line, and for the
-    last the report."""
+    """One timed run: plain, passive (`gpuos run --paused`: interposed, allocations
+    tracked, operations not recorded) or gpuos (`gpuos run`, recording): the workload's
+    JSON line, and under gpuos run the report."""
     cmd = suite_cmd(workload, args)
     report = workdir / f"{workload}-{mode}-{time.monotonic_ns()}.json"
-    if mode == "gpuos":
-        cmd = under_gpuos(cmd, "--report", str(report), *gpuos_args)
-    elif mode == "passive":  # interposed, tracking nothing: what being in the path costs
-        env = dict(env, LD_PRELOAD=str(libgpuos_path()))
+    if mode != "plain":
+        cmd = under_gpuos(cmd, *(["--paused"] if mode == "passive" else []), "--report", str(report),
+                          *gpuos_args)
     fin = run_one(cmd, mode, budget, env)
     row: dict[str, Any] = {"mode": mode, "wall_s": fin.wall_s, "result": fin.result()}
-    if mode == "gpuos":
+    if mode != "plain":
         row["report"] = json.loads(report.read_text())
         row["process"] = gpu_process(row["report"], row["result"]["pid"])
     return row
+
+
+def across_processes(runs: list[dict]) -> dict[str, Any]:
+    """The rounds' paired estimates (rounds_overhead) of the passive cost, the recording
+    cost and the whole, from time per step."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if "round" in r:
+            by_round.setdefault(r["round"], {})[r["mode"]] = 1 / r["result"]["steps_per_s"]
+    full = [t for t in by_round.values() if set(t) == set(MODES)]
+    def est(base: str, other: str) -> dict[str, Any]:
+        return paired.rounds_overhead([t[base] for t in full], [t[other] for t in full])
+    return {"passive": est("plain", "passive"), "recording": est("passive", "gpuos"),
+            "total": est("plain", "gpuos")}
 
 
 def summarize(runs: list[dict]) -> dict[str, Any]:
@@ -152,6 +176,7 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
         "plain_repeatable": len({r["checksum"] for r in plain}) == 1,
         "tracking_on": all(r["process"] and r["process"]["state"] == "on" for r in gpuos),
         "launches": [r["process"]["counters"]["launches"] for r in gpuos if r["process"]],
+        "across_processes": across_processes(runs),
     }
     passive = [r["result"] for r in runs if r["mode"] == "passive"]
     if passive:
@@ -262,14 +287,16 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
                              "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None}
     try:
         for rep in range(reps):
-            for mode in ("plain", "passive", "gpuos") if a.passive else ("plain", "gpuos"):
-                log(f"{name}: {mode} run {rep + 1}/{reps}")
-                entry["runs"].append(timed_run(name, args, mode, budget, env, workdir,
-                                               ("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
+            for mode in round_order(rep):
+                log(f"{name}: round {rep + 1}/{reps}, {mode}")
+                row = timed_run(name, args, mode, budget, env, workdir,
+                                ("--ring-slots", str(a.ring_slots)) if a.ring_slots else ())
+                entry["runs"].append(dict(row, round=rep))
         entry.update(summarize(entry["runs"]))
-        log(f"{name}: {entry['plain_steps_per_s']:.2f} -> {entry['gpuos_steps_per_s']:.2f} steps/s "
-            f"({entry['overhead_pct']:+.1f}%; plain runs {entry['plain_spread_pct']:.1f}% apart), "
-            f"identical: {entry['identical']}")
+        x = entry["across_processes"]
+        log(f"{name}: " + ", ".join(f"{k} {x[k]['overhead_pct']:+.2f} ± {x[k]['ci95_pct']:.2f}%"
+                                    for k in ("passive", "recording", "total") if "overhead_pct" in x[k])
+            + f" over {x['total']['rounds']} rounds; identical: {entry['identical']}")
         if a.paired:
             log(f"{name}: paired run, recording paused and resumed every {a.paired_steps} steps")
             p = entry["paired"] = paired_run(name, a, entry["plain_steps_per_s"], budget, env, workdir)
@@ -368,38 +395,53 @@ def fmt_bytes(n: float) -> str:
 
 
 def markdown(r: dict[str, Any]) -> str:
+    """Three tables: what libgpuos costs against plain runs (the figure that means
+    something), how well it predicts, and, as an appendix, the separate runs' medians."""
     noop = r["workloads"].get("noop-launch", {})
-    latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch, separate runs)"
-               if "added_ns_per_launch" in noop else "noop-launch not measured")
-    p = noop.get("paired") or {}
-    if p.get("triplets"):
-        # the paired run's own time per launch, times its recording overhead
-        per_launch = p["result"]["seconds"] / p["result"]["steps"] * 1e9
-        latency += (f"; in one run {p['wall']['overhead_pct'] / 100 * per_launch:.0f} "
-                    f"± {p['wall']['ci95_pct'] / 100 * per_launch:.0f} ns of {per_launch:.0f}")
-    head = ("| workload | plain steps/s | gpuos steps/s | overhead | CPU time overhead | plain spread "
-            "| in one run: recording vs paused, time / time, steps capped / CPU time per step "
-            "| bit-identical "
-            "| launches/run "
-            "| operations | skipped | ops with misses | missed | over-predicted | kernels with misses "
-            "| ops with misses, with the fallback |")
+    latency = (f"{noop['added_ns_per_launch']:.0f} ns added per kernel launch (noop-launch, medians of "
+               "separate runs)" if "added_ns_per_launch" in noop else "noop-launch not measured")
     api = r["cuda_api"]
     stack = (f"CUDA {r['cuda_runtime']}, torch {r['torch']}" if "torch" in r
              else f"CUDA API {api // 1000}.{api % 1000 // 10}")
-    lines = [f"{r['device']}, driver {r['driver']}, {stack}, gpuos {r['gpuos']}, {r['date'][:10]}; "
-             f"plain and `gpuos run` interleaved, {r['reps']} of each (noop-launch and cupy: "
-             f"{3 * r['reps']}); medians; plain spread: how far the plain runs alone were apart "
-             f"(max/min). {latency}."
+    cost = ("| workload | passive vs plain | recording vs passive | gpuos vs plain | rounds | bit-identical |")
+    predict = ("| workload | operations validated | skipped | ops with misses | missed | over-predicted "
+               "| kernels with misses | ops with misses, with the fallback |")
+    appendix = ("| workload | plain steps/s | gpuos steps/s | separate runs: gpuos vs plain (medians) "
+                "| CPU time | plain spread | in one run: recording vs paused, time / capped / CPU "
+                "| launches/run |")
+    lines = [f"{r['device']}, driver {r['driver']}, {stack}, gpuos {r['gpuos']}, {r['date'][:10]}. "
+             "What libgpuos costs, from rounds of three short runs of each workload (plain; "
+             "`gpuos run --paused`: passive, interposed and tracking allocations, recording no "
+             "operation; `gpuos run`: recording), in an order rotating by round: mean difference "
+             "of time per step within a round over the mean of the cheaper mode, ± its 95% "
+             f"interval over the rounds. {latency}."
              + (f" Every run pinned to CPUs {r['cpus'][0]}-{r['cpus'][-1]}." if r.get("cpus") else "")
-             + paired_note(r)
              + (" **Smoke run (--quick): 3 timed steps per run, too short to measure "
                 "throughput overhead; the identity and validation columns stand.**"
                 if r.get("quick") else ""),
-             "", head, "|" + "---|" * (head.count("|") - 1)]
+             "", cost, "|" + "---|" * (cost.count("|") - 1)]
+    lines += ["| " + " | ".join([name, *cost_cells(w)]) + " |" for name, w in r["workloads"].items()]
+    lines += ["", "How well it predicts (`gpuos run --validate`: every operation fingerprinted before "
+              "and after):", "", predict, "|" + "---|" * (predict.count("|") - 1)]
+    lines += ["| " + " | ".join([name, *validation_cells(w)]) + " |" for name, w in r["workloads"].items()]
+    lines += ["", "Appendix: separate runs' medians (on a shared host they differ by more than the "
+              "overhead: the plain spread says how far plain runs alone were apart)."
+              + paired_note(r), "", appendix, "|" + "---|" * (appendix.count("|") - 1)]
     lines += ["| " + " | ".join([name + (" (pinned)" if w.get("cpus") and not r.get("cpus") else ""),
-                                 *timed_cells(w), *validation_cells(w)]) + " |"
+                                 *timed_cells(w)]) + " |"
               for name, w in r["workloads"].items()]
     return "\n".join(lines + [f"\n{note}" for note in r["notes"]])
+
+
+def cost_cells(w: dict[str, Any]) -> list[str]:
+    x = w.get("across_processes") or {}
+    if "overhead_pct" not in (x.get("total") or {}):
+        why = why_not(w) if "overhead_pct" not in w else "not measured (older results)"
+        return [why, "", "", "", "yes" if w.get("identical") else ("**NO**" if "identical" in w else "")]
+    ok = w["identical"]  # a number measured on a wrong result is not reported
+    cells = [f"{x[k]['overhead_pct']:+.1f} ± {x[k]['ci95_pct']:.1f}%" if ok and "overhead_pct" in x[k]
+             else "—" for k in ("passive", "recording", "total")]
+    return [*cells, str(x["total"]["rounds"]), "yes" if ok else "**NO**"]
 
 
 def why_not(w: dict[str, Any]) -> str:
@@ -408,7 +450,7 @@ def why_not(w: dict[str, Any]) -> str:
 
 def timed_cells(w: dict[str, Any]) -> list[str]:
     if "overhead_pct" not in w:
-        return [why_not(w), "", "", "", "", "", "", ""]
+        return [why_not(w), "", "", "", "", "", ""]
     # A number measured on a wrong result is not reported.
     overhead = f"{w['overhead_pct']:+.1f}%" if w["identical"] else "—"
     if "passive_overhead_pct" in w and w["identical"]:
@@ -417,7 +459,7 @@ def timed_cells(w: dict[str, Any]) -> list[str]:
     cpu = f"{w['cpu_overhead_pct']:+.1f}%" if "cpu_overhead_pct" in w and w["identical"] else "—"
     return [f"{w['plain_steps_per_s']:.4g}", f"{w['gpuos_steps_per_s']:.4g}", overhead, cpu,
             f"{w['plain_spread_pct']:.1f}%" if len(w["launches"]) > 1 else "—", paired_cell(w),
-            "yes" if w["identical"] else "**NO**", launches]
+            launches]
 
 
 def paired_note(r: dict[str, Any]) -> str:
@@ -451,7 +493,7 @@ def paired_cell(w: dict[str, Any]) -> str:
 
 def validation_cells(w: dict[str, Any]) -> list[str]:
     if "validate" not in w:
-        return ["" if "overhead_pct" not in w else why_not(w), "", "", "", "", "", ""]
+        return [why_not(w), "", "", "", "", "", ""]
     vr = w["validate"]
     v = vr["report"]["validation"]
     names = [f"`{k['name'][:60]}`" for k in vr["kernels_with_misses"]]
@@ -485,14 +527,12 @@ def update_readme(table: str, source: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--reps", type=int, default=3, help="Runs of each mode per workload.")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="Rounds per workload (one run of each mode a round; noop-launch and cupy: "
+                         "three times as many).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 1 rep of 3 steps.")
     ap.add_argument("--budget", type=float, default=900, help="Seconds for the whole benchmark.")
     ap.add_argument("--run-timeout", type=float, default=300, help="Seconds for one run.")
-    ap.add_argument("--passive", action="store_true",
-                    help="Also time each workload with libgpuos preloaded but not tracking (plain, "
-                         "passive, gpuos interleaved): separates the cost of being interposed "
-                         "from the cost of tracking.")
     ap.add_argument("--paired", type=float, metavar="S", default=0,
                     help="Also measure each workload in one run of about S seconds under `gpuos run`, "
                          "pausing and resuming its recording (bench/paired.py): immune to the "

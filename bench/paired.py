@@ -109,6 +109,33 @@ def _estimate(diffs: list[float], paused_mean: float) -> dict[str, float]:
             "median_pct": statistics.median(diffs) / paused_mean * 100}
 
 
+# Two-sided 95% quantiles of Student's t, by degrees of freedom (beyond: the normal's).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
+       17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t95(df: int) -> float:
+    if df < 1:
+        return math.inf
+    return T95.get(df) or T95[max(k for k in T95 if k <= df)] if df <= 30 else 1.96
+
+
+def rounds_overhead(base: list[float], other: list[float]) -> dict[str, Any]:
+    """Across processes: what `other` costs over `base` from rounds of short runs, one of
+    each per round (base[i] and other[i] the time per step of round i's runs). Pairing by
+    round takes out the host's slow drift; the overhead is the mean difference over the
+    mean base time, with its 95% interval (Student's t over the rounds)."""
+    n = len(base)
+    if n != len(other) or n < 2:
+        return {"rounds": n}
+    diffs = [o - b for b, o in zip(base, other)]
+    mean_base = statistics.fmean(base)
+    half = t95(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    return {"rounds": n, "overhead_pct": statistics.fmean(diffs) / mean_base * 100,
+            "ci95_pct": half / mean_base * 100}
+
+
 def paired_overhead(wins: list[Window]) -> dict[str, Any]:
     """Triplets of neighbouring windows in alternating states (recording, paused,
     recording or the reverse), each window used once, in time order; per triplet the

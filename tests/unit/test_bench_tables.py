@@ -24,10 +24,17 @@ def rows(table: str) -> list[list[str]]:
     return out
 
 
+def tables(text: str) -> list[list[list[str]]]:
+    """Each Markdown table of text (blocks of | lines), as rows of cells."""
+    return [t for t in (rows(block) for block in text.split("\n\n")) if t]
+
+
 def test_committed_results_make_tables_with_one_cell_per_column():
     for path in sorted((BENCH / "results").glob("intercept-*.json")):
-        table = rows(icpt.markdown(json.loads(path.read_text())))
-        assert len(table) > 2 and all(len(r) == len(table[0]) for r in table), path
+        found = tables(icpt.markdown(json.loads(path.read_text())))
+        assert len(found) == 3, path
+        for table in found:
+            assert len(table) > 2 and all(len(r) == len(table[0]) for r in table), path
     for path in sorted((BENCH / "results").glob("mps-faults-*.json")):
         table = rows(mps_faults.markdown(json.loads(path.read_text())))
         assert len(table) > 2 and all(len(r) == len(table[0]) for r in table), path
@@ -54,6 +61,26 @@ def test_overheads_from_medians_of_steps_and_cpu_time():
     assert s["plain_spread_pct"] == pytest.approx(20.0) and s["identical"]
     cells = icpt.timed_cells(s)
     assert cells[2].startswith("+10.0% (passive +1.0%)") and cells[3] == "+5.0%"
+
+
+def test_rounds_give_passive_recording_and_total_costs_with_intervals():
+    """Rounds of plain / passive / gpuos in rotating order: passive costs 2% over plain,
+    recording 3% over passive, whatever the round's own speed (the host's drift)."""
+    runs = []
+    for rnd, speed in enumerate((10.0, 12.0, 9.0, 11.0, 10.5, 9.5)):
+        t = {"plain": 1 / speed, "passive": 1.02 / speed, "gpuos": 1.02 * 1.03 / speed}
+        for mode in icpt.round_order(rnd):
+            runs.append(dict(run(mode, 1 / t[mode], 1.0), round=rnd))
+    assert [r["mode"] for r in runs[:6]] == ["plain", "passive", "gpuos", "passive", "gpuos", "plain"]
+    x = icpt.summarize(runs)["across_processes"]
+    # relative to the mean of the cheaper mode's times: exact when every round agrees
+    assert x["passive"]["overhead_pct"] == pytest.approx(2.0)
+    assert x["recording"]["overhead_pct"] == pytest.approx(3.0)
+    assert x["total"]["overhead_pct"] == pytest.approx((1.02 * 1.03 - 1) * 100)
+    assert x["total"]["rounds"] == 6 and x["passive"]["ci95_pct"] < 0.5
+    cells = icpt.cost_cells(icpt.summarize(runs))
+    assert cells[0].startswith("+2.0 ± ") and cells[1].startswith("+3.0 ± ")
+    assert cells[3:] == ["6", "yes"]
 
 
 def test_a_different_checksum_anywhere_hides_the_overhead():

@@ -602,3 +602,24 @@ def test_validation_held_too_long_is_skipped_not_waited_for(build, env, tmp_path
     assert res.returncode == 0 and "ThreadSanitizer" not in res.stderr, res.stderr[-3000:]
     v = json.loads(report.read_text())["validation"]
     assert v["skipped"] > 0 and v["operations"] > 0 and v["with_misses"] == 0, v
+
+
+def test_paused_from_the_start_tracks_allocations_and_records_no_operation(build, env, tmp_path):
+    """`gpuos run --paused`: the benchmark's passive mode. Allocations are tracked, no
+    launch or copy is recorded, the results are the plain run's."""
+    (ref,) = plain(build, env, "t_direct", "9")
+    report = tmp_path / "report.json"
+    res = subprocess.run([*GPUOS, "run", "--paused", "--report", str(report), "--",
+                          str(build / "tests" / "t_direct"), "9"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (out,) = prog_json(res.stdout)
+    assert out["ok"] and out["checksum"] == ref["checksum"]
+    (proc,) = json.loads(report.read_text())["processes"]
+    c = proc["counters"]
+    # libgpuos counts VMM reservations and handles as allocations too
+    assert proc["state"] == "on" and c["allocs"] == ref["allocs"] + ref["vmm_reserve"] + ref["vmm_create"]
+    assert c["launches"] == c["copies"] == c["graph_launches"] == 0
+    res = subprocess.run([*GPUOS, "run", "--paused", "--validate", "--", "true"], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "validation cannot be paused" in res.stderr

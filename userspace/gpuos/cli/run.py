@@ -86,10 +86,14 @@ def _check_cpu_list(text: str) -> None:
 @click.option("--record-cpus", metavar="LIST",
               help="CPUs libgpuos's recording thread may run on, e.g. 12 or 12-13,15: a "
                    "housekeeping CPU away from the application's [default: the application's].")
+@click.option("--paused", is_flag=True,
+              help="Start with the recording of operations paused (launches, copies, memsets, "
+                   "graph launches: allocations and objects are still tracked), as `gpuos trace "
+                   "pause` would; `gpuos trace resume PID` starts it.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            quiet, cmd) -> None:
+            paused, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -118,9 +122,12 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         raise click.BadParameter("needs --log FILE (the dumps go there)", param_hint="--dump-params")
     if record_cpus is not None:
         _check_cpu_list(record_cpus)
+    if paused and validate:
+        raise click.BadParameter("validation cannot be paused", param_hint="--paused")
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
-                                ring_slots=ring_slots, record_cpus=record_cpus)).run()
+                                ring_slots=ring_slots, record_cpus=record_cpus,
+                                paused=paused)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

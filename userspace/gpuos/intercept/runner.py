@@ -60,6 +60,7 @@ class RunOptions:
     ring_slots: int | None = None
     record_cpus: str | None = None
     lib: Path | None = None
+    paused: bool = False  # every process starts with ops_paused set
 
 
 @dataclass
@@ -223,6 +224,8 @@ class Supervisor:
         finally:
             for fd in fds:
                 os.close(fd)
+        if self.opts.paused:  # before the reply: the process has recorded nothing yet
+            R.set_ops_paused(pid, True)
         conn.sendall(REPLY.pack(CTL_MAGIC, 0))
         conn.setblocking(False)
         t = Tracked(pid, ppid, exe.split(b"\0", 1)[0].decode("utf-8", "replace"), conn, ring,
