@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuos import procs
-from gpuos.manifest import MANIFEST_NAME
+from gpuos.manifest import FORMAT_VERSION, MANIFEST_NAME
 from gpuos.store import ImageStore
 
 from helpers import build_image, gpuos, gpuos_env, gpuos_json, make_manifest, tree_digest, write_criu_files
@@ -122,7 +122,7 @@ def test_incomplete_and_unknown_format(env, store):
     write_criu_files(store.root / "half" / "criu")
     assert "incomplete" in one_error_line(gpuos(env, "images", "verify", "half"), 10)
     img = build_image(store, "future")
-    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 2', '"format_version": 3')
+    text = (img / MANIFEST_NAME).read_text().replace(f'"format_version": {FORMAT_VERSION}', '"format_version": 99')
     (img / MANIFEST_NAME).write_text(text)
     one_error_line(gpuos(env, "images", "show", "future"), 11)
 

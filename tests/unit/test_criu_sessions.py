@@ -10,6 +10,7 @@ anything is restored, and --tty names another.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import subprocess
@@ -103,8 +104,7 @@ def pty_pair():
             pass
 
 
-# Not yet: a shell's job on a terminal (its controlling terminal's session leader, the
-# shell, is outside the tree; criu 4.2 restores it with "No task found with sid").
+# A shell's job on a terminal is restored from a shell on a terminal: its own test below.
 STYLES = ["shell-background", "nohup", "setsid", "supervisor-child", "terminal-session-leader"]
 
 
@@ -171,3 +171,41 @@ def test_terminal_gone_is_refused_before_restoring_and_tty_names_another(
     finally:
         os.close(other_master)
         os.close(other_slave)
+
+
+def test_terminal_shell_job_comes_back_as_a_job_of_the_restoring_terminals_shell(
+        env, home, processes, tmp_path, pty_pair):
+    """A shell's job on a terminal (the session leader, the shell, stays outside the tree):
+    restored by `gpuos restore` run from a shell on a terminal, it joins that terminal's
+    session, as criu's shell-job restore does. Run from no terminal, it is refused before
+    anything is restored."""
+    master, slave = pty_pair
+    s = launch("terminal-shell-job", processes, tmp_path, slave)
+    st = procs.stat(s.pid)
+    assert st.session == s.parent.pid != s.pid and st.tty_nr
+    code, out = gpuos_json(env, "checkpoint", str(s.pid), "--image", "job")
+    assert code == 0, out
+    reaped(s)
+    at_dump = counted(s.log)
+
+    res = gpuos(env, "restore", "job")  # from pytest: no controlling terminal
+    assert res.returncode == 15, (res.stdout, res.stderr)
+    assert "run `gpuos restore` from a terminal" in res.stderr and "nothing was restored" in res.stderr
+    assert not procs.exists(s.pid) and counted(s.log) == at_dump
+
+    # What a user does: in a shell on that terminal, `sudo gpuos restore job`.
+    done = tmp_path / "restore.json"
+    shell = subprocess.Popen(
+        ["sh", "-c", f"{sys.executable} -m gpuos.cli restore job --json > {done}; sleep 60"],
+        stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+        preexec_fn=_take_ctty)
+    processes.children.append(shell)
+    wait_for(lambda: done.exists() and done.read_text().strip().endswith("}"), timeout=60,
+             what="gpuos restore in the terminal")
+    res = json.loads(done.read_text())
+    assert res["ok"] and res["pid"] == s.pid, res
+    keeps_counting(s.log)
+    assert counted(s.log)[: len(at_dump)] == at_dump
+    after = procs.stat(s.pid)
+    assert after.session == shell.pid and after.tty_nr == st.tty_nr and after.state != "T"
+    assert os.readlink(f"/proc/{s.pid}/fd/1") == s.tty

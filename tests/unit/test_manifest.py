@@ -56,7 +56,7 @@ def test_total_size_is_recomputed_not_trusted():
     assert Manifest.from_json(json.dumps(data)).total_size == 4106
 
 
-@pytest.mark.parametrize("version", [0, 3, 99, "1", None])
+@pytest.mark.parametrize("version", [0, 4, 99, "1", None])
 def test_unknown_format_version_is_unsupported(version):
     data = json.loads(full_manifest().to_json())
     data["format_version"] = version
@@ -148,3 +148,15 @@ def test_gpu_pids():
     m = make_manifest("x", pids=(10, 11))
     m.processes[1].uses_gpu = True
     assert m.gpu_pids == [11]
+
+
+def test_version_2_terminals_read_as_not_a_shell_job():
+    """Version 2 recorded terminals without session_outside: each reads as a terminal the
+    image's own session leader held (restored with --inherit-fd, as then)."""
+    m = full_manifest()
+    m.terminals = [TerminalInfo(path="/dev/pts/3", rdev=(136 << 8) | 3, dev=25, session_outside=True)]
+    data = json.loads(m.to_json())
+    data["format_version"] = 2
+    del data["terminals"][0]["session_outside"]
+    back = Manifest.from_json(json.dumps(data))
+    assert back.format_version == 2 and back.terminals[0].session_outside is False

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuos.errors import GpuosError, ImageCorrupt, ImageFormatUnsupported, ImageNotFound
-from gpuos.manifest import CRIU_DIR, MANIFEST_NAME
+from gpuos.manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME
 from gpuos.store import ImageStore, checksum_tree, tree_size
 
 from helpers import build_image, hidden_entries, make_manifest, tree_digest, write_criu_files
@@ -144,7 +144,7 @@ def test_load_without_manifest_is_incomplete(store: ImageStore):
 
 def test_load_reports_format_version(store: ImageStore):
     img = build_image(store, "job")
-    text = (img / MANIFEST_NAME).read_text().replace('"format_version": 2', '"format_version": 7')
+    text = (img / MANIFEST_NAME).read_text().replace(f'"format_version": {FORMAT_VERSION}', '"format_version": 7')
     (img / MANIFEST_NAME).write_text(text)
     with pytest.raises(ImageFormatUnsupported):
         ImageStore.load(img)

@@ -107,7 +107,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
     final = store.resolve(req.image or default_name(st.comm, req.pid))
     if final.exists() and not (final / MANIFEST_NAME).is_file():
         raise GpuosError(f"{final} exists and is not a gpuos image; not replacing it")
-    terminals = _terminals(tree)
+    terminals = _terminals(tree, st)
     # CRIU refuses a tree whose session or terminal is outside it unless told they are
     # external (--shell-job): anything not started as its own session leader.
     external = st.session != req.pid or bool(st.tty_nr) or bool(terminals)
@@ -239,11 +239,13 @@ def _drop(inh: forked.Inherited) -> None:
         pass  # exited meanwhile: nothing of it to dump
 
 
-def _terminals(tree: list[int]) -> list[TerminalInfo]:
+def _terminals(tree: list[int], root: procs.ProcStat) -> list[TerminalInfo]:
     found: dict[int, TerminalInfo] = {}
+    shell_job = root.session not in tree  # the session's leader, a shell, stays outside
     for pid in tree:
         for path, rdev, dev in procs.terminals(pid):
-            found.setdefault(rdev, TerminalInfo(path=path, rdev=rdev, dev=dev))
+            found.setdefault(rdev, TerminalInfo(path=path, rdev=rdev, dev=dev,
+                                                session_outside=shell_job and rdev == root.tty_nr))
     return sorted(found.values(), key=lambda t: t.rdev)
 
 

@@ -69,15 +69,19 @@ class Criu:
                 f"criu {text} at {self.binary} is too old; gpuos needs {'.'.join(map(str, MIN_VERSION))} or newer")
         return text
 
-    def _run(self, args: list[str], log: Path, what: str, pass_fds: tuple[int, ...] = ()) -> float:
+    def _run(self, args: list[str], log: Path, what: str, pass_fds: tuple[int, ...] = (),
+             job_tty: int | None = None) -> float:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         cmd = [str(self.binary), *args, "--libdir", str(self.plugin_dir), "-v4"]
         t0 = time.monotonic()
         # Its own session: a tree restored with --shell-job joins criu's session and process
-        # group, and must not join the terminal's (a ^C there would reach it).
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-                              start_new_session=True, pass_fds=pass_fds)
+        # group, and must not join the terminal's (a ^C there would reach it). A shell's job
+        # on a terminal is the exception: it must join that terminal's session, the one we
+        # run in, with the terminal as criu's stdin (CRIU's shell-job terminal inheritance).
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL if job_tty is None else job_tty,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              preexec_fn=_die_with_parent, start_new_session=job_tty is None,
+                              pass_fds=pass_fds)
         elapsed = time.monotonic() - t0
         if proc.returncode != 0:
             detail = first_error(log)
@@ -94,15 +98,18 @@ class Criu:
         return self._run(args, images / DUMP_LOG, "dump")
 
     def restore(self, images: Path, workdir: Path, options: list[str],
-                inherit: dict[str, int] | None = None) -> tuple[int, float]:
+                inherit: dict[str, int] | None = None, job_tty: int | None = None
+                ) -> tuple[int, float]:
         """Restore detached, every task left stopped; returns the restored root pid and the
         time taken. ``inherit`` maps CRIU's name of an external resource (``tty[rdev:dev]``)
-        to an open fd of ours that stands for it."""
+        to an open fd of ours that stands for it; ``job_tty``: the terminal a shell's job
+        comes back on (our controlling terminal; criu then runs in our session)."""
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / PIDFILE).unlink(missing_ok=True)
         args = ["restore", "-D", str(images), "-W", str(workdir), "-o", RESTORE_LOG,
                 "--restore-detached", "--leave-stopped", "--pidfile", PIDFILE, *options]
         for key, fd in (inherit or {}).items():
             args += ["--inherit-fd", f"fd[{fd}]:{key}"]
-        elapsed = self._run(args, workdir / RESTORE_LOG, "restore", tuple((inherit or {}).values()))
+        elapsed = self._run(args, workdir / RESTORE_LOG, "restore", tuple((inherit or {}).values()),
+                            job_tty)
         return int((workdir / PIDFILE).read_text().strip()), elapsed

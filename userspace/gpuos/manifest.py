@@ -13,8 +13,8 @@ from typing import Any
 from .errors import ImageCorrupt, ImageFormatUnsupported
 
 FORMAT = "gpuos-image"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had no `terminals`
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1 had no `terminals`, 2 no `session_outside`
 MANIFEST_NAME = "manifest.json"
 CRIU_DIR = "criu"
 
@@ -49,6 +49,10 @@ class TerminalInfo:
     path: str  # e.g. /dev/pts/3, as it was at the dump
     rdev: int  # the device number: CRIU's key, tty[rdev:dev]
     dev: int  # the device number of the file system holding the node (devpts)
+    # The root's controlling terminal, whose session leader (a shell) is not in the image:
+    # the processes were a job of that shell, and come back as a job of the shell that
+    # runs `gpuos restore` on a terminal.
+    session_outside: bool = False
 
     @property
     def criu_key(self) -> str:

@@ -128,12 +128,39 @@ def check_pids_free(manifest: Manifest) -> None:
         raise PidTaken(f"pid {pid}, which the image's processes need, is taken by {what}")
 
 
+def job_terminal(manifest: Manifest, tty: str | None) -> int | None:
+    """For an image of a shell's job on a terminal: our controlling terminal, open, which
+    criu restores the job onto (criu's shell-job restore: the job joins the terminal's
+    session, so it must be run inside it); None for any other image."""
+    job = next((t for t in manifest.terminals if t.session_outside), None)
+    if job is None:
+        return None
+    where = (f"the image is a job of a shell on {job.path}: run `gpuos restore` from a terminal, "
+             "where it comes back as a job of that terminal's shell")
+    ours = procs.stat(os.getpid()).tty_nr  # our controlling terminal's device number
+    if not ours:
+        raise RestoreFailed(f"{where}; this gpuos has no terminal; nothing was restored")
+    path = tty or job.path
+    try:
+        same = os.stat(path).st_rdev == ours
+    except OSError:
+        same = False
+    if not same:
+        raise RestoreFailed(
+            f"{where}; this is another terminal than {path} (--tty $(tty) restores it on this "
+            "one); nothing was restored")
+    return os.open(path, os.O_RDWR | os.O_NOCTTY)
+
+
 def open_terminals(manifest: Manifest, tty: str | None) -> dict[str, int]:
-    """An open fd for each terminal the image's processes had: the same terminal if it is
-    still there, else ``tty`` (any terminal the user names). CRIU's key -> fd."""
+    """An open fd for each terminal the image's processes had (but a job's terminal, see
+    job_terminal): the same terminal if it is still there, else ``tty`` (any terminal the
+    user names). CRIU's key -> fd."""
     fds: dict[str, int] = {}
     try:
         for t in manifest.terminals:
+            if t.session_outside:
+                continue
             path = tty or t.path
             try:
                 st = os.stat(path)
@@ -193,6 +220,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
     check_pids_free(manifest)
     criu.check_version()
     terminal_fds = open_terminals(manifest, tty)
+    try:
+        job_tty = job_terminal(manifest, tty)
+    except BaseException:
+        for fd in terminal_fds.values():
+            os.close(fd)
+        raise
     timings["checks"] = time.monotonic() - t0
 
     op = Operation(run_dir, "restore")
@@ -209,13 +242,14 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
     relinked = links.put_back(image)
     try:
         with phase("criu-restore"):
-            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options, terminal_fds)
+            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options, terminal_fds,
+                                   job_tty)
     except GpuosError as exc:
         links.remove(relinked)
         op.finish()
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
     finally:
-        for fd in terminal_fds.values():
+        for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
             os.close(fd)
     try:
         if gpu_pids:

@@ -154,7 +154,8 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, gpus:
     model: the driver moves the process's memory there), the driver version
     is the same, every pid the image needs is free, and a terminal the processes
     had open is still there (or --tty names one). Then criu restores the tree
-    with its original pids, in a session of its own, and the driver restores its
+    with its original pids, in a session of its own (a shell's job on a terminal
+    comes back as a job of the terminal this is run from), and the driver restores its
     GPU memory. The processes continue where they were checkpointed. Needs root.
     """
     rep = Reporter(quiet=as_json)
