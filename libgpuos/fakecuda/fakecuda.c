@@ -62,7 +62,7 @@
 	X(cuMemsetD2D32_v2) X(cuMemsetD2D32_v2_ptds) X(cuMemsetD2D8Async) X(cuMemsetD2D8Async_ptsz) \
 	X(cuMemsetD2D16Async) X(cuMemsetD2D16Async_ptsz) X(cuMemsetD2D32Async) \
 	X(cuMemsetD2D32Async_ptsz) X(cuStreamWriteValue32_v2) X(cuStreamWriteValue32_v2_ptsz) \
-	X(cuStreamWriteValue64_v2) X(cuStreamWriteValue64_v2_ptsz) \
+	X(cuStreamWriteValue64_v2) X(cuStreamWriteValue64_v2_ptsz) X(cuStreamBatchMemOp_v2) \
 	X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) \
 	X(cuModuleUnload) X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryLoadFromFile) \
 	X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
@@ -2042,6 +2042,7 @@ static const struct pa proc_table[] = {
 	PA(cuStreamWriteValue32, 11070, cuStreamWriteValue32_v2)
 	PT(cuStreamWriteValue32, 11070, cuStreamWriteValue32_v2_ptsz)
 	PA(cuStreamWriteValue64, 11070, cuStreamWriteValue64_v2)
+	PA(cuStreamBatchMemOp, 11070, cuStreamBatchMemOp_v2)
 	PT(cuStreamWriteValue64, 11070, cuStreamWriteValue64_v2_ptsz)
 	PA(cuModuleLoad, 2000, cuModuleLoad) PA(cuModuleLoadData, 2000, cuModuleLoadData)
 	PA(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)
@@ -2451,6 +2452,26 @@ API_PTSZ(cuStreamWriteValue32_v2, (CUstream s, CUdeviceptr a, cuuint32_t v, unsi
 	 write_value(s, a, v, 4, f))
 API_PTSZ(cuStreamWriteValue64_v2, (CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f),
 	 write_value(s, a, v, 8, f))
+/* Only the write-value operations (an entry point libgpuos does not hook: it writes
+ * device memory unseen). */
+static CUresult batch_mem_op(CUstream s, unsigned n, CUstreamBatchMemOpParams *ops, unsigned f)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (f || (n && !ops))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned i = 0; i < n && !r; i++) {
+		const struct CUstreamMemOpWriteValueParams_st *w = &ops[i].writeValue;
+		if (ops[i].operation != CU_STREAM_MEM_OP_WRITE_VALUE_32 &&
+		    ops[i].operation != CU_STREAM_MEM_OP_WRITE_VALUE_64)
+			return CUDA_ERROR_NOT_SUPPORTED;
+		r = write_value(s, w->address, ops[i].operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 ?
+				w->value : w->value64, ops[i].operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 ? 4 : 8,
+				w->flags);
+	}
+	return r;
+}
+API(cuStreamBatchMemOp_v2, (CUstream s, unsigned int n, CUstreamBatchMemOpParams *ops, unsigned int f),
+    batch_mem_op(s, n, ops, f))
 
 /* Modules, libraries, functions, kernels. */
 API(cuModuleLoad, (CUmodule *m, const char *path), mod_load_file(m, path))

@@ -96,6 +96,8 @@ enum gpuos_track_state {
 #define GPUOS_INCOMPLETE_UNKNOWN_ENTRY (1u << 0) /* cuGetProcAddress gave a hooked name's entry point
 						  * that matches no hooked variant: it runs unseen */
 #define GPUOS_INCOMPLETE_RECORD_LOST   (1u << 1) /* a record larger than the ring was not written (hdr.lost) */
+#define GPUOS_INCOMPLETE_UNHOOKED_WRITER (1u << 2) /* the application called an entry point that
+						    * writes device memory and is not tracked */
 
 /* hdr.flags */
 #define GPUOS_RING_VALIDATE (1u << 0) /* validation mode is on */

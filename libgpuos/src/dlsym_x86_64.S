@@ -9,6 +9,8 @@
  * work happens before that check. "cu" names go to gpuos_dlsym_table (hooks.c), which
  * answers for names of the hook table and leaves the rest to the same jump.
  */
+#include "args_x86_64.inc"
+
 	.text
 	.globl	dlsym
 	.type	dlsym, @function
@@ -20,24 +22,14 @@ dlsym:
 	jne	.Lreal
 	cmpb	$'u', 1(%rsi)
 	jne	.Lreal
-	pushq	%rdi
-	.cfi_adjust_cfa_offset 8
-	pushq	%rsi
-	.cfi_adjust_cfa_offset 8
-	subq	$24, %rsp		/* 16-byte aligned for the call; 8(%rsp) is the answer */
-	.cfi_adjust_cfa_offset 24
-	leaq	8(%rsp), %rdx
+	save_args
+	movq	%rsp, %rdx		/* (%rsp): the answer */
 	call	gpuos_dlsym_table	/* (handle, name, &answer): 1 if a table name */
-	movq	8(%rsp), %rcx
-	addq	$24, %rsp
-	.cfi_adjust_cfa_offset -24
-	popq	%rsi
-	.cfi_adjust_cfa_offset -8
-	popq	%rdi
-	.cfi_adjust_cfa_offset -8
+	movq	(%rsp), %r11
+	restore_args
 	testl	%eax, %eax
 	jz	.Lreal
-	movq	%rcx, %rax
+	movq	%r11, %rax
 	ret
 .Lreal:
 	movq	gpuos_real_dlsym(%rip), %rax
@@ -45,19 +37,9 @@ dlsym:
 	jz	.Linit
 	jmp	*%rax
 .Linit:					/* the process's first dlsym: find the real one */
-	pushq	%rdi
-	.cfi_adjust_cfa_offset 8
-	pushq	%rsi
-	.cfi_adjust_cfa_offset 8
-	subq	$8, %rsp
-	.cfi_adjust_cfa_offset 8
+	save_args
 	call	gpuos_dlsym_init	/* the real dlsym, or NULL */
-	addq	$8, %rsp
-	.cfi_adjust_cfa_offset -8
-	popq	%rsi
-	.cfi_adjust_cfa_offset -8
-	popq	%rdi
-	.cfi_adjust_cfa_offset -8
+	restore_args
 	testq	%rax, %rax
 	jz	.Lnone
 	jmp	*%rax

@@ -54,6 +54,30 @@ static const char *const hook_names[HK_COUNT] = {
 #undef X
 };
 
+/* The unhooked writers (unhooked.h): their trampolines (unhooked_x86_64.S), names and
+ * the driver's entry points. */
+/* The trampolines under names of their own (cuda.h declares the real prototypes). */
+#define U(name) extern const char uh_##name[] __asm__(#name) __attribute__((visibility("default")));
+#include "unhooked.h"
+#undef U
+enum {
+	UH_COUNT = 0
+#define U(name) +1
+#include "unhooked.h"
+#undef U
+};
+static void *const unhooked_tramps[UH_COUNT] = {
+#define U(name) (void *)uh_##name,
+#include "unhooked.h"
+#undef U
+};
+static const char *const unhooked_names[UH_COUNT] = {
+#define U(name) #name,
+#include "unhooked.h"
+#undef U
+};
+static void *unhooked_real[UH_COUNT];
+
 /* ---- names ------------------------------------------------------------------------------ */
 
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -137,7 +161,7 @@ static void *driver;
 static struct {
 	uintptr_t addr;
 	uint16_t idx;
-} by_addr[HK_COUNT]; /* real addresses, sorted */
+} by_addr[HK_COUNT + UH_COUNT]; /* real addresses, sorted; idx >= HK_COUNT: unhooked */
 static size_t n_by_addr;
 
 static const struct {
@@ -205,6 +229,13 @@ static void do_resolve(void)
 			by_addr[n_by_addr++].idx = (uint16_t)i;
 		}
 	}
+	for (size_t i = 0; i < UH_COUNT; i++) {
+		unhooked_real[i] = real_dlsym(driver, unhooked_names[i]);
+		if (unhooked_real[i]) {
+			by_addr[n_by_addr].addr = (uintptr_t)unhooked_real[i];
+			by_addr[n_by_addr++].idx = (uint16_t)(HK_COUNT + i);
+		}
+	}
 	qsort(by_addr, n_by_addr, sizeof by_addr[0], cmp_by_addr);
 	for (size_t i = 0; i < sizeof drv_syms / sizeof drv_syms[0]; i++)
 		*(void **)((char *)&gpuos_drv + drv_syms[i].off) = real_dlsym(driver, drv_syms[i].name);
@@ -236,13 +267,29 @@ __attribute__((visibility("hidden"))) int gpuos_dlsym_table(void *handle, const 
 {
 	pthread_once(&names_once, init_names);
 	int i = hook_index(name);
-	if (i < 0)
+	void *ours = i >= 0 ? hook_wrappers[i] : NULL;
+	for (size_t u = 0; !ours && u < UH_COUNT; u++)
+		if (!strcmp(name, unhooked_names[u]))
+			ours = unhooked_tramps[u];
+	if (!ours)
 		return 0;
 	void *p = real_dlsym ? real_dlsym(handle, name) : NULL;
-	if (p == hook_wrappers[i])
+	if (p == ours)
 		p = real_dlsym(RTLD_NEXT, name);
-	*out = p ? hook_wrappers[i] : NULL;
+	*out = p ? ours : NULL;
 	return 1;
+}
+
+/* Called by an unhooked writer's trampoline: the record is incomplete from now on; the
+ * driver's entry point to go on to (NULL: the driver has none). */
+__attribute__((visibility("hidden"))) void *gpuos_unhooked_used(int i)
+{
+	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
+		gpuos_resolve();
+	gpuos_track_incomplete(GPUOS_INCOMPLETE_UNHOOKED_WRITER,
+			       "the application called %s, which writes device memory and is not "
+			       "tracked", unhooked_names[i]);
+	return unhooked_real[i];
 }
 
 /* ---- cuGetProcAddress ----------------------------------------------------------------------- */
@@ -253,7 +300,8 @@ static void *proc_swap(const char *symbol, void *p)
 	while (lo < hi) {
 		size_t mid = (lo + hi) / 2;
 		if (by_addr[mid].addr == (uintptr_t)p)
-			return hook_wrappers[by_addr[mid].idx];
+			return by_addr[mid].idx < HK_COUNT ? hook_wrappers[by_addr[mid].idx]
+							   : unhooked_tramps[by_addr[mid].idx - HK_COUNT];
 		if (by_addr[mid].addr < (uintptr_t)p)
 			lo = mid + 1;
 		else

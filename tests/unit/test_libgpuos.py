@@ -297,7 +297,7 @@ def test_a_forked_child_gets_its_own_ring(build, env, tmp_path):
         assert of_type(log, "launch", p["pid"])
 
 
-def test_exports_are_exactly_the_hook_table(build):
+def test_exports_are_exactly_the_hook_table_and_the_untracked_writers(build):
     table = (REPO / "libgpuos" / "src" / "hooktable.h").read_text()
     hooked = set(re.findall(r"^\s*X\w*\((cu\w+)", table, re.M))
     assert "cuLaunchKernel_ptsz" in hooked and "cuGetProcAddress_v2" in hooked
@@ -305,8 +305,10 @@ def test_exports_are_exactly_the_hook_table(build):
     nm = subprocess.run(["nm", "-D", "--defined-only", str(build / "libgpuos.so")],
                         capture_output=True, text=True, check=True).stdout
     exported = {line.split()[-1] for line in nm.splitlines() if " T " in line}
-    assert {s for s in exported if s.startswith("cu")} == hooked
-    assert exported - hooked == {"dlsym"}
+    unhooked = set(re.findall(r"^U\((cu\w+)\)", (REPO / "libgpuos" / "src" / "unhooked.h").read_text(), re.M))
+    assert "cuStreamBatchMemOp_v2" in unhooked and not unhooked & hooked
+    assert {s for s in exported if s.startswith("cu")} == hooked | unhooked
+    assert exported - hooked - unhooked == {"dlsym"}
 
 
 def _serve_once(path: Path, reply: bytes | None) -> threading.Thread:
@@ -476,7 +478,8 @@ def test_dlsym_answers_as_it_would_without_libgpuos(build, env, driver_global):
     """libgpuos exports every name of its hook table; dlsym must still say "absent" for a
     name the driver lacks (the fake has no cuMemcpyBatchAsync_v2), through RTLD_DEFAULT,
     a handle and RTLD_NEXT, and set dlerror the same way."""
-    names = ["cuInit", "cuMemAlloc_v2", "cuMemcpyBatchAsync_v2", "cuNoSuchEntryPoint", "malloc"]
+    names = ["cuInit", "cuMemAlloc_v2", "cuMemcpyBatchAsync_v2", "cuNoSuchEntryPoint", "malloc",
+             "cuStreamBatchMemOp_v2", "cuMemcpyAtoD_v2"]  # untracked writers: the fake has one
     fake = str(build / "fakecuda" / "libcuda.so")
 
     def answers(preload: list[str]) -> list[str]:
@@ -623,3 +626,18 @@ def test_paused_from_the_start_tracks_allocations_and_records_no_operation(build
     res = subprocess.run([*GPUOS, "run", "--paused", "--validate", "--", "true"], env=env,
                          capture_output=True, text=True)
     assert res.returncode == 2 and "validation cannot be paused" in res.stderr
+
+
+@pytest.mark.parametrize("how", ["direct", "proc"])
+def test_a_call_of_an_untracked_writer_makes_the_record_incomplete(build, env, tmp_path, how):
+    """cuStreamBatchMemOp_v2 writes device memory and is not tracked: called directly or
+    through cuGetProcAddress, it goes through libgpuos's trampoline to the driver (the
+    values land) and the run says its record is incomplete."""
+    report = tmp_path / "report.json"
+    res = subprocess.run([*GPUOS, "run", "--report", str(report), "--",
+                          str(build / "tests" / "t_unhooked"), *(["proc"] if how == "proc" else [])],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+    (proc,) = json.loads(report.read_text())["processes"]
+    assert proc["state"] == "incomplete" and proc["incomplete"] == ["unhooked-writer"]
+    assert "tracking INCOMPLETE (unhooked-writer)" in res.stderr

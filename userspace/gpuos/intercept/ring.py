@@ -31,7 +31,8 @@ CHUNK = 4096  # GPUOS_VALIDATE_CHUNK
 
 TRACK_ON, TRACK_OFF, TRACK_INCOMPLETE = 1, 2, 3
 TRACK_STATES = {TRACK_ON: "on", TRACK_OFF: "off", TRACK_INCOMPLETE: "incomplete"}
-INCOMPLETE = {1 << 0: "unknown-entry-point", 1 << 1: "record-lost"}  # GPUOS_INCOMPLETE_*
+INCOMPLETE = {1 << 0: "unknown-entry-point", 1 << 1: "record-lost",
+              1 << 2: "unhooked-writer"}  # GPUOS_INCOMPLETE_*
 RING_VALIDATE = 1
 
 HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QII")  # ..., ops_paused, incomplete
