@@ -89,7 +89,6 @@ struct fp_seg {
  * libgpuos calls itself, once), never through the exported cu* names: those are
  * libgpuos's own wrappers, and calling them would record our work as the application's,
  * or recurse into gpuos_val_before() and deadlock on gpuos_val_lock. */
-#define D gpuos_drv
 
 static int g_resolved;          /* 0: not yet, 1: all required found, -1: unavailable */
 static int g_status_emitted;    /* the one "validation unavailable" STATUS record */
@@ -151,7 +150,7 @@ void gpuos_val_forget(void)
 static const char *errname(CUresult r)
 {
 	const char *s = NULL;
-	if (D.get_error_name && D.get_error_name(r, &s) == CUDA_SUCCESS && s)
+	if (gpuos_drv.get_error_name && gpuos_drv.get_error_name(r, &s) == CUDA_SUCCESS && s)
 		return s;
 	return "CUDA error";
 }
@@ -256,15 +255,15 @@ struct scope {
 static CUcontext scope_enter(struct scope *sc, CUcontext want, CUresult *res)
 {
 	memset(sc, 0, sizeof *sc);
-	if (D.thread_exchange_capture_mode) {
+	if (gpuos_drv.thread_exchange_capture_mode) {
 		CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-		if (D.thread_exchange_capture_mode(&m) == CUDA_SUCCESS) {
+		if (gpuos_drv.thread_exchange_capture_mode(&m) == CUDA_SUCCESS) {
 			sc->mode_set = 1;
 			sc->old_mode = m;
 		}
 	}
 	CUcontext cur = NULL;
-	CUresult r = D.ctx_get_current(&cur);
+	CUresult r = gpuos_drv.ctx_get_current(&cur);
 	if (r != CUDA_SUCCESS) {
 		*res = r;
 		return NULL;
@@ -276,7 +275,7 @@ static CUcontext scope_enter(struct scope *sc, CUcontext want, CUresult *res)
 		return NULL;
 	}
 	if (cur != want) {
-		r = D.ctx_push(want);
+		r = gpuos_drv.ctx_push(want);
 		if (r != CUDA_SUCCESS) {
 			*res = r;
 			return NULL;
@@ -291,11 +290,11 @@ static void scope_leave(struct scope *sc)
 {
 	if (sc->pushed) {
 		CUcontext dummy;
-		D.ctx_pop(&dummy);
+		gpuos_drv.ctx_pop(&dummy);
 	}
 	if (sc->mode_set) {
 		CUstreamCaptureMode m = sc->old_mode;
-		D.thread_exchange_capture_mode(&m);
+		gpuos_drv.thread_exchange_capture_mode(&m);
 	}
 }
 
@@ -306,13 +305,13 @@ static void dev_free(CUdeviceptr *p, size_t bytes)
 	if (!*p)
 		return;
 	gpuos_track_ignore((uint64_t)*p, bytes, 0);
-	D.mem_free(*p);
+	gpuos_drv.mem_free(*p);
 	*p = 0;
 }
 
 static CUresult dev_alloc(CUdeviceptr *p, size_t bytes)
 {
-	CUresult r = D.mem_alloc(p, bytes);
+	CUresult r = gpuos_drv.mem_alloc(p, bytes);
 	if (r != CUDA_SUCCESS) {
 		*p = 0;
 		return r;
@@ -402,12 +401,12 @@ static CUresult vctx_init(struct vctx *vc)
 {
 	CUresult r;
 	if (!vc->mod) {
-		r = D.module_load_data(&vc->mod, gpuos_fingerprint_ptx);
+		r = gpuos_drv.module_load_data(&vc->mod, gpuos_fingerprint_ptx);
 		if (r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX ||
 		    r == CUDA_ERROR_INVALID_IMAGE) {
 			char *low = ptx_lowered();
 			if (low) {
-				CUresult r2 = D.module_load_data(&vc->mod, low);
+				CUresult r2 = gpuos_drv.module_load_data(&vc->mod, low);
 				free(low);
 				if (r2 == CUDA_SUCCESS)
 					r = r2;
@@ -424,9 +423,9 @@ static CUresult vctx_init(struct vctx *vc)
 		}
 	}
 	if (!vc->f_hash || !vc->f_diff) {
-		r = D.module_get_function(&vc->f_hash, vc->mod, "gpuos_fp_hash");
+		r = gpuos_drv.module_get_function(&vc->f_hash, vc->mod, "gpuos_fp_hash");
 		if (r == CUDA_SUCCESS)
-			r = D.module_get_function(&vc->f_diff, vc->mod, "gpuos_fp_diff");
+			r = gpuos_drv.module_get_function(&vc->f_diff, vc->mod, "gpuos_fp_diff");
 		if (r != CUDA_SUCCESS) {
 			vc->f_hash = vc->f_diff = NULL;
 			if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -438,7 +437,7 @@ static CUresult vctx_init(struct vctx *vc)
 		}
 	}
 	if (!vc->stream) {
-		r = D.stream_create(&vc->stream, CU_STREAM_NON_BLOCKING);
+		r = gpuos_drv.stream_create(&vc->stream, CU_STREAM_NON_BLOCKING);
 		if (r != CUDA_SUCCESS) {
 			vc->stream = NULL;
 			return r;
@@ -456,7 +455,7 @@ static CUresult vctx_init(struct vctx *vc)
 static struct vctx *vctx_get(CUcontext ctx)
 {
 	unsigned long long id = 0;
-	if (D.ctx_get_id && D.ctx_get_id(ctx, &id) != CUDA_SUCCESS)
+	if (gpuos_drv.ctx_get_id && gpuos_drv.ctx_get_id(ctx, &id) != CUDA_SUCCESS)
 		id = 0;
 	struct vctx *free_slot = NULL;
 	for (int i = 0; i < MAX_CTX; i++) {
@@ -506,14 +505,14 @@ static CUresult hash_into(struct vctx *vc, const struct fp_seg *segs, size_t nse
 {
 	if (nseg == 0 || nchunks == 0)
 		return CUDA_SUCCESS;
-	CUresult r = D.memcpy_htod_async(vc->d_segs, segs, nseg * sizeof *segs, vc->stream);
+	CUresult r = gpuos_drv.memcpy_htod_async(vc->d_segs, segs, nseg * sizeof *segs, vc->stream);
 	if (r != CUDA_SUCCESS)
 		return r;
 	CUdeviceptr d_segs = vc->d_segs;
 	unsigned int n = (unsigned int)nseg;
 	unsigned long long nch = nchunks;
 	void *args[] = { &d_segs, &n, &out, &nch };
-	return D.launch_kernel(vc->f_hash, grid_for(nchunks, HASH_BLOCK / 32), 1, 1,
+	return gpuos_drv.launch_kernel(vc->f_hash, grid_for(nchunks, HASH_BLOCK / 32), 1, 1,
 			HASH_BLOCK, 1, 1, 0, vc->stream, args, NULL);
 }
 
@@ -542,7 +541,7 @@ static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
 	for (size_t i = 0; i < n; i++) {
 		CUdeviceptr base = 0;
 		size_t size = 0;
-		if (D.mem_get_address_range(&base, &size, (CUdeviceptr)(*arr)[i].base) == CUDA_SUCCESS)
+		if (gpuos_drv.mem_get_address_range(&base, &size, (CUdeviceptr)(*arr)[i].base) == CUDA_SUCCESS)
 			(*arr)[kept++] = (*arr)[i];
 		else
 			dbg("allocation %#llx + %llu is no longer the driver's: not fingerprinted",
@@ -588,12 +587,12 @@ static int capture_in_progress(void)
 {
 	if (gpuos_captures_in_progress() > 0)
 		return 1;
-	if (!D.stream_is_capturing)
+	if (!gpuos_drv.stream_is_capturing)
 		return 0;
 	/* A blocking stream of the context capturing makes the legacy stream answer
 	 * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (without harming the capture). */
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-	CUresult r = D.stream_is_capturing(CU_STREAM_LEGACY, &cs);
+	CUresult r = gpuos_drv.stream_is_capturing(CU_STREAM_LEGACY, &cs);
 	if (is_capture_error(r) || (r == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE))
 		return 1;
 	return 0;
@@ -606,9 +605,9 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 	CUresult r;
 	CUstreamCaptureStatus cs;
 
-	if (D.stream_is_capturing) {
+	if (gpuos_drv.stream_is_capturing) {
 		cs = CU_STREAM_CAPTURE_STATUS_NONE;
-		r = D.stream_is_capturing(op->stream, &cs);
+		r = gpuos_drv.stream_is_capturing(op->stream, &cs);
 		if (is_capture_error(r) || (r == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE))
 			return GPUOS_VAL_SKIP_CAPTURE;
 		if (r != CUDA_SUCCESS) {
@@ -626,7 +625,7 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 	if (vc->broken)
 		return GPUOS_VAL_SKIP_ERROR;
 
-	r = D.ctx_sync();
+	r = gpuos_drv.ctx_sync();
 	if (r != CUDA_SUCCESS) {
 		dbg("seq %llu: cuCtxSynchronize before: %s (%d)",
 		    (unsigned long long)op->seq, errname(r), (int)r);
@@ -662,7 +661,7 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 	}
 	r = hash_into(vc, g_fseg, nseg, vc->d_before, nchunks);
 	if (r == CUDA_SUCCESS)
-		r = D.stream_sync(vc->stream);
+		r = gpuos_drv.stream_sync(vc->stream);
 	if (r != CUDA_SUCCESS) {
 		dbg("seq %llu: hashing before: %s (%d)", (unsigned long long)op->seq,
 		    errname(r), (int)r);
@@ -848,28 +847,28 @@ static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 	r = hash_into(vc, g_fseg2, nalive, vc->d_after, nchunks);
 	static const unsigned int zero;
 	if (r == CUDA_SUCCESS)
-		r = D.memcpy_htod_async(vc->d_count, &zero, sizeof zero, vc->stream);
+		r = gpuos_drv.memcpy_htod_async(vc->d_count, &zero, sizeof zero, vc->stream);
 	if (r == CUDA_SUCCESS) {
 		CUdeviceptr before = vc->d_before, after = vc->d_after;
 		CUdeviceptr changed = vc->d_changed, count = vc->d_count;
 		unsigned long long nch = nchunks;
 		void *args[] = { &before, &after, &nch, &changed, &count };
-		r = D.launch_kernel(vc->f_diff, grid_for(nchunks, HASH_BLOCK), 1, 1, HASH_BLOCK, 1, 1,
+		r = gpuos_drv.launch_kernel(vc->f_diff, grid_for(nchunks, HASH_BLOCK), 1, 1, HASH_BLOCK, 1, 1,
 			     0, vc->stream, args, NULL);
 	}
 	unsigned int count = 0;
 	if (r == CUDA_SUCCESS)
-		r = D.memcpy_dtoh_async(&count, vc->d_count, sizeof count, vc->stream);
+		r = gpuos_drv.memcpy_dtoh_async(&count, vc->d_count, sizeof count, vc->stream);
 	if (r == CUDA_SUCCESS)
-		r = D.stream_sync(vc->stream);
+		r = gpuos_drv.stream_sync(vc->stream);
 	if (r == CUDA_SUCCESS && count) {
 		if (count > nchunks)
 			count = (unsigned int)nchunks; /* cannot happen */
 		if (GROW(g_changed, g_changed_cap, count))
 			return GPUOS_VAL_SKIP_NOMEM;
-		r = D.memcpy_dtoh_async(g_changed, vc->d_changed, (size_t)count * 8, vc->stream);
+		r = gpuos_drv.memcpy_dtoh_async(g_changed, vc->d_changed, (size_t)count * 8, vc->stream);
 		if (r == CUDA_SUCCESS)
-			r = D.stream_sync(vc->stream);
+			r = gpuos_drv.stream_sync(vc->stream);
 	}
 	if (r != CUDA_SUCCESS) {
 		dbg("seq %llu: hashing after: %s (%d)", (unsigned long long)op->seq,
@@ -887,7 +886,7 @@ static int after_in_ctx(struct gpuos_val_op *op, struct val_state *st)
 	/* A capture may have begun in another thread since before(). */
 	if (capture_in_progress())
 		return GPUOS_VAL_SKIP_CAPTURE;
-	CUresult r = D.ctx_sync(); /* waits for the operation */
+	CUresult r = gpuos_drv.ctx_sync(); /* waits for the operation */
 	if (r != CUDA_SUCCESS) {
 		dbg("seq %llu: cuCtxSynchronize after: %s (%d)", (unsigned long long)op->seq,
 		    errname(r), (int)r);

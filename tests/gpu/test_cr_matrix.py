@@ -81,6 +81,21 @@ def wait_gone(pid: int, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
+def run_to_a_third(row: str, tmp_path: Path) -> tuple[list[str], subprocess.Popen, Path]:
+    """The row's uninterrupted results, and a paced run of it a third of the way in."""
+    ref, ref_log = start(row, tmp_path, "ref", 0.0)
+    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    expected = results(ref_log)
+    assert expected[-1] == "done" and len(expected) > STEPS
+    proc, log = start(row, tmp_path, "run", 0.1)
+    deadline = time.monotonic() + 300
+    while steps_done(log) < STEPS // 3:
+        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+        assert time.monotonic() < deadline, "too slow to reach a third of its steps"
+        time.sleep(0.02)
+    return expected, proc, log
+
+
 @pytest.fixture
 def env(tmp_path):
     return dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
@@ -88,17 +103,7 @@ def env(tmp_path):
 
 @pytest.mark.parametrize("row", list(ROWS))
 def test_checkpoint_kill_restore_matches_uninterrupted(row, env, tmp_path):
-    ref, ref_log = start(row, tmp_path, "ref", 0.0)
-    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.out").read_text()[-3000:]
-    expected = results(ref_log)
-    assert expected[-1] == "done" and len(expected) > STEPS
-
-    proc, log = start(row, tmp_path, "run", 0.1)
-    deadline = time.monotonic() + 300
-    while steps_done(log) < STEPS // 3:
-        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
-        assert time.monotonic() < deadline, "too slow to reach a third of its steps"
-        time.sleep(0.02)
+    expected, proc, log = run_to_a_third(row, tmp_path)
     res = gpuos(env, "checkpoint", str(proc.pid), "--image", row, "--json", check=None)
     report = {"row": row, "checkpoint": res.stdout.strip()[-2000:] or res.stderr.strip()[-2000:]}
     assert res.returncode == 0, report
@@ -117,17 +122,12 @@ def test_checkpoint_kill_restore_matches_uninterrupted(row, env, tmp_path):
 
 
 def test_jax_leave_running_is_identical(env, tmp_path):
-    ref, ref_log = start("jax-train", tmp_path, "ref", 0.0)
-    assert ref.wait(timeout=600) == 0
-    proc, log = start("jax-train", tmp_path, "run", 0.1)
-    while steps_done(log) < STEPS // 3:
-        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
-        time.sleep(0.02)
+    expected, proc, log = run_to_a_third("jax-train", tmp_path)
     res = gpuos(env, "checkpoint", str(proc.pid), "--image", "jax-live", "--leave-running", "--json",
                 check=None)
     assert res.returncode == 0, res.stdout + res.stderr
     assert proc.wait(timeout=600) == 0
-    assert results(log) == results(ref_log)
+    assert results(log) == expected
     gpuos(env, "images", "verify", "jax-live")
 
 
@@ -189,12 +189,7 @@ def _gpu_count() -> int:
 @pytest.mark.skipif(not _WHY and _gpu_count() < 2, reason="needs two GPUs of one model")
 def test_restore_onto_the_other_gpu_matches_uninterrupted(env, tmp_path):
     """The driver's gpuPairs: checkpointed on GPU 0, restored on GPU 1 (`restore --gpu 1`)."""
-    ref, ref_log = start("torch-eager-train", tmp_path, "ref", 0.0)
-    assert ref.wait(timeout=600) == 0
-    proc, log = start("torch-eager-train", tmp_path, "run", 0.1)
-    while steps_done(log) < STEPS // 3:
-        assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
-        time.sleep(0.02)
+    expected, proc, log = run_to_a_third("torch-eager-train", tmp_path)
     before = _gpu_of(proc.pid)
     gpuos(env, "checkpoint", str(proc.pid), "--image", "moved")
     proc.wait(timeout=60)
@@ -204,4 +199,4 @@ def test_restore_onto_the_other_gpu_matches_uninterrupted(env, tmp_path):
     wait_gone(proc.pid)
     print(json.dumps({"before": before, "after": after, "gpu_map": gpu_map}))
     assert before and after and before != after and gpu_map == {before: after}
-    assert results(log) == results(ref_log)
+    assert results(log) == expected

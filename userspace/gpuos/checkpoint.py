@@ -299,10 +299,9 @@ def unsupported_features(pid: int) -> list[str]:
     /dev/nvidia-uvm once, and once more with managed memory; a process that exported
     memory through CUDA IPC, and each that imported it, maps /dev/shm/cuda.shm.*."""
     try:
-        paths = [line.split(None, 5)[5].strip() for line in open(f"/proc/{pid}/maps")
-                 if len(line.split(None, 5)) == 6]
-    except OSError:
-        return []
+        paths = [m.path for m in procs.mappings(pid)]
+    except GpuosError:
+        return []  # gone or not ours to read: nothing seen
     seen = []
     if paths.count("/dev/nvidia-uvm") > 1:
         seen.append(MANAGED)

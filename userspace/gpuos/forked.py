@@ -22,7 +22,8 @@ import ctypes
 import os
 from dataclasses import dataclass, field
 
-from .errors import GpuosError, NoSuchProcess
+from . import procs
+from .errors import GpuosError
 from .hold import hold
 
 DEVICE_PREFIX = "/dev/nvidia"
@@ -46,32 +47,11 @@ class Inherited:
 
 
 def device_maps(pid: int, prefix: str = DEVICE_PREFIX) -> set[tuple[int, int]]:
-    found = set()
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].startswith(prefix):
-                    start, end = (int(x, 16) for x in parts[0].split("-"))
-                    found.add((start, end))
-    except FileNotFoundError:
-        raise NoSuchProcess(f"no process with pid {pid}") from None
-    return found
+    return {(m.start, m.end) for m in procs.mappings(pid) if m.path.startswith(prefix)}
 
 
 def device_fds(pid: int, prefix: str = DEVICE_PREFIX) -> list[int]:
-    found = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except FileNotFoundError:
-        raise NoSuchProcess(f"no process with pid {pid}") from None
-    for name in names:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{name}").startswith(prefix):
-                found.append(int(name))
-        except OSError:
-            continue  # closed meanwhile
-    return sorted(found)
+    return sorted(fd for fd, target in procs.open_files(pid).items() if target.startswith(prefix))
 
 
 def _same_file(pid1: int, fd1: int, pid2: int, fd2: int) -> bool:

@@ -233,14 +233,8 @@ class ThreadHold:
 
 def _syscall_instruction(pid: int) -> int:
     """The address of a ``syscall`` instruction (0f 05) in the process's vDSO or libc code."""
-    regions = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            path = parts[5].strip() if len(parts) == 6 else ""
-            if "x" in parts[1] and (path == "[vdso]" or "/libc.so" in path or "/libc-" in path):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                regions.append((path != "[vdso]", start, end))
+    regions = [(m.path != "[vdso]", m.start, m.end) for m in procs.mappings(pid)
+               if "x" in m.perms and (m.path == "[vdso]" or "/libc.so" in m.path or "/libc-" in m.path)]
     with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
         for _, start, end in sorted(regions):
             for chunk in range(start, end, 1 << 20):

@@ -18,30 +18,19 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import GpuosError
+from . import procs
+from .errors import GpuosError, NoSuchProcess
 
 LINKS_DIR = "links"
 DELETED = " (deleted)"
 
 
 def _deleted_paths(pid: int) -> set[str]:
-    found = set()
     try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].rstrip("\n").endswith(DELETED):
-                    found.add(parts[5].rstrip("\n")[: -len(DELETED)])
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("/") and target.endswith(DELETED):
-                found.add(target[: -len(DELETED)])
-    except (FileNotFoundError, ProcessLookupError):
-        pass  # exited: CRIU will say so
-    return found
+        named = [m.path for m in procs.mappings(pid)] + list(procs.open_files(pid).values())
+    except NoSuchProcess:
+        return set()  # exited: CRIU will say so
+    return {p[: -len(DELETED)] for p in named if p.startswith("/") and p.endswith(DELETED)}
 
 
 def candidate_dirs(tree: list[int]) -> set[Path]:

@@ -110,15 +110,52 @@ def tree(pid: int) -> list[int]:
     return order
 
 
-def uses_cuda(pid: int) -> bool:
-    """Whether the process has the CUDA driver library mapped."""
+@dataclass
+class Mapping:
+    """One line of /proc/PID/maps."""
+    start: int
+    end: int
+    perms: str  # e.g. r-xp
+    path: str  # "" for anonymous memory; "[vdso]", "... (deleted)" as the kernel writes them
+
+
+def mappings(pid: int) -> list[Mapping]:
+    found = []
     try:
         with open(PROC / str(pid) / "maps") as f:
-            return any("libcuda.so" in line for line in f)
+            for line in f:
+                parts = line.split(None, 5)
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                found.append(Mapping(start, end, parts[1],
+                                     parts[5].rstrip("\n") if len(parts) == 6 else ""))
     except FileNotFoundError:
         raise NoSuchProcess(f"no process with pid {pid}") from None
     except PermissionError:
         raise NotPermitted(f"not permitted to inspect pid {pid} (run as root)") from None
+    return found
+
+
+def open_files(pid: int) -> dict[int, str]:
+    """fd -> what it refers to (the link in /proc/PID/fd), for the fds still open."""
+    fd_dir = PROC / str(pid) / "fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise NotPermitted(f"not permitted to inspect pid {pid} (run as root)") from None
+    found = {}
+    for fd in fds:
+        try:
+            found[int(fd)] = os.readlink(fd_dir / fd)
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
+def uses_cuda(pid: int) -> bool:
+    """Whether the process has the CUDA driver library mapped."""
+    return any("libcuda.so" in m.path for m in mappings(pid))
 
 
 def check_target(pid: int) -> ProcStat:
@@ -142,17 +179,9 @@ TTY_MAJORS = {4, *range(136, 144)}
 def terminals(pid: int) -> list[tuple[str, int, int]]:
     """The terminals the process has open: (path, rdev, st_dev of the node's file system)."""
     found = {}
-    fd_dir = PROC / str(pid) / "fd"
-    try:
-        fds = os.listdir(fd_dir)
-    except FileNotFoundError:
-        raise NoSuchProcess(f"no process with pid {pid}") from None
-    except PermissionError:
-        raise NotPermitted(f"not permitted to inspect pid {pid} (run as root)") from None
-    for fd in fds:
+    for fd, path in open_files(pid).items():
         try:
-            st = os.stat(fd_dir / fd)
-            path = os.readlink(fd_dir / fd)
+            st = os.stat(PROC / str(pid) / "fd" / str(fd))
         except OSError:
             continue  # closed meanwhile
         if stat_mod.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in TTY_MAJORS:
