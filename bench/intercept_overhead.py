@@ -145,11 +145,14 @@ def timed_run(workload: str, args: list[str], mode: str, budget: Budget, env: di
 
 def across_processes(runs: list[dict]) -> dict[str, Any]:
     """The rounds' paired estimates (rounds_overhead) of the passive cost, the recording
-    cost and the whole, from time per step."""
+    cost and the whole, from time per step; for noop-launch, from its best block's time
+    per launch (ns_per_launch): its one-second runs' mean swings 20% with the host, while
+    interference only ever adds time to a block."""
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         if "round" in r:
-            by_round.setdefault(r["round"], {})[r["mode"]] = 1 / r["result"]["steps_per_s"]
+            res = r["result"]
+            by_round.setdefault(r["round"], {})[r["mode"]] = res.get("ns_per_launch") or 1 / res["steps_per_s"]
     full = [t for t in by_round.values() if set(t) == set(MODES)]
     def est(base: str, other: str) -> dict[str, Any]:
         return paired.rounds_overhead([t[base] for t in full], [t[other] for t in full])

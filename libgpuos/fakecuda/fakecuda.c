@@ -21,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fakecuda.h"
@@ -46,6 +48,7 @@
 	X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) \
 	X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) \
 	X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
+	X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) \
 	X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) \
 	X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) \
 	X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD_v2_ptds) X(cuMemcpyHtoDAsync_v2) \
@@ -342,7 +345,7 @@ static CUresult ctx_arg(CUcontext h)
 enum { A_DEV = 1, A_PITCH, A_ASYNC, A_MANAGED, A_HOST, A_REG, A_RES, A_MAP };
 #define DEVICE_KINDS ((1 << A_DEV) | (1 << A_PITCH) | (1 << A_ASYNC) | (1 << A_MANAGED))
 
-struct memh { struct obj o; size_t size; int released; int maps; };
+struct memh { struct obj o; size_t size; int released; int maps; int fd; /* a memfd: the contents */ };
 
 struct alloc {
 	uintptr_t base;
@@ -577,10 +580,14 @@ static CUresult ptr_attr(void *data, CUpointer_attribute attr, CUdeviceptr p)
 }
 
 /* ---------------------------------------------------------------------------------
- * Virtual memory management: reservations are PROT_NONE mmaps; cuMemMap puts fresh
- * anonymous pages (PROT_NONE) over a part of one; cuMemSetAccess mprotects them.
- * A handle mapped twice gets two independent copies (fine for the fake).
+ * Virtual memory management: reservations are PROT_NONE mmaps; physical memory is a
+ * memfd, which cuMemMap maps shared (PROT_NONE) over a part of a reservation and
+ * cuMemSetAccess mprotects: every mapping of a handle, in this process or another that
+ * imported it (cuMemExportToShareableHandle gives a dup of the memfd), sees the same
+ * bytes.  FAKECUDA_VMM_CREATE_FAIL=1 makes cuMemCreate fail (out of memory).
  */
+static int g_vmm_create_fail;
+
 static int vmm_prop_ok(const CUmemAllocationProp *prop)
 {
 	return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
@@ -644,8 +651,15 @@ static CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size, const C
 	struct memh *m;
 	if (!h || !size || size % FAKECUDA_GRANULARITY || flags || !vmm_prop_ok(prop))
 		return CUDA_ERROR_INVALID_VALUE;
-	if (size > FAKECUDA_TOTAL_MEM - g_dev_used || !(m = onew(sizeof(*m), O_MEMH)))
+	if (g_vmm_create_fail || size > FAKECUDA_TOTAL_MEM - g_dev_used)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) || !(m = onew(sizeof(*m), O_MEMH))) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	m->fd = fd;
 	m->size = size;
 	g_dev_used += size;
 	S.vmm_creates++;
@@ -657,6 +671,7 @@ static void memh_put(struct memh *m)
 {
 	if (m->released && m->maps == 0) {
 		g_dev_used -= m->size;
+		close(m->fd);
 		odel(m);
 	}
 }
@@ -690,13 +705,46 @@ static CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
 	}
 	if (!res)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-		 -1, 0) == MAP_FAILED)
+	if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, m->fd, (off_t)offset) == MAP_FAILED)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (!(a = al_add(ptr, size, A_MAP)))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	a->h = m;
 	m->maps++;
+	return CUDA_SUCCESS;
+}
+
+static CUresult vmm_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+			   unsigned long long flags)
+{
+	struct memh *m = oget((void *)(uintptr_t)h, O_MEMH);
+	if (!m || m->released)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!out || flags || t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*(int *)out = fd;
+	return CUDA_SUCCESS;
+}
+
+static CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t)
+{
+	struct stat st;
+	struct memh *m;
+	int fd = (int)(uintptr_t)os;
+	if (!h || t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) || st.st_size <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if ((fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0 || !(m = onew(sizeof(*m), O_MEMH))) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	m->fd = fd;
+	m->size = (size_t)st.st_size;
+	g_dev_used += m->size;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)m;
 	return CUDA_SUCCESS;
 }
 
@@ -2006,6 +2054,8 @@ static const struct pa proc_table[] = {
 	PA(cuMemCreate, 10020, cuMemCreate) PA(cuMemRelease, 10020, cuMemRelease)
 	PA(cuMemMap, 10020, cuMemMap) PA(cuMemUnmap, 10020, cuMemUnmap)
 	PA(cuMemSetAccess, 10020, cuMemSetAccess)
+	PA(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle)
+	PA(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle)
 	PA(cuMemcpy, 4000, cuMemcpy) PT(cuMemcpy, 7000, cuMemcpy_ptds)
 	PA(cuMemcpyAsync, 4000, cuMemcpyAsync) PT(cuMemcpyAsync, 7000, cuMemcpyAsync_ptsz)
 	PA(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2) PT(cuMemcpyHtoD, 7000, cuMemcpyHtoD_v2_ptds)
@@ -2409,6 +2459,10 @@ API(cuMemMap, (CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle
     vmm_map(p, n, off, h, f))
 API(cuMemUnmap, (CUdeviceptr p, size_t n), vmm_unmap(p, n))
 API(cuMemSetAccess, (CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c), vmm_access(p, n, d, c))
+API(cuMemExportToShareableHandle, (void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+				   unsigned long long f), vmm_export(out, h, t, f))
+API(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t),
+    vmm_import(h, os, t))
 
 /* Copies and memsets. */
 API_PTDS(cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), copy(NULL, MU, d, MU, s, n))
@@ -2593,6 +2647,8 @@ __attribute__((constructor)) static void fake_ctor(void)
 	g_debug = d && *d && *d != '0';
 	d = getenv("FAKECUDA_STICKY_FAULTS");
 	g_sticky_faults = d && *d && *d != '0';
+	d = getenv("FAKECUDA_VMM_CREATE_FAIL");
+	g_vmm_create_fail = d && *d && *d != '0';
 }
 
 __attribute__((destructor)) static void fake_dtor(void)

@@ -77,7 +77,7 @@
 #include <stdint.h>
 
 #define GPUOS_RING_MAGIC 0x31474e4952534f47ULL /* "GOSRING1" */
-#define GPUOS_RING_VERSION 2 /* 2: GPUOS_TRACK_INCOMPLETE and hdr.incomplete */
+#define GPUOS_RING_VERSION 3 /* 2: GPUOS_TRACK_INCOMPLETE and hdr.incomplete; 3: movable memory */
 #define GPUOS_RING_HDR_SIZE 4096
 #define GPUOS_SLOT_SIZE 64
 #define GPUOS_SLOT_PAYLOAD 56
@@ -143,6 +143,12 @@ struct gpuos_ring_hdr {
 				     * are exact again from the first operation after 0.
 				     * Ignored in validation mode. */
 	uint32_t incomplete;        /* atomic: GPUOS_INCOMPLETE_* bits, with GPUOS_TRACK_INCOMPLETE */
+	/* movable memory (libgpuos/src/memory.c; version 3) */
+	uint32_t memory_mode;       /* 0: the driver's; 1: movable (GPUOS_MEMORY=movable) */
+	uint32_t pad0;
+	uint64_t movable_bytes;     /* atomic: physical bytes of live movable allocations */
+	uint64_t n_movable_fallbacks; /* atomic: cuMemAlloc calls given the driver's memory because a
+				     * VMM step failed */
 };
 
 struct gpuos_func_ent {
@@ -189,6 +195,9 @@ enum gpuos_alloc_kind {
 	GPUOS_ALLOC_VMM_CREATE = 9,  /* cuMemCreate: physical memory, no VA (handle in aux, base 0) */
 	GPUOS_ALLOC_GRAPH = 10,      /* a graph's memory allocation node */
 };
+
+/* gpuos_rec_hdr.flags of ALLOC and FREE */
+#define GPUOS_ALLOC_F_MOVABLE (1u << 0) /* movable memory: aux is its physical memory's handle */
 
 struct gpuos_rec_alloc {
 	struct gpuos_rec_hdr h;

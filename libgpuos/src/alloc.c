@@ -19,11 +19,13 @@ void gpuos_alloc_record(uint16_t type, const struct gpuos_alloc *a, uint64_t str
 	r.size = a->end - a->base;
 	r.ctx = a->ctx;
 	r.stream = stream;
-	/* aux is the VMM handle; for graph allocations the map keeps a count there */
-	r.aux = a->kind == GPUOS_ALLOC_VMM_MAP || a->kind == GPUOS_ALLOC_VMM_CREATE ? a->aux : 0;
+	/* aux is the VMM handle (movable memory's too); for graph allocations the map keeps a
+	 * count there */
+	int movable = !!(a->flags & GPUOS_A_MOVABLE);
+	r.aux = a->kind == GPUOS_ALLOC_VMM_MAP || a->kind == GPUOS_ALLOC_VMM_CREATE || movable ? a->aux : 0;
 	r.kind = a->kind;
 	r.device = a->device;
-	gpuos_ring_emit(type, 0, &r, sizeof r, NULL, 0);
+	gpuos_ring_emit(type, movable ? GPUOS_ALLOC_F_MOVABLE : 0, &r, sizeof r, NULL, 0);
 	if (type == GPUOS_REC_ALLOC)
 		GPUOS_COUNT(n_allocs, 1);
 	else
@@ -38,6 +40,15 @@ static int current_device(void)
 	return -1;
 }
 
+static void insert(const struct gpuos_alloc *a, uint64_t stream)
+{
+	gpuos_write_lock_drained();
+	int e = gpuos_map_insert(&gpuos_allocs, a);
+	pthread_rwlock_unlock(&gpuos_lock.v);
+	if (!e && a->end > a->base)
+		gpuos_alloc_record(GPUOS_REC_ALLOC, a, stream);
+}
+
 static void add(uint32_t kind, uint32_t flags, uint64_t base, uint64_t size, uint64_t stream)
 {
 	struct gpuos_alloc a = {
@@ -48,11 +59,7 @@ static void add(uint32_t kind, uint32_t flags, uint64_t base, uint64_t size, uin
 		.flags = flags,
 		.device = flags & GPUOS_A_HOST ? -1 : current_device(),
 	};
-	gpuos_write_lock_drained();
-	int e = gpuos_map_insert(&gpuos_allocs, &a);
-	pthread_rwlock_unlock(&gpuos_lock.v);
-	if (!e && size)
-		gpuos_alloc_record(GPUOS_REC_ALLOC, &a, stream);
+	insert(&a, stream);
 }
 
 /* Take the allocation at base out of m before freeing it; 1 if it was there. */
@@ -89,6 +96,11 @@ CUresult gpuos_h_mem_alloc(PFN_cuMemAlloc_v3020 real, int pt, CUdeviceptr *dptr,
 {
 	(void)pt;
 	int on = gpuos_on();
+	struct gpuos_alloc a;
+	if (on && dptr && gpuos_movable_alloc(dptr, bytesize, &a)) {
+		insert(&a, 0);
+		return CUDA_SUCCESS;
+	}
 	CUresult r = real(dptr, bytesize);
 	if (on && r == CUDA_SUCCESS)
 		add(GPUOS_ALLOC_DEVICE, GPUOS_A_DEVMEM, *dptr, bytesize, 0);
@@ -179,20 +191,44 @@ CUresult gpuos_h_mem_alloc_from_pool_async(PFN_cuMemAllocFromPoolAsync_v11020 re
 
 /* ---- frees ----------------------------------------------------------------------------------- */
 
+/* Take the allocation at dptr out of the map if tracking is on, or if it may be movable
+ * memory (which outlives tracking: only gpuos can free it). */
+static int take_device(CUdeviceptr dptr, struct gpuos_alloc *a)
+{
+	if (gpuos_on())
+		return take(&gpuos_allocs, dptr, a);
+	if (gpuos_memory_mode() != GPUOS_MEMORY_MOVABLE || !take(&gpuos_allocs, dptr, a))
+		return 0;
+	if (a->flags & GPUOS_A_MOVABLE)
+		return 1;
+	/* tracking went off after it was made: the entry would not be updated anyway */
+	return 0;
+}
+
 CUresult gpuos_h_mem_free(PFN_cuMemFree_v3020 real, int pt, CUdeviceptr dptr)
 {
 	(void)pt;
 	struct gpuos_alloc a;
-	int had = gpuos_on() && take(&gpuos_allocs, dptr, &a);
-	return freed(&gpuos_allocs, had, &a, 0, real(dptr));
+	int had = take_device(dptr, &a);
+	CUresult r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr);
+	return freed(&gpuos_allocs, had, &a, 0, r);
 }
 
 CUresult gpuos_h_mem_free_async(PFN_cuMemFreeAsync_v11020 real, int pt, CUdeviceptr dptr, CUstream st)
 {
 	struct gpuos_alloc a;
 	uint64_t stream = gpuos_eff_stream(st, pt);
-	int had = gpuos_on() && !gpuos_stream_captured(stream) && take(&gpuos_allocs, dptr, &a);
-	return freed(&gpuos_allocs, had, &a, stream, real(dptr, st));
+	int had = !gpuos_stream_captured(stream) && take_device(dptr, &a);
+	CUresult r;
+	if (had && (a.flags & GPUOS_A_MOVABLE)) {
+		/* freed in stream order: after the stream's work so far, which may use it */
+		r = gpuos_drv.stream_sync ? gpuos_drv.stream_sync((CUstream)(uintptr_t)stream) : CUDA_SUCCESS;
+		if (r == CUDA_SUCCESS)
+			r = gpuos_movable_free(&a);
+	} else {
+		r = real(dptr, st);
+	}
+	return freed(&gpuos_allocs, had, &a, stream, r);
 }
 
 CUresult gpuos_h_mem_free_host(PFN_cuMemFreeHost_v2000 real, int pt, void *p)

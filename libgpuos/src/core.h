@@ -130,6 +130,15 @@ struct gpuos_drv {
 	PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async;
 	PFN_cuGetErrorName_v6000 get_error_name;
 	PFN_cuThreadExchangeStreamCaptureMode_v10010 thread_exchange_capture_mode;
+	/* movable memory's (memory.c) */
+	PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity;
+	PFN_cuMemAddressReserve_v10020 mem_address_reserve;
+	PFN_cuMemAddressFree_v10020 mem_address_free;
+	PFN_cuMemCreate_v10020 mem_create;
+	PFN_cuMemRelease_v10020 mem_release;
+	PFN_cuMemMap_v10020 mem_map;
+	PFN_cuMemUnmap_v10020 mem_unmap;
+	PFN_cuMemSetAccess_v10020 mem_set_access;
 };
 extern struct gpuos_drv gpuos_drv;
 
@@ -227,6 +236,7 @@ extern gpuos_alone_rwlock_t gpuos_lock;
 #define GPUOS_A_MANAGED 1u
 #define GPUOS_A_HOST 2u
 #define GPUOS_A_DEVMEM 4u /* plain device memory the validator can fingerprint */
+#define GPUOS_A_MOVABLE 8u /* movable memory (memory.c): aux is its physical memory's handle */
 
 struct gpuos_alloc {
 	uint64_t base, end;
@@ -447,6 +457,18 @@ void gpuos_play_graph(const struct gpuos_qe *e);
  * allocation map, function entries, graph execs): they are recorded first, against the
  * state they were issued in. */
 void gpuos_write_lock_drained(void);
+
+/* ---- memory.c ----------------------------------------------------------------------- */
+
+enum gpuos_memory_mode { GPUOS_MEMORY_DRIVER = 0, GPUOS_MEMORY_MOVABLE = 1 };
+int gpuos_memory_mode(void); /* GPUOS_MEMORY, read once */
+/* Serve a cuMemAlloc of bytes as movable memory: 1 with *dptr and the map entry in *a,
+ * 0 for the driver's own allocation (movable memory off, too small, or a VMM step failed). */
+int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a);
+/* Free movable memory a (out of the map already): waits for the context's work first. */
+CUresult gpuos_movable_free(const struct gpuos_alloc *a);
+/* The bytes of a's reservation and physical memory: its size rounded up to the granularity. */
+size_t gpuos_movable_reserved(const struct gpuos_alloc *a);
 
 /* ---- objects.c, alloc.c, graph.c ------------------------------------------------------ */
 

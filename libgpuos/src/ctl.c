@@ -288,6 +288,7 @@ static int start_tracking(void)
 		return GPUOS_RUN_OFF;
 	}
 	gpuos_resolve();
+	gpuos_memory_mode(); /* into the ring header */
 	int dv = 0;
 	if (gpuos_drv.driver_get_version && gpuos_drv.driver_get_version(&dv) == CUDA_SUCCESS)
 		gpuos_ring_hdr()->driver_version = (uint32_t)dv;

@@ -201,6 +201,14 @@ static const struct {
 	DRV(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
 	DRV(get_error_name, "cuGetErrorName"),
 	DRV(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode"),
+	DRV(mem_get_allocation_granularity, "cuMemGetAllocationGranularity"),
+	DRV(mem_address_reserve, "cuMemAddressReserve"),
+	DRV(mem_address_free, "cuMemAddressFree"),
+	DRV(mem_create, "cuMemCreate"),
+	DRV(mem_release, "cuMemRelease"),
+	DRV(mem_map, "cuMemMap"),
+	DRV(mem_unmap, "cuMemUnmap"),
+	DRV(mem_set_access, "cuMemSetAccess"),
 #undef DRV
 };
 

@@ -47,6 +47,9 @@ OFFSETS = {  # fields whose offsets the reader relies on directly
     ("gpuos_ring_hdr", "n_launches"): 368,
     ("gpuos_ring_hdr", "n_misses"): 440,
     ("gpuos_ring_hdr", "ops_paused"): 448,
+    ("gpuos_ring_hdr", "memory_mode"): 456,
+    ("gpuos_ring_hdr", "movable_bytes"): 464,
+    ("gpuos_ring_hdr", "n_movable_fallbacks"): 472,
     ("gpuos_rec_launch", "nbuf"): 96,
 }
 

@@ -641,3 +641,61 @@ def test_a_call_of_an_untracked_writer_makes_the_record_incomplete(build, env, t
     (proc,) = json.loads(report.read_text())["processes"]
     assert proc["state"] == "incomplete" and proc["incomplete"] == ["unhooked-writer"]
     assert "tracking INCOMPLETE (unhooked-writer)" in res.stderr
+
+
+def movable_run(build: Path, env: dict, tmp_path: Path, *gpuos_args: str, **extra_env: str):
+    """t_movable under `gpuos run --log --report`: (its ALLOC lines, the report's process,
+    the log's alloc records, stderr)."""
+    log, report = tmp_path / "movable.jsonl", tmp_path / "movable.report.json"
+    res = subprocess.run([*GPUOS, "run", "--log", str(log), "--report", str(report), *gpuos_args, "--",
+                          str(build / "tests" / "t_movable")],
+                         env={**env, **extra_env}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.splitlines()[-1] == "ok", res.stdout + res.stderr
+    allocs = [tuple(map(int, line.split()[1:])) for line in res.stdout.splitlines() if line.startswith("ALLOC")]
+    (proc,) = json.loads(report.read_text())["processes"]
+    records = [r for r in list(read_log(log))[1:] if r["type"] == "alloc"]
+    return allocs, proc, records, res.stderr
+
+
+def test_large_device_allocations_are_movable_and_behave_as_the_drivers(build, env, tmp_path):
+    """Under `gpuos run` (movable memory by default) every cuMemAlloc of 2 MiB or more is
+    served by libgpuos with the VMM API: the program's data survives host and
+    device-to-device copies and memsets between movable and driver memory, address ranges
+    contain the allocation, and the log marks exactly the large allocations movable."""
+    allocs, proc, records, stderr = movable_run(build, env, tmp_path)
+    assert proc["memory"] == "movable" and proc["counters"]["movable_fallbacks"] == 0
+    assert "memory movable" in stderr
+    by_base = {(r["base"], r["size"]): r for r in records}
+    assert len(allocs) == 8 and all(a in by_base for a in allocs)
+    for a in allocs:
+        assert by_base[a].get("movable", False) == (a[1] >= 2 << 20), by_base[a]
+        assert (by_base[a]["aux"] != 0) == (a[1] >= 2 << 20)  # the physical memory's handle
+    frees = [r for r in list(read_log(tmp_path / "movable.jsonl"))[1:] if r["type"] == "free"]
+    assert sorted((r["base"], r["size"]) for r in frees) == sorted(allocs)
+
+
+def test_memory_driver_leaves_allocations_to_the_driver(build, env, tmp_path):
+    allocs, proc, records, stderr = movable_run(build, env, tmp_path, "--memory", "driver")
+    assert proc["memory"] == "driver" and not any(r.get("movable") for r in records)
+    assert len(allocs) == 8 and "memory movable" not in stderr
+
+
+def test_a_failed_vmm_step_gives_the_drivers_allocation(build, env, tmp_path):
+    """cuMemCreate fails (the fake says out of memory): the program gets the driver's own
+    allocation, runs as without gpuos, and the run counts and says the fallbacks."""
+    allocs, proc, records, stderr = movable_run(build, env, tmp_path, FAKECUDA_VMM_CREATE_FAIL="1")
+    assert not any(r.get("movable") for r in records)
+    assert proc["counters"]["movable_fallbacks"] == 6  # three large allocations, twice
+    assert "6 allocations left to the driver" in stderr
+
+
+def test_validation_reads_movable_memory(build, env, tmp_path):
+    """The validator fingerprints movable allocations like the driver's: every copy and
+    memset of t_movable validated, none with a miss."""
+    report = tmp_path / "v.json"
+    res = subprocess.run([*GPUOS, "run", "--validate", "--report", str(report), "--",
+                          str(build / "tests" / "t_movable")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    v = json.loads(report.read_text())["validation"]
+    assert v["operations"] >= 20 and v["with_misses"] == 0 and v["skipped"] == 0, v

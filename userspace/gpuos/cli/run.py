@@ -27,7 +27,10 @@ def _summary(res: RunResult) -> list[str]:
                      f"{c['graph_launches']} graph launches"
                      + (f", {c['unknown_layout']} launches without a parameter layout"
                         if c["unknown_layout"] else "")
-                     + (f", {c['records_lost']} records lost" if c["records_lost"] else ""))
+                     + (f", {c['records_lost']} records lost" if c["records_lost"] else "")
+                     + (f"; memory {p.memory}" if p.memory != "driver" else "")
+                     + (f" ({c['movable_fallbacks']} allocations left to the driver: a VMM step "
+                        "failed)" if c.get("movable_fallbacks") else ""))
     v = res.validation
     if v is not None:
         lines.append(f"validation: {v.operations} operations validated, {v.skipped} skipped, "
@@ -90,10 +93,15 @@ def _check_cpu_list(text: str) -> None:
               help="Start with the recording of operations paused (launches, copies, memsets, "
                    "graph launches: allocations and objects are still tracked), as `gpuos trace "
                    "pause` would; `gpuos trace resume PID` starts it.")
+@click.option("--memory", type=click.Choice(["movable", "driver"]), default="movable", show_default=True,
+              help="movable: device allocations of 2 MiB and more are made by gpuos with the "
+                   "driver's virtual-memory API, at addresses that stay, so that gpuos can move "
+                   "them (checkpoint while running); driver: the driver's own, for programs "
+                   "that share device memory through CUDA IPC.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, quiet, cmd) -> None:
+            paused, memory, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -127,7 +135,7 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
-                                paused=paused)).run()
+                                paused=paused, memory=memory)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -77,3 +77,4 @@ class ProcessReport:
     reason: str | None        # why off
     counters: dict[str, int]
     incomplete: list[str] = field(default_factory=list)  # why incomplete (ring.INCOMPLETE, reader-lapped)
+    memory: str = "driver"    # "movable": its cuMemAlloc served by gpuos (ring.MEMORY_MODES)

@@ -1,4 +1,4 @@
-"""Reading libgpuos's launch ring (libgpuos/include/gpuos_ring.h, format version 1).
+"""Reading libgpuos's launch ring (libgpuos/include/gpuos_ring.h, format version 3).
 
 The ring is a memfd shared with the traced process.  We map it read-only and follow
 the writer protocol described in the header: a record starts in a slot whose sequence
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 MAGIC = 0x31474E4952534F47
-VERSION = 2
+VERSION = 3
 HDR_SIZE = 4096
 SLOT_SIZE = 64
 SLOT_PAYLOAD = 56
@@ -34,8 +34,10 @@ TRACK_STATES = {TRACK_ON: "on", TRACK_OFF: "off", TRACK_INCOMPLETE: "incomplete"
 INCOMPLETE = {1 << 0: "unknown-entry-point", 1 << 1: "record-lost",
               1 << 2: "unhooked-writer"}  # GPUOS_INCOMPLETE_*
 RING_VALIDATE = 1
+MEMORY_MODES = {0: "driver", 1: "movable"}  # hdr.memory_mode
+ALLOC_F_MOVABLE = 1  # GPUOS_ALLOC_F_MOVABLE: an ALLOC/FREE record's flag
 
-HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QII")  # ..., ops_paused, incomplete
+HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QIIIIQQ")  # ..., ops_paused, incomplete, memory
 OPS_PAUSED_OFFSET = 448  # hdr.ops_paused (u32)
 COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_layout",
             "unmatched_procs", "validated", "validate_skipped", "misses")
@@ -111,6 +113,9 @@ class RingHeader:
     counters: dict[str, int] = field(default_factory=dict)
     ops_paused: bool = False
     incomplete: int = 0  # GPUOS_INCOMPLETE_* bits
+    memory_mode: str = "driver"  # "movable": cuMemAlloc served by gpuos (libgpuos/src/memory.c)
+    movable_bytes: int = 0  # physical bytes of live movable allocations
+    movable_fallbacks: int = 0  # allocations left to the driver because a VMM step failed
 
     @property
     def tracking(self) -> bool:
@@ -146,6 +151,8 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
         base, size, ctx, stream, aux, kind, device = ALLOC_BODY.unpack_from(body)
         rec.update(base=base, size=size, ctx=ctx, stream=stream, aux=aux,
                    kind=ALLOC_KINDS.get(kind, kind), device=device)
+        if flags & ALLOC_F_MOVABLE:
+            rec["movable"] = True
     elif rtype == OBJECT:
         handle, parent, objtype, func_id = OBJECT_BODY.unpack_from(body)
         rec.update(handle=handle, parent=parent, object=OBJ_TYPES.get(objtype, objtype),
@@ -259,7 +266,8 @@ class Ring:
                           start_mono_ns=f[13], strtab_off=f[14], func_cap=f[16],
                           func_count=f[17], driver_version=f[19],
                           counters=dict(zip(COUNTERS, f[21:31])), ops_paused=bool(f[31]),
-                          incomplete=f[32])
+                          incomplete=f[32], memory_mode=MEMORY_MODES.get(f[33], str(f[33])),
+                          movable_bytes=f[35], movable_fallbacks=f[36])
 
     def head(self) -> int:
         return struct.unpack_from("<Q", self.map, 32)[0]

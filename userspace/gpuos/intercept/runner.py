@@ -61,6 +61,7 @@ class RunOptions:
     record_cpus: str | None = None
     lib: Path | None = None
     paused: bool = False  # every process starts with ops_paused set
+    memory: str = "movable"  # GPUOS_MEMORY: "movable" (libgpuos/src/memory.c) or "driver"
 
 
 @dataclass
@@ -126,6 +127,7 @@ class Supervisor:
         env["GPUOS_CTL"] = str(ctl)
         for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS"):
             env.pop(var, None)  # only what this run asks for
+        env["GPUOS_MEMORY"] = self.opts.memory
         if self.opts.validate:
             env["GPUOS_VALIDATE"] = "1"
         if self.opts.touch_all:
@@ -307,10 +309,10 @@ class Supervisor:
         for t in self.procs.values():
             self._end(t)
             h = t.ring.header()
-            counters = dict(h.counters, records_lost=h.lost)
+            counters = dict(h.counters, records_lost=h.lost, movable_fallbacks=h.movable_fallbacks)
             state, incomplete = self._state(t, h)
             procs.append(ProcessReport(t.pid, t.ppid, t.exe, state, h.reason or None, counters,
-                                       incomplete))
+                                       incomplete, h.memory_mode))
         readers = [t.reader for t in self.procs.values() if t.reader]
         return RunResult(self.opts.cmd, rc, wall, procs, self.summary,
                          log_records=sum(r.stats.records for r in readers),
