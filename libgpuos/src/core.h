@@ -139,6 +139,12 @@ struct gpuos_drv {
 	PFN_cuMemMap_v10020 mem_map;
 	PFN_cuMemUnmap_v10020 mem_unmap;
 	PFN_cuMemSetAccess_v10020 mem_set_access;
+	/* the agent's (agent.c) */
+	PFN_cuMemExportToShareableHandle_v10020 mem_export;
+	PFN_cuMemImportFromShareableHandle_v10020 mem_import;
+	PFN_cuMemHostRegister_v6050 mem_host_register;
+	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
+	PFN_cuStreamDestroy_v4000 stream_destroy;
 };
 extern struct gpuos_drv gpuos_drv;
 
@@ -160,6 +166,7 @@ struct gpuos_hot {
 	int tsc_ok;                 /* queue entries are stamped with the TSC (defer.c) */
 	const uint32_t *pause_word; /* hdr.ops_paused of the ring, or gpuos_not_paused (ring.c) */
 	uint64_t fn_gen;            /* bumped when function entries are freed (objects.c) */
+	int gate;                   /* the agent holds the process: wrappers wait (agent.c) */
 } __attribute__((aligned(128)));
 extern struct gpuos_hot gpuos_hot;
 extern const uint32_t gpuos_not_paused; /* a constant 0 */
@@ -469,6 +476,47 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a);
 CUresult gpuos_movable_free(const struct gpuos_alloc *a);
 /* The bytes of a's reservation and physical memory: its size rounded up to the granularity. */
 size_t gpuos_movable_reserved(const struct gpuos_alloc *a);
+/* New physical memory for [va, va + size) on device, mapped read-write. */
+CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out);
+
+/* ---- agent.c ------------------------------------------------------------------------ */
+
+/* The gate every exported wrapper passes (agent.c explains it). */
+struct gpuos_gate_slot {
+	int inside; /* wrappers of this thread in progress (only this thread writes it) */
+	int used;   /* atomic: owned by a live thread */
+} __attribute__((aligned(64)));
+extern GPUOS_TLS struct gpuos_gate_slot *gpuos_tls_gate;
+struct gpuos_gate_slot *gpuos_gate_slot_slow(void); /* NULL: no slot left, count the slow way */
+void gpuos_gate_wait(struct gpuos_gate_slot *s);
+void gpuos_gate_overflow_enter(void);
+void gpuos_gate_overflow_exit(void);
+
+static inline struct gpuos_gate_slot *gpuos_gate_enter(void)
+{
+	struct gpuos_gate_slot *s = gpuos_tls_gate;
+	if (unlikely(!s) && !(s = gpuos_gate_slot_slow())) {
+		gpuos_gate_overflow_enter();
+		return NULL;
+	}
+	__atomic_store_n(&s->inside, s->inside + 1, __ATOMIC_RELAXED);
+	/* no fence: the agent's membarrier orders this store before the load below */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	if (unlikely(__atomic_load_n(&gpuos_hot.gate, __ATOMIC_RELAXED)))
+		gpuos_gate_wait(s);
+	return s;
+}
+
+static inline void gpuos_gate_exit(struct gpuos_gate_slot *s)
+{
+	if (likely(s != NULL))
+		__atomic_store_n(&s->inside, s->inside - 1, __ATOMIC_RELEASE);
+	else
+		gpuos_gate_overflow_exit();
+}
+
+int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
+void gpuos_agent_forget(void);  /* fork child */
 
 /* ---- objects.c, alloc.c, graph.c ------------------------------------------------------ */
 

@@ -256,6 +256,7 @@ static void atfork_child(void)
 		close(conn_fd);
 	conn_fd = -1;
 	gpuos_ring_forget();
+	gpuos_agent_forget();
 	gpuos_track_forget();
 	gpuos_scan_forget();
 	gpuos_val_forget();
@@ -295,6 +296,8 @@ static int start_tracking(void)
 	if (handshake(ctl, validate ? GPUOS_CTL_VALIDATE : 0))
 		return GPUOS_RUN_OFF;
 	gpuos_validating = validate;
+	if (gpuos_memory_mode() == GPUOS_MEMORY_MOVABLE && (e = gpuos_agent_start()))
+		gpuos_dbg("no movable-memory agent: %s", strerror(e)); /* gpuos checkpoint then stops the world */
 	int s = GPUOS_RUN_STARTING;
 	if (!__atomic_compare_exchange_n(&gpuos_hot.run_state, &s, GPUOS_RUN_ON, 0, __ATOMIC_ACQ_REL,
 					 __ATOMIC_ACQUIRE))

@@ -35,7 +35,10 @@ struct gpuos_drv gpuos_drv;
 		pfn real = (pfn)gpuos_real_at(HK_##name);                                  \
 		if (unlikely(!real))                                                       \
 			return CUDA_ERROR_NOT_FOUND;                                       \
-		return handler(real, pt, GPUOS_UNPAREN args);                              \
+		struct gpuos_gate_slot *gate_ = gpuos_gate_enter();                        \
+		CUresult r_ = handler(real, pt, GPUOS_UNPAREN args);                       \
+		gpuos_gate_exit(gate_);                                                    \
+		return r_;                                                                 \
 	}                                                                                  \
 	_Static_assert(__builtin_types_compatible_p(__typeof__(&name), pfn),               \
 		       #name " does not have the ABI of " #pfn);
@@ -209,6 +212,11 @@ static const struct {
 	DRV(mem_map, "cuMemMap"),
 	DRV(mem_unmap, "cuMemUnmap"),
 	DRV(mem_set_access, "cuMemSetAccess"),
+	DRV(mem_export, "cuMemExportToShareableHandle"),
+	DRV(mem_import, "cuMemImportFromShareableHandle"),
+	DRV(mem_host_register, "cuMemHostRegister_v2"),
+	DRV(mem_host_unregister, "cuMemHostUnregister"),
+	DRV(stream_destroy, "cuStreamDestroy_v2"),
 #undef DRV
 };
 

@@ -83,8 +83,7 @@ size_t gpuos_movable_reserved(const struct gpuos_alloc *a)
 	return g == SIZE_MAX ? n : (n + g - 1) & ~(g - 1);
 }
 
-/* Physical memory for [va, va + size) on device, mapped read-write; the handle, or 0. */
-static CUresult map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out)
+CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out)
 {
 	CUmemAllocationProp prop;
 	movable_prop(&prop, device);
@@ -123,7 +122,7 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a)
 	CUmemGenericAllocationHandle h;
 	if (gpuos_drv.mem_address_reserve(&va, size, 0, 0, 0) != CUDA_SUCCESS)
 		goto fallback;
-	if (map_new(va, size, dev, &h) != CUDA_SUCCESS) {
+	if (gpuos_movable_map_new(va, size, dev, &h) != CUDA_SUCCESS) {
 		gpuos_drv.mem_address_free(va, size);
 		goto fallback;
 	}

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpuos_agent.h - gpuos's commands to libgpuos inside a process: the movable-memory agent.
+ *
+ * A process under `gpuos run --memory movable` (libgpuos/src/memory.c) serves this
+ * protocol from its agent thread (libgpuos/src/agent.c), on an abstract unix stream
+ * socket named "gpuos-agent-<pid>" (sun_path = "\0gpuos-agent-<pid>").  A client must be
+ * root or the process's uid (SO_PEERCRED); one client at a time.  Each request is one
+ * struct gpuos_agent_req; each gets one struct gpuos_agent_reply, followed by `count`
+ * entries for LIST, or carrying file descriptors (SCM_RIGHTS) for EXPORT.  Descriptors
+ * sent with MAP travel with the request.  status is 0 or an errno; msg says why.
+ *
+ *   HOLD     Every thread that enters a CUDA driver call libgpuos wraps waits at its
+ *            entry; calls already inside finish; then every context with movable memory
+ *            is synchronized.  From here on nothing changes device memory, and the
+ *            allocation map stands still.  Reply: count = movable allocations, bytes =
+ *            their physical bytes.  Nests: one HOLD, one RESUME.
+ *   LIST     (held) count entries struct gpuos_agent_alloc, in the map's order (by
+ *            address): the order CAPTURE, EXPORT, MAP and FILL use.
+ *   CAPTURE  (held) arg = bytes of the memfd sent with the request: every allocation's
+ *            physical memory (`reserved` bytes) copied into it back to back, in LIST
+ *            order, on the agent's own streams, the memfd mapped shared and registered
+ *            with the driver for the copy.  Reply: bytes, ns.
+ *   EXPORT   (held) the physical memory of every allocation as a POSIX fd, in LIST
+ *            order, GPUOS_AGENT_FDS_PER_MSG per reply message: count says how many follow
+ *            in this one, arg of the last is 1.
+ *   RELEASE  (held) every allocation's physical memory unmapped and released; the
+ *            address ranges stay reserved.  The process now holds no movable memory:
+ *            only descriptors held elsewhere (EXPORT) keep it.
+ *   MAP      (held, released) one fd per allocation in LIST order with the request (in as
+ *            many requests as needed, arg = index of the first): imported, mapped at the
+ *            same address, made read-write.
+ *   FILL     (held, released) new physical memory for every allocation, mapped at the
+ *            same address, filled from the memfd sent with the request (laid out as
+ *            CAPTURE writes it; arg = its bytes).  Reply: bytes, ns.
+ *   RESUME   Calls go on.  Refused while released (MAP or FILL first).
+ *
+ * Closing the connection while held resumes the process if its memory is mapped (a
+ * client that died must not leave the application stopped); while released it stays
+ * held until a client maps or fills it (its memory exists only in what the client held).
+ */
+#ifndef GPUOS_AGENT_H
+#define GPUOS_AGENT_H
+
+#include <stdint.h>
+
+#define GPUOS_AGENT_MAGIC 0x544e4741u /* "AGNT" */
+#define GPUOS_AGENT_NAME "gpuos-agent-" /* + decimal pid, in the abstract namespace */
+#define GPUOS_AGENT_FDS_PER_MSG 200
+
+enum gpuos_agent_cmd {
+	GPUOS_AGENT_HOLD = 1,
+	GPUOS_AGENT_LIST = 2,
+	GPUOS_AGENT_CAPTURE = 3,
+	GPUOS_AGENT_EXPORT = 4,
+	GPUOS_AGENT_RELEASE = 5,
+	GPUOS_AGENT_MAP = 6,
+	GPUOS_AGENT_FILL = 7,
+	GPUOS_AGENT_RESUME = 8,
+};
+
+struct gpuos_agent_req {
+	uint32_t magic;
+	uint32_t cmd;  /* enum gpuos_agent_cmd */
+	uint64_t arg;
+};
+
+struct gpuos_agent_reply {
+	uint32_t magic;
+	int32_t status; /* 0, or an errno */
+	uint32_t count;
+	uint32_t pad;
+	uint64_t arg;
+	uint64_t bytes;
+	uint64_t ns;
+	char msg[200];  /* NUL-terminated; why status is not 0 */
+};
+
+struct gpuos_agent_alloc {
+	uint64_t base;
+	uint64_t size;     /* as the application asked */
+	uint64_t reserved; /* the address range and its physical memory: size rounded up */
+	uint64_t ctx;
+	int32_t device;
+	uint32_t pad;
+};
+
+#endif /* GPUOS_AGENT_H */

@@ -1,0 +1,731 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * agent.c - the movable-memory agent: gpuos's commands inside the process
+ * (include/gpuos_agent.h is the protocol), and the gate that holds the application.
+ *
+ * The gate.  Every exported wrapper marks its thread inside (a per-thread slot, one
+ * plain store) and then reads gpuos_hot.gate; HOLD sets the gate and then runs
+ * membarrier(PRIVATE_EXPEDITED), a full barrier on every thread of the process, so that
+ * a thread that read the gate open has its mark visible: the agent waits until no slot
+ * is marked.  A thread that finds the gate set unmarks itself and waits on a condition
+ * variable.  The cost on every call is two stores and a load, no atomic read-modify-write.
+ * Nested wrappers (a handler reaching another wrapper) keep their thread's mark.
+ *
+ * The agent thread serves one client at a time, and is the only thread that moves
+ * movable memory; while it works the gate is set, so the allocation map stands still
+ * (frees and allocations wait at the gate too).
+ */
+#include <errno.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "gpuos_agent.h"
+
+/* ---- the gate ---------------------------------------------------------------------------- */
+
+#define GATE_SLOTS 4096
+#define HOLD_TIMEOUT_NS (30ull * 1000000000ull)
+
+static struct gpuos_gate_slot slots[GATE_SLOTS];
+static int overflow_inside; /* atomic: threads beyond GATE_SLOTS, counted the slow way */
+GPUOS_TLS struct gpuos_gate_slot *gpuos_tls_gate;
+#define tls_slot gpuos_tls_gate
+static GPUOS_TLS int tls_overflow, tls_is_agent;
+static pthread_key_t slot_key;
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int membarrier_ok;
+
+static void slot_free(void *p)
+{
+	__atomic_store_n(&((struct gpuos_gate_slot *)p)->used, 0, __ATOMIC_RELEASE);
+}
+
+static void make_slot_key(void)
+{
+	pthread_key_create(&slot_key, slot_free);
+}
+
+struct gpuos_gate_slot *gpuos_gate_slot_slow(void)
+{
+	if (tls_overflow)
+		return NULL;
+	pthread_once(&slot_key_once, make_slot_key);
+	for (size_t i = 0; i < GATE_SLOTS; i++) {
+		int z = 0;
+		if (!__atomic_load_n(&slots[i].used, __ATOMIC_RELAXED) &&
+		    __atomic_compare_exchange_n(&slots[i].used, &z, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+			slots[i].inside = 0;
+			tls_slot = &slots[i];
+			pthread_setspecific(slot_key, &slots[i]);
+			return &slots[i];
+		}
+	}
+	tls_overflow = 1;
+	return NULL;
+}
+
+static int gate_set(void)
+{
+	return __atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE);
+}
+
+static void wait_open(void)
+{
+	pthread_mutex_lock(&gate_mu);
+	while (gate_set())
+		pthread_cond_wait(&gate_cv, &gate_mu);
+	pthread_mutex_unlock(&gate_mu);
+}
+
+/* The gate was found set at the entry of a wrapper (slot marked; NULL: an overflow thread,
+ * counted in overflow_inside). */
+void gpuos_gate_wait(struct gpuos_gate_slot *s)
+{
+	if (tls_is_agent)
+		return;
+	if (s && s->inside > 1)
+		return; /* nested: the outer call holds the thread's mark */
+	for (;;) {
+		if (s)
+			__atomic_store_n(&s->inside, 0, __ATOMIC_RELEASE);
+		else
+			__atomic_sub_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
+		wait_open();
+		if (s) {
+			__atomic_exchange_n(&s->inside, 1, __ATOMIC_SEQ_CST); /* a full barrier before the load */
+		} else {
+			__atomic_add_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
+		}
+		if (!gate_set())
+			return;
+	}
+}
+
+void gpuos_gate_overflow_enter(void)
+{
+	__atomic_add_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
+	if (gate_set())
+		gpuos_gate_wait(NULL);
+}
+
+void gpuos_gate_overflow_exit(void)
+{
+	__atomic_sub_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
+}
+
+static int quiescent(void)
+{
+	if (__atomic_load_n(&overflow_inside, __ATOMIC_SEQ_CST))
+		return 0;
+	for (size_t i = 0; i < GATE_SLOTS; i++)
+		if (__atomic_load_n(&slots[i].used, __ATOMIC_ACQUIRE) &&
+		    __atomic_load_n(&slots[i].inside, __ATOMIC_ACQUIRE) && &slots[i] != tls_slot)
+			return 0;
+	return 1;
+}
+
+static void gate_open(void)
+{
+	pthread_mutex_lock(&gate_mu);
+	__atomic_store_n(&gpuos_hot.gate, 0, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&gate_cv);
+	pthread_mutex_unlock(&gate_mu);
+}
+
+/* Close the gate and wait until no thread is inside a wrapper: 0, or an errno. */
+static int gate_close(void)
+{
+	if (!membarrier_ok)
+		return ENOSYS;
+	pthread_mutex_lock(&gate_mu);
+	__atomic_store_n(&gpuos_hot.gate, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_unlock(&gate_mu);
+	if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) {
+		int e = errno;
+		gate_open();
+		return e;
+	}
+	uint64_t deadline = gpuos_now_ns() + HOLD_TIMEOUT_NS;
+	while (!quiescent()) {
+		if (gpuos_now_ns() > deadline) {
+			gate_open();
+			return ETIMEDOUT;
+		}
+		usleep(100);
+	}
+	return 0;
+}
+
+/* ---- the agent's state --------------------------------------------------------------------- */
+
+#define PIECE (64ull << 20) /* bytes per copy */
+#define NSTREAMS 4
+
+struct held {
+	int depth;    /* HOLDs not yet RESUMEd */
+	int released; /* the physical memory is unmapped and released */
+	struct gpuos_alloc *v;
+	size_t n;
+	uint64_t bytes;
+};
+static struct held H;
+
+static void say(struct gpuos_agent_reply *r, int status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void say(struct gpuos_agent_reply *r, int status, const char *fmt, ...)
+{
+	r->status = status;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+	va_end(ap);
+}
+
+static const char *cuerr(CUresult c)
+{
+	const char *s = NULL;
+	if (gpuos_drv.get_error_name)
+		gpuos_drv.get_error_name(c, &s);
+	return s ? s : "CUDA error";
+}
+
+/* The movable allocations of the map, in its order. */
+static int snapshot(void)
+{
+	pthread_rwlock_rdlock(&gpuos_lock.v);
+	size_t n = 0;
+	for (size_t i = 0; i < gpuos_allocs.n; i++)
+		n += !!(gpuos_allocs.v[i].flags & GPUOS_A_MOVABLE);
+	struct gpuos_alloc *v = n ? malloc(n * sizeof *v) : NULL;
+	if (n && !v) {
+		pthread_rwlock_unlock(&gpuos_lock.v);
+		return ENOMEM;
+	}
+	size_t j = 0;
+	H.bytes = 0;
+	for (size_t i = 0; i < gpuos_allocs.n; i++)
+		if (gpuos_allocs.v[i].flags & GPUOS_A_MOVABLE) {
+			v[j] = gpuos_allocs.v[i];
+			H.bytes += gpuos_movable_reserved(&v[j]);
+			j++;
+		}
+	pthread_rwlock_unlock(&gpuos_lock.v);
+	free(H.v);
+	H.v = v;
+	H.n = n;
+	return 0;
+}
+
+/* Synchronize every context that holds movable memory. */
+static CUresult sync_contexts(void)
+{
+	for (size_t i = 0; i < H.n; i++) {
+		int seen = 0;
+		for (size_t j = 0; j < i; j++)
+			seen |= H.v[j].ctx == H.v[i].ctx;
+		if (seen)
+			continue;
+		CUcontext c;
+		CUresult r = gpuos_drv.ctx_push((CUcontext)(uintptr_t)H.v[i].ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		r = gpuos_drv.ctx_sync();
+		gpuos_drv.ctx_pop(&c);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* The new handle of allocation i, in the map too (gpuos_movable_free releases it). */
+static void set_handle(size_t i, CUmemGenericAllocationHandle h)
+{
+	H.v[i].aux = h;
+	gpuos_write_lock_drained();
+	ssize_t k = gpuos_map_index(&gpuos_allocs, H.v[i].base);
+	if (k >= 0)
+		gpuos_allocs.v[k].aux = h;
+	pthread_rwlock_unlock(&gpuos_lock.v);
+}
+
+static void do_hold(struct gpuos_agent_reply *r)
+{
+	if (H.depth++) {
+		r->count = (uint32_t)H.n;
+		r->bytes = H.bytes;
+		return;
+	}
+	int e = gate_close();
+	if (e) {
+		H.depth = 0;
+		say(r, e, e == ETIMEDOUT ? "threads stayed inside CUDA calls for 30 s" :
+			  "membarrier(PRIVATE_EXPEDITED) is not available: %s", strerror(e));
+		return;
+	}
+	if ((e = snapshot())) {
+		H.depth = 0;
+		gate_open();
+		say(r, e, "out of memory");
+		return;
+	}
+	CUresult c = sync_contexts();
+	if (c != CUDA_SUCCESS) {
+		H.depth = 0;
+		gate_open();
+		say(r, EIO, "cuCtxSynchronize: %s", cuerr(c));
+		return;
+	}
+	r->count = (uint32_t)H.n;
+	r->bytes = H.bytes;
+}
+
+static void do_resume(struct gpuos_agent_reply *r)
+{
+	if (!H.depth)
+		return say(r, EINVAL, "not held");
+	if (H.released)
+		return say(r, EBUSY, "the memory is released: MAP or FILL first");
+	if (--H.depth == 0)
+		gate_open();
+}
+
+/* ---- copies between the allocations and a memfd ------------------------------------------ */
+
+struct mapped_memfd {
+	uint8_t *p;
+	size_t size;
+	int registered;
+};
+
+static int memfd_open(int fd, uint64_t size, struct mapped_memfd *m, struct gpuos_agent_reply *r)
+{
+	memset(m, 0, sizeof *m);
+	if (size < H.bytes)
+		return say(r, EINVAL, "the memfd has %llu bytes, the allocations %llu", (unsigned long long)size,
+			   (unsigned long long)H.bytes), -1;
+	if (!H.bytes)
+		return 0;
+	void *p = mmap(NULL, H.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return say(r, errno, "mmap of the memfd: %s", strerror(errno)), -1;
+	m->p = p;
+	m->size = H.bytes;
+	/* Pinned, the copies are the engine's DMA at PCIe speed; unpinned they still work. */
+	m->registered = gpuos_drv.mem_host_register &&
+			gpuos_drv.mem_host_register(p, H.bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+	return 0;
+}
+
+static void memfd_close(struct mapped_memfd *m)
+{
+	if (m->registered)
+		gpuos_drv.mem_host_unregister(m->p);
+	if (m->p)
+		munmap(m->p, m->size);
+}
+
+/* Copy every allocation to (to_host) or from the memfd, in LIST order, NSTREAMS streams
+ * per context. */
+static CUresult copy_all(struct mapped_memfd *m, int to_host)
+{
+	uint64_t off = 0;
+	CUresult res = CUDA_SUCCESS;
+	for (size_t i = 0; i < H.n && res == CUDA_SUCCESS; i++) {
+		struct gpuos_alloc *a = &H.v[i];
+		size_t size = gpuos_movable_reserved(a);
+		CUcontext c;
+		CUstream st[NSTREAMS] = { 0 };
+		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)a->ctx)) != CUDA_SUCCESS)
+			break;
+		for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
+			res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
+		for (uint64_t o = 0, k = 0; o < size && res == CUDA_SUCCESS; o += PIECE, k++) {
+			size_t n = size - o < PIECE ? size - o : PIECE;
+			res = to_host ? gpuos_drv.memcpy_dtoh_async(m->p + off + o, a->base + o, n, st[k % NSTREAMS])
+				      : gpuos_drv.memcpy_htod_async(a->base + o, m->p + off + o, n, st[k % NSTREAMS]);
+		}
+		for (int s = 0; s < NSTREAMS; s++)
+			if (st[s]) {
+				CUresult e = gpuos_drv.stream_sync(st[s]);
+				if (res == CUDA_SUCCESS)
+					res = e;
+				gpuos_drv.stream_destroy(st[s]);
+			}
+		gpuos_drv.ctx_pop(&c);
+		off += size;
+	}
+	return res;
+}
+
+static void do_capture(int fd, uint64_t size, struct gpuos_agent_reply *r)
+{
+	if (!H.depth || H.released)
+		return say(r, EINVAL, H.depth ? "the memory is released" : "not held");
+	struct mapped_memfd m;
+	uint64_t t0 = gpuos_now_ns();
+	if (memfd_open(fd, size, &m, r))
+		return;
+	CUresult c = copy_all(&m, 1);
+	memfd_close(&m);
+	if (c != CUDA_SUCCESS)
+		return say(r, EIO, "copy to the host: %s", cuerr(c));
+	r->bytes = H.bytes;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+static void do_release(struct gpuos_agent_reply *r)
+{
+	if (!H.depth || H.released)
+		return say(r, EINVAL, H.depth ? "released already" : "not held");
+	for (size_t i = 0; i < H.n; i++) {
+		struct gpuos_alloc *a = &H.v[i];
+		CUresult c = gpuos_drv.mem_unmap(a->base, gpuos_movable_reserved(a));
+		if (c != CUDA_SUCCESS) {
+			/* the ones before are gone: only a MAP or FILL of all brings them back */
+			H.released = i > 0;
+			return say(r, EIO, "cuMemUnmap of %#llx: %s", (unsigned long long)a->base, cuerr(c));
+		}
+		gpuos_drv.mem_release(a->aux);
+		H.released = 1;
+	}
+	H.released = 1;
+}
+
+/* New physical memory for allocation i at its address: imported from fd, or created. */
+static CUresult remap_one(size_t i, int fd)
+{
+	struct gpuos_alloc *a = &H.v[i];
+	size_t size = gpuos_movable_reserved(a);
+	CUmemGenericAllocationHandle h;
+	CUresult c;
+	if (fd >= 0) {
+		c = gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		if (c != CUDA_SUCCESS)
+			return c;
+		c = gpuos_drv.mem_map(a->base, size, 0, h, 0);
+		if (c != CUDA_SUCCESS) {
+			gpuos_drv.mem_release(h);
+			return c;
+		}
+		CUmemAccessDesc acc = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = a->device },
+					.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		c = gpuos_drv.mem_set_access(a->base, size, &acc, 1);
+		if (c != CUDA_SUCCESS) {
+			gpuos_drv.mem_unmap(a->base, size);
+			gpuos_drv.mem_release(h);
+			return c;
+		}
+	} else if ((c = gpuos_movable_map_new(a->base, size, a->device, &h)) != CUDA_SUCCESS) {
+		return c;
+	}
+	set_handle(i, h);
+	return CUDA_SUCCESS;
+}
+
+static size_t map_next; /* MAP: allocations mapped so far */
+
+static void do_map(const int *fds, size_t nfds, uint64_t first, struct gpuos_agent_reply *r)
+{
+	if (!H.depth || !H.released)
+		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
+	if (first != map_next || first + nfds > H.n)
+		return say(r, EINVAL, "expected fds from index %zu (of %zu), got %zu from %llu", map_next, H.n, nfds,
+			   (unsigned long long)first);
+	for (size_t i = 0; i < nfds; i++) {
+		CUresult c = remap_one(first + i, fds[i]);
+		if (c != CUDA_SUCCESS)
+			return say(r, EIO, "mapping allocation %llu back: %s", (unsigned long long)(first + i), cuerr(c));
+		map_next++;
+	}
+	if (map_next == H.n) {
+		H.released = 0;
+		map_next = 0;
+	}
+	r->count = (uint32_t)map_next;
+}
+
+static void do_fill(int fd, uint64_t size, struct gpuos_agent_reply *r)
+{
+	if (!H.depth || !H.released)
+		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
+	uint64_t t0 = gpuos_now_ns();
+	for (size_t i = map_next; i < H.n; i++) {
+		CUresult c = remap_one(i, -1);
+		if (c != CUDA_SUCCESS)
+			return say(r, EIO, "new memory for allocation %zu: %s", i, cuerr(c));
+		map_next = i + 1;
+	}
+	struct mapped_memfd m;
+	if (memfd_open(fd, size, &m, r))
+		return;
+	CUresult c = copy_all(&m, 0);
+	memfd_close(&m);
+	if (c != CUDA_SUCCESS)
+		return say(r, EIO, "copy from the host: %s", cuerr(c));
+	H.released = 0;
+	map_next = 0;
+	r->bytes = H.bytes;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+/* ---- the socket ------------------------------------------------------------------------------ */
+
+static int send_all(int fd, const void *buf, size_t n, const int *fds, size_t nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * GPUOS_AGENT_FDS_PER_MSG)];
+		struct cmsghdr align;
+	} ctrl;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = n };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds) {
+		memset(&ctrl, 0, sizeof ctrl);
+		msg.msg_control = ctrl.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+	}
+	while (n) {
+		ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		n -= (size_t)k;
+		iov.iov_base = (char *)iov.iov_base + k;
+		iov.iov_len = n;
+		msg.msg_control = NULL; /* the descriptors went with the first bytes */
+		msg.msg_controllen = 0;
+	}
+	return 0;
+}
+
+static void close_fds(int *fds, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+static int do_export(int conn, struct gpuos_agent_reply *r)
+{
+	if (!H.depth || H.released) {
+		say(r, EINVAL, H.depth ? "the memory is released" : "not held");
+		return send_all(conn, r, sizeof *r, NULL, 0);
+	}
+	int fds[GPUOS_AGENT_FDS_PER_MSG];
+	size_t i = 0;
+	do {
+		size_t k = 0;
+		for (; k < GPUOS_AGENT_FDS_PER_MSG && i < H.n; k++, i++) {
+			int fd = -1;
+			CUresult c = gpuos_drv.mem_export(&fd, H.v[i].aux, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+			if (c != CUDA_SUCCESS) {
+				close_fds(fds, k);
+				say(r, EIO, "cuMemExportToShareableHandle of allocation %zu: %s", i, cuerr(c));
+				r->count = 0;
+				return send_all(conn, r, sizeof *r, NULL, 0);
+			}
+			fds[k] = fd;
+		}
+		r->count = (uint32_t)k;
+		r->arg = i == H.n;
+		int e = send_all(conn, r, sizeof *r, fds, k);
+		close_fds(fds, k);
+		if (e)
+			return -1;
+	} while (i < H.n);
+	return 0;
+}
+
+static int check_peer(int conn)
+{
+	struct ucred cr;
+	socklen_t len = sizeof cr;
+	if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return -1;
+	return cr.uid == 0 || cr.uid == getuid() ? 0 : -1;
+}
+
+/* One request with up to GPUOS_AGENT_FDS_PER_MSG descriptors: 1, 0 at EOF, -1 on error. */
+static int recv_req(int conn, struct gpuos_agent_req *q, int *fds, size_t *nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * GPUOS_AGENT_FDS_PER_MSG)];
+		struct cmsghdr align;
+	} ctrl;
+	size_t got = 0;
+	*nfds = 0;
+	while (got < sizeof *q) {
+		struct iovec iov = { .iov_base = (char *)q + got, .iov_len = sizeof *q - got };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctrl.buf,
+				      .msg_controllen = sizeof ctrl.buf };
+		ssize_t k = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k == 0 && got == 0 ? 0 : -1;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+				size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+				for (size_t i = 0; i < n && *nfds < GPUOS_AGENT_FDS_PER_MSG; i++)
+					memcpy(&fds[(*nfds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			}
+		got += (size_t)k;
+	}
+	return q->magic == GPUOS_AGENT_MAGIC ? 1 : -1;
+}
+
+static void serve(int conn)
+{
+	struct gpuos_agent_req q;
+	int fds[GPUOS_AGENT_FDS_PER_MSG];
+	size_t nfds;
+	int k;
+	while ((k = recv_req(conn, &q, fds, &nfds)) > 0) {
+		struct gpuos_agent_reply r;
+		memset(&r, 0, sizeof r);
+		r.magic = GPUOS_AGENT_MAGIC;
+		int fd0 = nfds ? fds[0] : -1;
+		switch (q.cmd) {
+		case GPUOS_AGENT_HOLD: do_hold(&r); break;
+		case GPUOS_AGENT_RESUME: do_resume(&r); break;
+		case GPUOS_AGENT_LIST:
+			if (!H.depth) {
+				say(&r, EINVAL, "not held");
+				break;
+			}
+			r.count = (uint32_t)H.n;
+			r.bytes = H.bytes;
+			break;
+		case GPUOS_AGENT_CAPTURE:
+			if (fd0 < 0)
+				say(&r, EINVAL, "CAPTURE needs a memfd");
+			else
+				do_capture(fd0, q.arg, &r);
+			break;
+		case GPUOS_AGENT_EXPORT:
+			close_fds(fds, nfds);
+			if (do_export(conn, &r))
+				goto out;
+			continue;
+		case GPUOS_AGENT_RELEASE: do_release(&r); break;
+		case GPUOS_AGENT_MAP: do_map(fds, nfds, q.arg, &r); break;
+		case GPUOS_AGENT_FILL:
+			if (fd0 < 0)
+				say(&r, EINVAL, "FILL needs a memfd");
+			else
+				do_fill(fd0, q.arg, &r);
+			break;
+		default: say(&r, EINVAL, "unknown command %u", q.cmd); break;
+		}
+		close_fds(fds, nfds);
+		if (send_all(conn, &r, sizeof r, NULL, 0))
+			goto out;
+		if (q.cmd == GPUOS_AGENT_LIST && r.status == 0 && H.n) {
+			struct gpuos_agent_alloc *v = calloc(H.n, sizeof *v);
+			if (!v)
+				goto out;
+			for (size_t i = 0; i < H.n; i++)
+				v[i] = (struct gpuos_agent_alloc){ .base = H.v[i].base, .size = H.v[i].end - H.v[i].base,
+								   .reserved = gpuos_movable_reserved(&H.v[i]),
+								   .ctx = H.v[i].ctx, .device = H.v[i].device };
+			int e = send_all(conn, v, H.n * sizeof *v, NULL, 0);
+			free(v);
+			if (e)
+				goto out;
+		}
+	}
+out:
+	/* A client gone while its application is held: let the application go on, unless its
+	 * memory is released (it exists only in what that client held). */
+	if (H.depth && !H.released) {
+		H.depth = 0;
+		gate_open();
+	}
+}
+
+static void *agent_main(void *arg)
+{
+	int lfd = (int)(intptr_t)arg;
+	tls_is_agent = 1;
+	for (;;) {
+		int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (conn < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			usleep(100000);
+			continue;
+		}
+		if (check_peer(conn) == 0)
+			serve(conn);
+		close(conn);
+	}
+	return NULL;
+}
+
+int gpuos_agent_start(void)
+{
+	membarrier_ok = syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, GPUOS_AGENT_NAME "%d", (int)getpid());
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	if (bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0 ||
+	    listen(fd, 4) < 0) {
+		int e = errno;
+		close(fd);
+		return e;
+	}
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old); /* the application's signals are not ours */
+	pthread_t t;
+	int e = pthread_create(&t, &at, agent_main, (void *)(intptr_t)fd);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&at);
+	if (e) {
+		close(fd);
+		return e;
+	}
+	pthread_setname_np(t, "gpuos-agent");
+	return 0;
+}
+
+/* fork child: one thread, no agent (gpuos run's child processes start their own when
+ * they start tracking), the gate open. */
+void gpuos_agent_forget(void)
+{
+	memset(slots, 0, sizeof slots);
+	tls_slot = NULL;
+	tls_overflow = 0;
+	overflow_inside = 0;
+	pthread_once(&slot_key_once, make_slot_key);
+	pthread_setspecific(slot_key, NULL);
+	pthread_mutex_init(&gate_mu, NULL);
+	pthread_cond_init(&gate_cv, NULL);
+	gpuos_hot.gate = 0;
+	free(H.v);
+	memset(&H, 0, sizeof H);
+	map_next = 0;
+}

@@ -1,0 +1,207 @@
+"""The movable-memory agent end to end on the host: libgpuos in a real process under
+`gpuos run`, the fake driver (whose VMM physical memory is a memfd, exported and imported
+as fds like the real driver's), and gpuos.movable.Agent.
+
+t_agent checks every byte of its device memory at every iteration and exits 1 at the
+first that differs, so any move that loses or mixes up memory fails the test."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuos.movable import Agent, AgentError, agent_available
+from gpuos.movable import agent as A
+
+REPO = Path(__file__).resolve().parents[2]
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+SIZES = (2 << 20, (5 << 20) + 3, 8 << 20)  # t_agent's movable allocations
+GRAN = 2 << 20
+
+
+def reserved(n: int) -> int:
+    return (n + GRAN - 1) // GRAN * GRAN
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("libgpuos")
+    res = subprocess.run(["make", "-s", "-j2", "-C", str(REPO / "libgpuos"), f"O={out}", "all"],
+                         capture_output=True, text=True)
+    if res.returncode and "no cuda.h found" in res.stderr:
+        pytest.skip("no CUDA toolkit headers (cuda.h) to build libgpuos against")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+class App:
+    """t_agent under `gpuos run`."""
+
+    def __init__(self, build: Path, tmp: Path, *gpuos_args: str):
+        self.stop = tmp / "stop"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
+        env.update(GPUOS_LIBGPUOS=str(build / "libgpuos.so"), LD_LIBRARY_PATH=str(build / "fakecuda"))
+        self.proc = subprocess.Popen([*GPUOS, "run", "-q", *gpuos_args, "--", str(build / "tests" / "t_agent"),
+                                      str(self.stop), "5"], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        assert line and line[0] == "ready", self.proc.stderr.read()
+        self.pid, self.bases = int(line[1]), [int(x) for x in line[2:]]
+
+    def finish(self) -> tuple[int, str, str]:
+        self.stop.touch()
+        out, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def app(build, tmp_path):
+    a = App(build, tmp_path)
+    yield a
+    a.kill()
+
+
+def memfd(size: int) -> int:
+    fd = os.memfd_create("test-capture")
+    os.ftruncate(fd, size)
+    return fd
+
+
+def iteration_of(data: bytes, i: int) -> int:
+    """t_agent's iteration k from allocation i's first byte (byte j is j*31 + i*7 + k)."""
+    return (data[0] - i * 7) % 256
+
+
+def expected(n: int, i: int, k: int) -> bytes:
+    return bytes((j * 31 + i * 7 + k) & 0xFF for j in range(n))
+
+
+def test_the_header_and_the_mirror_agree(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "l.c"
+    src.write_text('#include <stdio.h>\n#include "gpuos_agent.h"\nint main(void){printf("%zu %zu %zu %u %d %s\\n",'
+                   'sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), sizeof(struct gpuos_agent_alloc),'
+                   'GPUOS_AGENT_MAGIC, GPUOS_AGENT_FDS_PER_MSG, GPUOS_AGENT_NAME); return 0;}\n')
+    subprocess.run([cc, "-Wall", "-Werror", f"-I{REPO / 'libgpuos' / 'include'}", "-o", str(tmp_path / "l"), str(src)],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(A.REQ.size), str(A.REPLY.size), str(A.ALLOC.size), str(A.MAGIC), str(A.FDS_PER_MSG), A.NAME]
+
+
+def test_capture_hand_out_and_map_back_while_the_application_runs(app):
+    """HOLD stops t_agent at its CUDA calls; LIST gives its three large allocations; CAPTURE
+    copies exactly their contents at one iteration; EXPORT + RELEASE leave the process
+    without its memory and MAP puts the same memory back: t_agent goes on, checking every
+    byte, and ends well."""
+    assert agent_available(app.pid)
+    with Agent(app.pid) as ag:
+        count, nbytes = ag.hold()
+        assert count == 3 and nbytes == sum(reserved(n) for n in SIZES)
+        allocs = ag.list()
+        assert [a.base for a in allocs] == sorted(app.bases[:3])
+        assert sorted(a.size for a in allocs) == sorted(SIZES)
+        fd = memfd(nbytes)
+        r = ag.capture(fd, nbytes)
+        assert r.bytes == nbytes
+        with mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            off = 0
+            for a in allocs:
+                i = app.bases.index(a.base)
+                data = m[off:off + a.size]
+                assert data == expected(a.size, i, iteration_of(data, i)), f"allocation {i}"
+                off += a.reserved
+        os.close(fd)
+        fds = ag.export()
+        assert len(fds) == 3
+        ag.release()
+        with pytest.raises(AgentError, match="MAP or FILL first"):
+            ag.resume()
+        ag.map(fds)
+        for f in fds:
+            os.close(f)
+        ag.resume()
+    rc, out, err = app.finish()
+    assert rc == 0 and out.split()[0] == "ok", err
+
+
+def test_fill_puts_captured_contents_into_new_memory(app):
+    """CAPTURE, RELEASE (the memory is gone: nobody holds it), FILL from the capture: new
+    physical memory at the same addresses with the same bytes; t_agent goes on."""
+    with Agent(app.pid) as ag:
+        _, nbytes = ag.hold()
+        fd = memfd(nbytes)
+        ag.capture(fd, nbytes)
+        ag.release()
+        r = ag.fill(fd, nbytes)
+        assert r.bytes == nbytes
+        os.close(fd)
+        ag.resume()
+    rc, out, err = app.finish()
+    assert rc == 0, err
+
+
+def test_a_wrong_fill_is_seen_by_the_application(app):
+    """The test can fail: memory filled with other bytes makes t_agent exit 1."""
+    with Agent(app.pid) as ag:
+        _, nbytes = ag.hold()
+        fd = memfd(nbytes)
+        ag.capture(fd, nbytes)
+        os.pwrite(fd, b"\x55", 12345)
+        ag.release()
+        ag.fill(fd, nbytes)
+        os.close(fd)
+        ag.resume()
+    rc, out, err = app.finish()
+    assert rc == 1 and "byte 12345" in err
+
+
+def test_a_client_gone_while_holding_lets_the_application_go_on(app):
+    ag = Agent(app.pid)
+    ag.hold()
+    ag.close()
+    time.sleep(0.2)
+    rc, out, err = app.finish()
+    assert rc == 0, err
+
+
+def test_commands_out_of_order_are_refused_and_harmless(app):
+    with Agent(app.pid) as ag:
+        for call, what in ((ag.list, "not held"), (ag.release, "not held"), (ag.resume, "not held")):
+            with pytest.raises(AgentError, match=what):
+                call()
+        ag.hold()
+        with pytest.raises(AgentError, match="the memory is mapped"):
+            ag.map([])
+        fd = memfd(4096)
+        with pytest.raises(AgentError, match="the memfd has 4096 bytes"):
+            ag.capture(fd, 4096)
+        os.close(fd)
+        ag.resume()
+    rc, out, err = app.finish()
+    assert rc == 0, err
+
+
+def test_no_agent_without_movable_memory(build, tmp_path):
+    a = App(build, tmp_path, "--memory", "driver")
+    try:
+        assert not agent_available(a.pid)
+        with pytest.raises(AgentError, match="serves no movable-memory agent"):
+            Agent(a.pid)
+        rc, out, err = a.finish()
+        assert rc == 0, err
+    finally:
+        a.kill()

@@ -1,0 +1,159 @@
+"""The client of libgpuos's movable-memory agent (libgpuos/include/gpuos_agent.h, mirrored
+here; tests/unit/test_movable_agent.py checks the layouts against the header)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+from ..errors import GpuosError
+
+MAGIC = 0x544E4741
+NAME = "gpuos-agent-"
+FDS_PER_MSG = 200
+HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME = range(1, 9)
+COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
+            MAP: "MAP", FILL: "FILL", RESUME: "RESUME"}
+REQ = struct.Struct("<IIQ")
+REPLY = struct.Struct("<IiIIQQQ200s")
+ALLOC = struct.Struct("<QQQQiI")
+
+
+class AgentError(GpuosError):
+    """The agent refused or failed a command (the application is not harmed)."""
+
+
+@dataclass(frozen=True)
+class MovableAlloc:
+    base: int
+    size: int      # as the application asked
+    reserved: int  # its address range and physical memory
+    ctx: int
+    device: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    count: int
+    arg: int
+    bytes: int
+    ns: int
+    msg: str
+
+
+def agent_address(pid: int) -> bytes:
+    return b"\0" + f"{NAME}{pid}".encode()
+
+
+def agent_available(pid: int) -> bool:
+    """Does the process serve the agent (under `gpuos run --memory movable`)?"""
+    try:
+        with open(f"/proc/{pid}/net/unix", "rb") as f:
+            return any(line.rstrip().endswith(b" @" + f"{NAME}{pid}".encode()) for line in f)
+    except OSError:
+        return False
+
+
+class Agent:
+    """A connection to the agent of process `pid`.  Closing it while the process is held
+    (and its memory mapped) lets the process go on."""
+
+    def __init__(self, pid: int, timeout: float = 120.0):
+        self.pid = pid
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(agent_address(pid))
+        except OSError as exc:
+            self.sock.close()
+            raise AgentError(f"pid {pid} serves no movable-memory agent ({exc.strerror or exc}): "
+                             "is it running under `gpuos run`?") from None
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _recv_exact(self, n: int, fds: list[int] | None = None) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            if fds is not None:
+                data, got, _, _ = socket.recv_fds(self.sock, n - len(buf), FDS_PER_MSG)
+                fds.extend(got)
+            else:
+                data = self.sock.recv(n - len(buf))
+            if not data:
+                raise AgentError(f"pid {self.pid}: the agent closed the connection")
+            buf += data
+        return buf
+
+    def _reply(self, cmd: int, fds: list[int] | None = None) -> Reply:
+        magic, status, count, _, arg, nbytes, ns, msg = REPLY.unpack(self._recv_exact(REPLY.size, fds))
+        if magic != MAGIC:
+            raise AgentError(f"pid {self.pid}: not an agent reply")
+        r = Reply(status, count, arg, nbytes, ns, msg.split(b"\0", 1)[0].decode(errors="replace"))
+        if status:
+            raise AgentError(f"pid {self.pid}: {COMMANDS[cmd]} failed: {r.msg or os.strerror(status)}")
+        return r
+
+    def _request(self, cmd: int, arg: int = 0, fds: list[int] | None = None) -> Reply:
+        data = REQ.pack(MAGIC, cmd, arg)
+        if fds:
+            socket.send_fds(self.sock, [data], fds)
+        else:
+            self.sock.sendall(data)
+        return self._reply(cmd)
+
+    # -- commands ---------------------------------------------------------------------------
+    def hold(self) -> tuple[int, int]:
+        """Stop the application at its CUDA calls and drain its GPU work: (allocations, bytes)."""
+        r = self._request(HOLD)
+        return r.count, r.bytes
+
+    def resume(self) -> None:
+        self._request(RESUME)
+
+    def list(self) -> list[MovableAlloc]:
+        r = self._request(LIST)
+        raw = self._recv_exact(r.count * ALLOC.size) if r.count else b""
+        return [MovableAlloc(*ALLOC.unpack_from(raw, i * ALLOC.size)[:5]) for i in range(r.count)]
+
+    def capture(self, memfd: int, size: int) -> Reply:
+        """Copy every allocation into memfd (at least `size` bytes), back to back."""
+        return self._request(CAPTURE, size, [memfd])
+
+    def export(self) -> list[int]:
+        """The physical memory of every allocation as fds (the caller closes them)."""
+        self.sock.sendall(REQ.pack(MAGIC, EXPORT, 0))
+        fds: list[int] = []
+        try:
+            while True:
+                got: list[int] = []
+                r = self._reply(EXPORT, got)
+                fds.extend(got)
+                if len(got) != r.count:
+                    raise AgentError(f"pid {self.pid}: EXPORT sent {len(got)} fds, said {r.count}")
+                if r.arg:
+                    return fds
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
+    def release(self) -> None:
+        self._request(RELEASE)
+
+    def map(self, fds: list[int]) -> None:
+        for first in range(0, max(len(fds), 1), FDS_PER_MSG):  # one MAP even for none
+            self._request(MAP, first, fds[first:first + FDS_PER_MSG])
+
+    def fill(self, memfd: int, size: int) -> Reply:
+        return self._request(FILL, size, [memfd])
