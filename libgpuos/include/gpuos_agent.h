@@ -14,7 +14,9 @@
  *            entry; calls already inside finish; then every context with movable memory
  *            is synchronized.  From here on nothing changes device memory, and the
  *            allocation map stands still.  Reply: count = movable allocations, bytes =
- *            their physical bytes.  Nests: one HOLD, one RESUME.
+ *            their physical bytes.  Nests: one HOLD, one RESUME.  arg may have
+ *            GPUOS_AGENT_HOLD_DETACH: the connection to `gpuos run` is closed too (CRIU
+ *            cannot dump a socket connected outside the process) and made again at RESUME.
  *   LIST     (held) count entries struct gpuos_agent_alloc, in the map's order (by
  *            address): the order CAPTURE, EXPORT, MAP and FILL use.
  *   CAPTURE  (held) arg = bytes of the memfd sent with the request: every allocation's
@@ -47,6 +49,7 @@
 #define GPUOS_AGENT_MAGIC 0x544e4741u /* "AGNT" */
 #define GPUOS_AGENT_NAME "gpuos-agent-" /* + decimal pid, in the abstract namespace */
 #define GPUOS_AGENT_FDS_PER_MSG 200
+#define GPUOS_AGENT_HOLD_DETACH 1u /* HOLD's arg */
 
 enum gpuos_agent_cmd {
 	GPUOS_AGENT_HOLD = 1,

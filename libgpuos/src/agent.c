@@ -176,6 +176,7 @@ static int gate_close(void)
 
 struct held {
 	int depth;    /* HOLDs not yet RESUMEd */
+	int detached; /* HOLD with GPUOS_AGENT_HOLD_DETACH closed the control connection */
 	int released; /* the physical memory is unmapped and released */
 	struct gpuos_alloc *v;
 	size_t n;
@@ -261,8 +262,14 @@ static void set_handle(size_t i, CUmemGenericAllocationHandle h)
 	pthread_rwlock_unlock(&gpuos_lock.v);
 }
 
-static void do_hold(struct gpuos_agent_reply *r)
+static void do_hold(uint64_t flags, struct gpuos_agent_reply *r)
 {
+	if (flags & ~(uint64_t)GPUOS_AGENT_HOLD_DETACH)
+		return say(r, EINVAL, "unknown HOLD flags %#llx", (unsigned long long)flags);
+	if (H.depth && (flags & GPUOS_AGENT_HOLD_DETACH) && !H.detached) {
+		gpuos_ctl_detach();
+		H.detached = 1;
+	}
 	if (H.depth++) {
 		r->count = (uint32_t)H.n;
 		r->bytes = H.bytes;
@@ -288,8 +295,22 @@ static void do_hold(struct gpuos_agent_reply *r)
 		say(r, EIO, "cuCtxSynchronize: %s", cuerr(c));
 		return;
 	}
+	if (flags & GPUOS_AGENT_HOLD_DETACH) {
+		gpuos_ctl_detach();
+		H.detached = 1;
+	}
 	r->count = (uint32_t)H.n;
 	r->bytes = H.bytes;
+}
+
+static void resume_now(void)
+{
+	H.depth = 0;
+	gate_open();
+	if (H.detached) {
+		H.detached = 0;
+		gpuos_ctl_reattach();
+	}
 }
 
 static void do_resume(struct gpuos_agent_reply *r)
@@ -299,7 +320,7 @@ static void do_resume(struct gpuos_agent_reply *r)
 	if (H.released)
 		return say(r, EBUSY, "the memory is released: MAP or FILL first");
 	if (--H.depth == 0)
-		gate_open();
+		resume_now();
 }
 
 /* ---- copies between the allocations and a memfd ------------------------------------------ */
@@ -604,7 +625,7 @@ static void serve(int conn)
 		r.magic = GPUOS_AGENT_MAGIC;
 		int fd0 = nfds ? fds[0] : -1;
 		switch (q.cmd) {
-		case GPUOS_AGENT_HOLD: do_hold(&r); break;
+		case GPUOS_AGENT_HOLD: do_hold(q.arg, &r); break;
 		case GPUOS_AGENT_RESUME: do_resume(&r); break;
 		case GPUOS_AGENT_LIST:
 			if (!H.depth) {
@@ -655,10 +676,8 @@ static void serve(int conn)
 out:
 	/* A client gone while its application is held: let the application go on, unless its
 	 * memory is released (it exists only in what that client held). */
-	if (H.depth && !H.released) {
-		H.depth = 0;
-		gate_open();
-	}
+	if (H.depth && !H.released)
+		resume_now();
 }
 
 static void *agent_main(void *arg)

@@ -516,6 +516,11 @@ static inline void gpuos_gate_exit(struct gpuos_gate_slot *s)
 }
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
+/* ctl.c: close the control connection (no socket to an outside peer while CRIU dumps the
+ * process), and connect again (a new hello with the same ring; nothing happens if `gpuos
+ * run` is gone). */
+void gpuos_ctl_detach(void);
+void gpuos_ctl_reattach(void);
 void gpuos_agent_forget(void);  /* fork child */
 
 /* ---- objects.c, alloc.c, graph.c ------------------------------------------------------ */

@@ -175,12 +175,14 @@ static int read_reply(int fd, struct gpuos_ctl_reply *reply)
 	return 0;
 }
 
-/* 0 when `gpuos run` accepted us; else tracking is off with the reason. */
-static int handshake(const char *path, uint32_t flags)
+typedef void (*ctl_fail_fn)(int err, const char *fmt, ...);
+
+/* 0 when `gpuos run` accepted us; else fail() was told why (at the start: tracking off). */
+static int handshake(const char *path, uint32_t flags, ctl_fail_fn fail)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (strlen(path) >= sizeof sa.sun_path) {
-		gpuos_track_off(ENAMETOOLONG, "GPUOS_CTL is too long for a unix socket path (%zu bytes)",
+		fail(ENAMETOOLONG, "GPUOS_CTL is too long for a unix socket path (%zu bytes)",
 				strlen(path));
 		return -1;
 	}
@@ -188,7 +190,7 @@ static int handshake(const char *path, uint32_t flags)
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		int e = errno;
-		gpuos_track_off(e, "cannot make a unix socket: %s", strerror(e));
+		fail(e, "cannot make a unix socket: %s", strerror(e));
 		return -1;
 	}
 	int e, r;
@@ -197,42 +199,42 @@ static int handshake(const char *path, uint32_t flags)
 	while (r < 0 && errno == EINTR);
 	if (r < 0) {
 		e = errno;
-		gpuos_track_off(e, "cannot connect to the control socket %s: %s", path, strerror(e));
+		fail(e, "cannot connect to the control socket %s: %s", path, strerror(e));
 		goto fail;
 	}
 	struct ucred cr;
 	socklen_t len = sizeof cr;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
 		e = errno;
-		gpuos_track_off(e, "cannot read the control socket's credentials: %s", strerror(e));
+		fail(e, "cannot read the control socket's credentials: %s", strerror(e));
 		goto fail;
 	}
 	if (cr.uid != 0 && cr.uid != getuid() && cr.uid != geteuid()) {
-		gpuos_track_off(EPERM, "control socket owned by uid %u", (unsigned)cr.uid);
+		fail(EPERM, "control socket owned by uid %u", (unsigned)cr.uid);
 		goto fail;
 	}
 	e = send_hello(fd, flags);
 	if (e) {
-		gpuos_track_off(e, "cannot send the hello to the control socket: %s", strerror(e));
+		fail(e, "cannot send the hello to the control socket: %s", strerror(e));
 		goto fail;
 	}
 	struct gpuos_ctl_reply reply;
 	e = read_reply(fd, &reply);
 	if (e == ETIMEDOUT) {
-		gpuos_track_off(e, "no reply from the control socket within %d s", CTL_REPLY_TIMEOUT_MS / 1000);
+		fail(e, "no reply from the control socket within %d s", CTL_REPLY_TIMEOUT_MS / 1000);
 		goto fail;
 	}
 	if (e) {
-		gpuos_track_off(e, "no reply from the control socket: %s",
+		fail(e, "no reply from the control socket: %s",
 				e == EPIPE ? "it closed the connection" : strerror(e));
 		goto fail;
 	}
 	if (reply.magic != GPUOS_CTL_MAGIC) {
-		gpuos_track_off(EPROTO, "bad reply from the control socket (magic %#x)", reply.magic);
+		fail(EPROTO, "bad reply from the control socket (magic %#x)", reply.magic);
 		goto fail;
 	}
 	if (reply.status) {
-		gpuos_track_off((int)reply.status, "gpuos run refused the process: %s",
+		fail((int)reply.status, "gpuos run refused the process: %s",
 				strerror((int)reply.status));
 		goto fail;
 	}
@@ -241,6 +243,34 @@ static int handshake(const char *path, uint32_t flags)
 fail:
 	close(fd);
 	return -1;
+}
+
+static uint32_t hello_flags; /* the first hello's, for a reattach */
+
+static void reattach_failed(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void reattach_failed(int err, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	gpuos_dbg("not reattached to gpuos run (%s): the ring goes on unread", why);
+	(void)err;
+}
+
+void gpuos_ctl_detach(void)
+{
+	if (conn_fd >= 0)
+		close(conn_fd);
+	conn_fd = -1;
+}
+
+void gpuos_ctl_reattach(void)
+{
+	const char *ctl = getenv("GPUOS_CTL");
+	if (conn_fd < 0 && ctl && *ctl)
+		handshake(ctl, hello_flags, reattach_failed);
 }
 
 /* ---- start, fork ------------------------------------------------------------------------ */
@@ -293,7 +323,8 @@ static int start_tracking(void)
 	int dv = 0;
 	if (gpuos_drv.driver_get_version && gpuos_drv.driver_get_version(&dv) == CUDA_SUCCESS)
 		gpuos_ring_hdr()->driver_version = (uint32_t)dv;
-	if (handshake(ctl, validate ? GPUOS_CTL_VALIDATE : 0))
+	hello_flags = validate ? GPUOS_CTL_VALIDATE : 0;
+	if (handshake(ctl, hello_flags, gpuos_track_off))
 		return GPUOS_RUN_OFF;
 	gpuos_validating = validate;
 	if (gpuos_memory_mode() == GPUOS_MEMORY_MOVABLE && (e = gpuos_agent_start()))

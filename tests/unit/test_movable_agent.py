@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -55,9 +56,14 @@ class App:
         return self.proc.returncode, out, err
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+        """The application and its `gpuos run` (killing only the latter would leave the
+        application holding the pipe)."""
+        for pid in (self.pid, self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.communicate()
 
 
 @pytest.fixture
@@ -199,3 +205,23 @@ def test_no_agent_without_movable_memory(build, tmp_path):
         assert rc == 0, err
     finally:
         a.kill()
+
+
+def sockets(pid: int) -> int:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    return sum(1 for f in fd_dir.iterdir() if os.readlink(f).startswith("socket:"))
+
+
+def test_hold_detach_closes_the_control_connection_until_resume(app):
+    """Before a CRIU dump the process must hold no socket connected outside it: HOLD with
+    detach closes its connection to `gpuos run`, RESUME makes it again."""
+    with Agent(app.pid) as ag:
+        ag.hold()
+        ag.resume()  # the agent has accepted this connection by now
+        before = sockets(app.pid)  # the agent's listener, this connection, gpuos run's
+        ag.hold(detach=True)
+        assert sockets(app.pid) == before - 1
+        ag.resume()
+        assert sockets(app.pid) == before
+    rc, out, err = app.finish()
+    assert rc == 0, err

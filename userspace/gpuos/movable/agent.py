@@ -13,6 +13,7 @@ from ..errors import GpuosError
 MAGIC = 0x544E4741
 NAME = "gpuos-agent-"
 FDS_PER_MSG = 200
+HOLD_DETACH = 1
 HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME = range(1, 9)
 COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
             MAP: "MAP", FILL: "FILL", RESUME: "RESUME"}
@@ -113,9 +114,10 @@ class Agent:
         return self._reply(cmd)
 
     # -- commands ---------------------------------------------------------------------------
-    def hold(self) -> tuple[int, int]:
-        """Stop the application at its CUDA calls and drain its GPU work: (allocations, bytes)."""
-        r = self._request(HOLD)
+    def hold(self, detach: bool = False) -> tuple[int, int]:
+        """Stop the application at its CUDA calls and drain its GPU work: (allocations, bytes).
+        detach: also close its connection to `gpuos run` until RESUME (before a CRIU dump)."""
+        r = self._request(HOLD, HOLD_DETACH if detach else 0)
         return r.count, r.bytes
 
     def resume(self) -> None:
