@@ -19,10 +19,14 @@
  *            cannot dump a socket connected outside the process) and made again at RESUME.
  *   LIST     (held) count entries struct gpuos_agent_alloc, in the map's order (by
  *            address): the order CAPTURE, EXPORT, MAP and FILL use.
- *   CAPTURE  (held) arg = bytes of the memfd sent with the request: every allocation's
- *            physical memory (`reserved` bytes) copied into it back to back, in LIST
- *            order, on the agent's own streams, the memfd mapped shared and registered
- *            with the driver for the copy.  Reply: bytes, ns.
+ *   PREPARE  the memfd sent with the request (arg = its bytes) becomes the staging area:
+ *            mapped shared and registered with the driver (its pages pinned: seconds for
+ *            gigabytes, so before HOLD).  Reply: ns, arg = 1 if registered (else the copies
+ *            are the driver's slower pageable ones).  UNPREPARE (or closing the connection)
+ *            unregisters and unmaps it: before a dump.
+ *   CAPTURE  (held, prepared) every allocation's physical memory (`reserved` bytes) copied
+ *            into the staging area back to back, in LIST order, on the agent's own streams.
+ *            Reply: bytes, ns.
  *   EXPORT   (held) the physical memory of every allocation as a POSIX fd, in LIST
  *            order, GPUOS_AGENT_FDS_PER_MSG per reply message: count says how many follow
  *            in this one, arg of the last is 1.
@@ -32,9 +36,9 @@
  *   MAP      (held, released) one fd per allocation in LIST order with the request (in as
  *            many requests as needed, arg = index of the first): imported, mapped at the
  *            same address, made read-write.
- *   FILL     (held, released) new physical memory for every allocation, mapped at the
- *            same address, filled from the memfd sent with the request (laid out as
- *            CAPTURE writes it; arg = its bytes).  Reply: bytes, ns.
+ *   FILL     (held, released, prepared) new physical memory for every allocation, mapped
+ *            at the same address, filled from the staging area (laid out as CAPTURE writes
+ *            it).  Reply: bytes, ns.
  *   RESUME   Calls go on.  Refused while released (MAP or FILL first).
  *
  * Closing the connection while held resumes the process if its memory is mapped (a
@@ -60,6 +64,8 @@ enum gpuos_agent_cmd {
 	GPUOS_AGENT_MAP = 6,
 	GPUOS_AGENT_FILL = 7,
 	GPUOS_AGENT_RESUME = 8,
+	GPUOS_AGENT_PREPARE = 9,
+	GPUOS_AGENT_UNPREPARE = 10,
 };
 
 struct gpuos_agent_req {

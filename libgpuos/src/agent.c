@@ -323,60 +323,83 @@ static void do_resume(struct gpuos_agent_reply *r)
 		resume_now();
 }
 
-/* ---- copies between the allocations and a memfd ------------------------------------------ */
+/* ---- copies between the allocations and the staging memfd --------------------------------- */
 
-struct mapped_memfd {
+/* The client's memfd, mapped shared and registered with the driver (PREPARE): registering
+ * pins its pages, at a few GB/s, so it happens before the process is held, and the copies
+ * while it is held are the copy engines' DMA at PCIe speed. */
+static struct {
 	uint8_t *p;
 	size_t size;
 	int registered;
-};
+} stage;
 
-static int memfd_open(int fd, uint64_t size, struct mapped_memfd *m, struct gpuos_agent_reply *r)
+static void unprepare(void)
 {
-	memset(m, 0, sizeof *m);
-	if (size < H.bytes)
-		return say(r, EINVAL, "the memfd has %llu bytes, the allocations %llu", (unsigned long long)size,
-			   (unsigned long long)H.bytes), -1;
-	if (!H.bytes)
-		return 0;
-	void *p = mmap(NULL, H.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (stage.registered)
+		gpuos_drv.mem_host_unregister(stage.p);
+	if (stage.p)
+		munmap(stage.p, stage.size);
+	memset(&stage, 0, sizeof stage);
+}
+
+static void do_prepare(int fd, uint64_t size, struct gpuos_agent_reply *r)
+{
+	uint64_t t0 = gpuos_now_ns();
+	unprepare();
+	if (!size)
+		return say(r, EINVAL, "PREPARE needs the memfd's size");
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
-		return say(r, errno, "mmap of the memfd: %s", strerror(errno)), -1;
-	m->p = p;
-	m->size = H.bytes;
-	/* Pinned, the copies are the engine's DMA at PCIe speed; unpinned they still work. */
-	m->registered = gpuos_drv.mem_host_register &&
-			gpuos_drv.mem_host_register(p, H.bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+		return say(r, errno, "mmap of the memfd: %s", strerror(errno));
+	stage.p = p;
+	stage.size = size;
+	/* Unpinned, the copies still work, slower: the reply says which (arg). */
+	stage.registered = gpuos_drv.mem_host_register &&
+			   gpuos_drv.mem_host_register(p, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+	r->arg = (uint64_t)stage.registered;
+	r->bytes = size;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+static int staged_enough(struct gpuos_agent_reply *r)
+{
+	if (stage.size >= H.bytes)
+		return 1;
+	say(r, ENOSPC, "the prepared memfd has %zu bytes, the allocations %llu: PREPARE a larger one", stage.size,
+	    (unsigned long long)H.bytes);
 	return 0;
 }
 
-static void memfd_close(struct mapped_memfd *m)
-{
-	if (m->registered)
-		gpuos_drv.mem_host_unregister(m->p);
-	if (m->p)
-		munmap(m->p, m->size);
-}
-
-/* Copy every allocation to (to_host) or from the memfd, in LIST order, NSTREAMS streams
- * per context. */
-static CUresult copy_all(struct mapped_memfd *m, int to_host)
+/* Copy every allocation to (to_host) or from the staging memfd, laid out back to back in
+ * LIST order: all copies of a context issued on NSTREAMS streams of its own, then waited for. */
+static CUresult copy_all(int to_host)
 {
 	uint64_t off = 0;
 	CUresult res = CUDA_SUCCESS;
 	for (size_t i = 0; i < H.n && res == CUDA_SUCCESS; i++) {
-		struct gpuos_alloc *a = &H.v[i];
-		size_t size = gpuos_movable_reserved(a);
+		int first = 1;
+		for (size_t j = 0; j < i; j++)
+			first &= H.v[j].ctx != H.v[i].ctx;
+		if (!first)
+			continue;
 		CUcontext c;
 		CUstream st[NSTREAMS] = { 0 };
-		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)a->ctx)) != CUDA_SUCCESS)
+		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)H.v[i].ctx)) != CUDA_SUCCESS)
 			break;
 		for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
 			res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
-		for (uint64_t o = 0, k = 0; o < size && res == CUDA_SUCCESS; o += PIECE, k++) {
-			size_t n = size - o < PIECE ? size - o : PIECE;
-			res = to_host ? gpuos_drv.memcpy_dtoh_async(m->p + off + o, a->base + o, n, st[k % NSTREAMS])
-				      : gpuos_drv.memcpy_htod_async(a->base + o, m->p + off + o, n, st[k % NSTREAMS]);
+		off = 0;
+		uint64_t k = 0;
+		for (size_t j = 0; j < H.n; j++) {
+			struct gpuos_alloc *a = &H.v[j];
+			size_t size = gpuos_movable_reserved(a);
+			for (uint64_t o = 0; a->ctx == H.v[i].ctx && o < size && res == CUDA_SUCCESS; o += PIECE, k++) {
+				size_t n = size - o < PIECE ? size - o : PIECE;
+				res = to_host ? gpuos_drv.memcpy_dtoh_async(stage.p + off + o, a->base + o, n, st[k % NSTREAMS])
+					      : gpuos_drv.memcpy_htod_async(a->base + o, stage.p + off + o, n, st[k % NSTREAMS]);
+			}
+			off += size;
 		}
 		for (int s = 0; s < NSTREAMS; s++)
 			if (st[s]) {
@@ -386,21 +409,18 @@ static CUresult copy_all(struct mapped_memfd *m, int to_host)
 				gpuos_drv.stream_destroy(st[s]);
 			}
 		gpuos_drv.ctx_pop(&c);
-		off += size;
 	}
 	return res;
 }
 
-static void do_capture(int fd, uint64_t size, struct gpuos_agent_reply *r)
+static void do_capture(struct gpuos_agent_reply *r)
 {
 	if (!H.depth || H.released)
 		return say(r, EINVAL, H.depth ? "the memory is released" : "not held");
-	struct mapped_memfd m;
-	uint64_t t0 = gpuos_now_ns();
-	if (memfd_open(fd, size, &m, r))
+	if (!staged_enough(r))
 		return;
-	CUresult c = copy_all(&m, 1);
-	memfd_close(&m);
+	uint64_t t0 = gpuos_now_ns();
+	CUresult c = copy_all(1);
 	if (c != CUDA_SUCCESS)
 		return say(r, EIO, "copy to the host: %s", cuerr(c));
 	r->bytes = H.bytes;
@@ -478,10 +498,12 @@ static void do_map(const int *fds, size_t nfds, uint64_t first, struct gpuos_age
 	r->count = (uint32_t)map_next;
 }
 
-static void do_fill(int fd, uint64_t size, struct gpuos_agent_reply *r)
+static void do_fill(struct gpuos_agent_reply *r)
 {
 	if (!H.depth || !H.released)
 		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
+	if (!staged_enough(r))
+		return;
 	uint64_t t0 = gpuos_now_ns();
 	for (size_t i = map_next; i < H.n; i++) {
 		CUresult c = remap_one(i, -1);
@@ -489,11 +511,7 @@ static void do_fill(int fd, uint64_t size, struct gpuos_agent_reply *r)
 			return say(r, EIO, "new memory for allocation %zu: %s", i, cuerr(c));
 		map_next = i + 1;
 	}
-	struct mapped_memfd m;
-	if (memfd_open(fd, size, &m, r))
-		return;
-	CUresult c = copy_all(&m, 0);
-	memfd_close(&m);
+	CUresult c = copy_all(0);
 	if (c != CUDA_SUCCESS)
 		return say(r, EIO, "copy from the host: %s", cuerr(c));
 	H.released = 0;
@@ -623,7 +641,7 @@ static void serve(int conn)
 		struct gpuos_agent_reply r;
 		memset(&r, 0, sizeof r);
 		r.magic = GPUOS_AGENT_MAGIC;
-		int fd0 = nfds ? fds[0] : -1;
+		int fd0 = nfds ? fds[0] : -1; /* PREPARE's memfd */
 		switch (q.cmd) {
 		case GPUOS_AGENT_HOLD: do_hold(q.arg, &r); break;
 		case GPUOS_AGENT_RESUME: do_resume(&r); break;
@@ -635,12 +653,14 @@ static void serve(int conn)
 			r.count = (uint32_t)H.n;
 			r.bytes = H.bytes;
 			break;
-		case GPUOS_AGENT_CAPTURE:
+		case GPUOS_AGENT_PREPARE:
 			if (fd0 < 0)
-				say(&r, EINVAL, "CAPTURE needs a memfd");
+				say(&r, EINVAL, "PREPARE needs a memfd");
 			else
-				do_capture(fd0, q.arg, &r);
+				do_prepare(fd0, q.arg, &r);
 			break;
+		case GPUOS_AGENT_UNPREPARE: unprepare(); break;
+		case GPUOS_AGENT_CAPTURE: do_capture(&r); break;
 		case GPUOS_AGENT_EXPORT:
 			close_fds(fds, nfds);
 			if (do_export(conn, &r))
@@ -648,12 +668,7 @@ static void serve(int conn)
 			continue;
 		case GPUOS_AGENT_RELEASE: do_release(&r); break;
 		case GPUOS_AGENT_MAP: do_map(fds, nfds, q.arg, &r); break;
-		case GPUOS_AGENT_FILL:
-			if (fd0 < 0)
-				say(&r, EINVAL, "FILL needs a memfd");
-			else
-				do_fill(fd0, q.arg, &r);
-			break;
+		case GPUOS_AGENT_FILL: do_fill(&r); break;
 		default: say(&r, EINVAL, "unknown command %u", q.cmd); break;
 		}
 		close_fds(fds, nfds);
@@ -674,6 +689,7 @@ static void serve(int conn)
 		}
 	}
 out:
+	unprepare();
 	/* A client gone while its application is held: let the application go on, unless its
 	 * memory is released (it exists only in what that client held). */
 	if (H.depth && !H.released)

@@ -115,7 +115,8 @@ def test_capture_hand_out_and_map_back_while_the_application_runs(app):
         assert [a.base for a in allocs] == sorted(app.bases[:3])
         assert sorted(a.size for a in allocs) == sorted(SIZES)
         fd = memfd(nbytes)
-        r = ag.capture(fd, nbytes)
+        ag.prepare(fd, nbytes)
+        r = ag.capture()
         assert r.bytes == nbytes
         with mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ) as m:
             off = 0
@@ -124,6 +125,7 @@ def test_capture_hand_out_and_map_back_while_the_application_runs(app):
                 data = m[off:off + a.size]
                 assert data == expected(a.size, i, iteration_of(data, i)), f"allocation {i}"
                 off += a.reserved
+        ag.unprepare()
         os.close(fd)
         fds = ag.export()
         assert len(fds) == 3
@@ -142,11 +144,12 @@ def test_fill_puts_captured_contents_into_new_memory(app):
     """CAPTURE, RELEASE (the memory is gone: nobody holds it), FILL from the capture: new
     physical memory at the same addresses with the same bytes; t_agent goes on."""
     with Agent(app.pid) as ag:
+        fd = memfd(sum(reserved(n) for n in SIZES))
+        ag.prepare(fd, sum(reserved(n) for n in SIZES))  # before the hold, as gpuos does
         _, nbytes = ag.hold()
-        fd = memfd(nbytes)
-        ag.capture(fd, nbytes)
+        ag.capture()
         ag.release()
-        r = ag.fill(fd, nbytes)
+        r = ag.fill()
         assert r.bytes == nbytes
         os.close(fd)
         ag.resume()
@@ -159,10 +162,11 @@ def test_a_wrong_fill_is_seen_by_the_application(app):
     with Agent(app.pid) as ag:
         _, nbytes = ag.hold()
         fd = memfd(nbytes)
-        ag.capture(fd, nbytes)
+        ag.prepare(fd, nbytes)
+        ag.capture()
         os.pwrite(fd, b"\x55", 12345)
         ag.release()
-        ag.fill(fd, nbytes)
+        ag.fill()
         os.close(fd)
         ag.resume()
     rc, out, err = app.finish()
@@ -186,9 +190,12 @@ def test_commands_out_of_order_are_refused_and_harmless(app):
         ag.hold()
         with pytest.raises(AgentError, match="the memory is mapped"):
             ag.map([])
+        with pytest.raises(AgentError, match="prepared memfd has 0 bytes"):
+            ag.capture()
         fd = memfd(4096)
-        with pytest.raises(AgentError, match="the memfd has 4096 bytes"):
-            ag.capture(fd, 4096)
+        ag.prepare(fd, 4096)
+        with pytest.raises(AgentError, match="prepared memfd has 4096 bytes"):
+            ag.capture()
         os.close(fd)
         ag.resume()
     rc, out, err = app.finish()

@@ -14,9 +14,9 @@ MAGIC = 0x544E4741
 NAME = "gpuos-agent-"
 FDS_PER_MSG = 200
 HOLD_DETACH = 1
-HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME = range(1, 9)
+HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE = range(1, 11)
 COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
-            MAP: "MAP", FILL: "FILL", RESUME: "RESUME"}
+            MAP: "MAP", FILL: "FILL", RESUME: "RESUME", PREPARE: "PREPARE", UNPREPARE: "UNPREPARE"}
 REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiI")
@@ -128,9 +128,17 @@ class Agent:
         raw = self._recv_exact(r.count * ALLOC.size) if r.count else b""
         return [MovableAlloc(*ALLOC.unpack_from(raw, i * ALLOC.size)[:5]) for i in range(r.count)]
 
-    def capture(self, memfd: int, size: int) -> Reply:
-        """Copy every allocation into memfd (at least `size` bytes), back to back."""
-        return self._request(CAPTURE, size, [memfd])
+    def prepare(self, memfd: int, size: int) -> Reply:
+        """Make memfd (`size` bytes) the staging area: registered (pinned) for the copies.
+        Reply.arg is 1 if the driver registered it."""
+        return self._request(PREPARE, size, [memfd])
+
+    def unprepare(self) -> None:
+        self._request(UNPREPARE)
+
+    def capture(self) -> Reply:
+        """Copy every allocation into the staging area, back to back in LIST order."""
+        return self._request(CAPTURE)
 
     def export(self) -> list[int]:
         """The physical memory of every allocation as fds (the caller closes them)."""
@@ -157,5 +165,6 @@ class Agent:
         for first in range(0, max(len(fds), 1), FDS_PER_MSG):  # one MAP even for none
             self._request(MAP, first, fds[first:first + FDS_PER_MSG])
 
-    def fill(self, memfd: int, size: int) -> Reply:
-        return self._request(FILL, size, [memfd])
+    def fill(self) -> Reply:
+        """New memory for every allocation, filled from the staging area."""
+        return self._request(FILL)
