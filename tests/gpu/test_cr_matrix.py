@@ -60,12 +60,24 @@ def command(row: str, log: Path, sleep: float, workdir: Path) -> list[str]:
     return ROWS[row] + args
 
 
-def start(row: str, workdir: Path, tag: str, sleep: float) -> tuple[subprocess.Popen, Path]:
+GPUOS_RUN = [PY, "-m", "gpuos.cli", "run", "-q", "--"]
+
+
+def start(row: str, workdir: Path, tag: str, sleep: float, under_run: bool = False
+          ) -> tuple[subprocess.Popen, Path]:
     log = workdir / f"{tag}.log"
     out = open(workdir / f"{tag}.out", "w")
-    proc = subprocess.Popen(command(row, log, sleep, workdir), stdin=subprocess.DEVNULL, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=PROGRAMS)
+    proc = subprocess.Popen((GPUOS_RUN if under_run else []) + command(row, log, sleep, workdir),
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=PROGRAMS)
     return proc, log
+
+
+def child_of(pid: int) -> int:
+    """The one child of `gpuos run` (its workload)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(kids) == 1, kids
+    return int(kids[0])
 
 
 def wait_gone(pid: int, timeout: float = 600) -> None:
@@ -81,13 +93,15 @@ def wait_gone(pid: int, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
-def run_to_a_third(row: str, tmp_path: Path) -> tuple[list[str], subprocess.Popen, Path]:
-    """The row's uninterrupted results, and a paced run of it a third of the way in."""
+def run_to_a_third(row: str, tmp_path: Path, under_run: bool = False
+                   ) -> tuple[list[str], subprocess.Popen, Path]:
+    """The row's uninterrupted results (plain), and a paced run of it a third of the way in
+    (under `gpuos run` if asked)."""
     ref, ref_log = start(row, tmp_path, "ref", 0.0)
     assert ref.wait(timeout=600) == 0, (tmp_path / "ref.out").read_text()[-3000:]
     expected = results(ref_log)
     assert expected[-1] == "done" and len(expected) > STEPS
-    proc, log = start(row, tmp_path, "run", 0.1)
+    proc, log = start(row, tmp_path, "run", 0.1, under_run)
     deadline = time.monotonic() + 300
     while steps_done(log) < STEPS // 3:
         assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
@@ -119,6 +133,46 @@ def test_checkpoint_kill_restore_matches_uninterrupted(row, env, tmp_path):
                       "size": out["size"], "timings": out["timings"],
                       "restore": json.loads(res.stdout)["timings"], "identical": got == expected}))
     assert got == expected
+
+
+MOVABLE_ROWS = ["torch-eager-train", "cupy", "hf-generate", "hold-16gib"]
+
+
+@pytest.mark.parametrize("row", MOVABLE_ROWS)
+def test_under_gpuos_run_memory_goes_through_gpuos(row, env, tmp_path):
+    """Under `gpuos run` the workload's device memory is movable: the checkpoint captures it
+    through libgpuos's agent and hands it out before the driver's checkpoint, the restore
+    fills it back at the same addresses; the step log equals the uninterrupted plain run's."""
+    expected, run, log = run_to_a_third(row, tmp_path, under_run=True)
+    app = child_of(run.pid)
+    res = gpuos(env, "checkpoint", str(app), "--image", row, "--json", check=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert "movable-capture" in out["timings"], out["timings"]
+    run.wait(timeout=60)
+    at = steps_done(log)
+    res = gpuos(env, "restore", row, "--json", check=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    wait_gone(app)
+    got = results(log)
+    print(json.dumps({"row": row, "under": "gpuos run", "at_step": at, "size": out["size"],
+                      "timings": out["timings"], "restore": json.loads(res.stdout)["timings"],
+                      "identical": got == expected}))
+    assert got == expected
+
+
+@pytest.mark.parametrize("row", ["torch-eager-train", "hold-16gib"])
+def test_under_gpuos_run_leave_running_is_identical(row, env, tmp_path):
+    expected, run, log = run_to_a_third(row, tmp_path, under_run=True)
+    app = child_of(run.pid)
+    res = gpuos(env, "checkpoint", str(app), "--image", f"{row}-live", "--leave-running", "--json",
+                check=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    print(json.dumps({"row": row, "under": "gpuos run", "leave_running": True, "stall_s": out.get("stall"),
+                      "timings": out["timings"], "size": out["size"]}))
+    assert run.wait(timeout=600) == 0
+    assert results(log) == expected
 
 
 def test_jax_leave_running_is_identical(env, tmp_path):

@@ -56,7 +56,7 @@ def test_total_size_is_recomputed_not_trusted():
     assert Manifest.from_json(json.dumps(data)).total_size == 4106
 
 
-@pytest.mark.parametrize("version", [0, 4, 99, "1", None])
+@pytest.mark.parametrize("version", [0, 5, 99, "1", None])
 def test_unknown_format_version_is_unsupported(version):
     data = json.loads(full_manifest().to_json())
     data["format_version"] = version
@@ -160,3 +160,16 @@ def test_version_2_terminals_read_as_not_a_shell_job():
     del data["terminals"][0]["session_outside"]
     back = Manifest.from_json(json.dumps(data))
     assert back.format_version == 2 and back.terminals[0].session_outside is False
+
+
+def test_movable_memory_round_trips_and_version_3_reads_without_it():
+    from gpuos.manifest import MovableMemory, MovableRange
+    m = full_manifest()
+    m.movable = [MovableMemory(pid=11, file="gpu-memory-11.bin", bytes=4 << 20,
+                               ranges=[MovableRange(base=0x7F0000000000, size=3 << 20, reserved=4 << 20, device=0)])]
+    back = Manifest.from_json(m.to_json())
+    assert back.movable == m.movable and back.format_version == 4
+    data = json.loads(full_manifest().to_json())
+    data["format_version"] = 3
+    del data["movable"]
+    assert Manifest.from_json(json.dumps(data)).movable == []

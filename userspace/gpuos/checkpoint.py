@@ -37,6 +37,7 @@ from .errors import (CheckpointFailed, DriverUnsupported, GpuosError, NoSuchProc
                      ProcessLeftStopped)
 from .hold import checkpoint_gpu, resume_gpu
 from .journal import Operation, put_back, pid_lock
+from .movable import handout
 from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo, TerminalInfo
 from .observe import Observer, Silent
 from .store import ImageStore, checksum_tree, tree_size
@@ -132,8 +133,26 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             return op.phase(name)
 
         (staging / CRIU_DIR).mkdir(parents=True)
+        handouts: list[handout.Handout] = []
+        movable = handout.movable_pids(gpu_pids)
+        if movable:
+            with phase("movable-stage"):  # the process runs on meanwhile
+                try:
+                    for mp in movable:
+                        handouts.append(handout.stage(mp, op.op_id))
+                        op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging)})
+                        op.save()
+                except GpuosError as exc:
+                    raise _undo(op, driver, [], staging, exc, handouts) from None
         stall_start = time.monotonic()
         try:
+            if handouts:
+                with phase("movable-capture"):
+                    for h in handouts:
+                        handout.hand_out(h)
+                        entry = next(m for m in op.record.movable if m["pid"] == h.pid)
+                        entry["memory"] = asdict(handout.memory_entry(h))
+                        op.save()
             if gpu_pids:
                 with phase("lock"):
                     for gp in gpu_pids:
@@ -151,7 +170,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
                 links.keep(links.remaps_in(remap_dirs) - before, staging)
         except GpuosError as exc:
-            raise _undo(op, driver, gpu_pids, staging, exc) from None
+            raise _undo(op, driver, gpu_pids, staging, exc, handouts) from None
 
         stall = None
         left_stopped: list[str] = []
@@ -161,8 +180,18 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                     failure = _resume(driver, gp, req.resume_tries)
                     if failure:
                         left_stopped.append(f"pid {gp}: {failure}")
+            if handouts and not left_stopped:
+                with phase("movable-give-back"):  # the same memory, at the same addresses
+                    for h in handouts:
+                        handout.give_back(h)
         if req.leave_running and not left_stopped:
             stall = time.monotonic() - stall_start
+        if handouts:
+            with phase("movable-save"):
+                draft.movable = [handout.save(h, staging) for h in handouts]
+                for h in handouts:
+                    if not h.released or not req.leave_running:
+                        handout.discard(h)  # else the staging file is the process's memory
         with phase("checksum"):
             draft.files = checksum_tree(
                 staging, observer.bytes_progress("checksum", tree_size(staging)))
@@ -263,8 +292,9 @@ def _resume(driver: GpuDriver, pid: int, tries: int) -> str | None:
 
 
 def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging: Path,
-          cause: GpuosError) -> GpuosError:
-    """Put every CUDA process back on its GPU, drop the staging image; the error to raise."""
+          cause: GpuosError, handouts: list[handout.Handout] = ()) -> GpuosError:
+    """Put every CUDA process back on its GPU and its movable memory back in it, drop the
+    staging image; the error to raise."""
     failed = []
     with op.phase("undo"):
         for gp in gpu_pids:
@@ -272,6 +302,12 @@ def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging:
                 put_back(driver, gp)
             except GpuosError as exc:
                 failed.append(f"pid {gp}: {exc.message}")
+        for h in handouts:
+            try:
+                handout.give_back(h)
+                handout.discard(h)
+            except GpuosError as exc:
+                failed.append(f"pid {h.pid}: its GPU memory: {exc.message}")
     if failed:  # keep the journal: `gpuos recover` retries
         return ProcessLeftStopped(
             f"{cause.message}; then putting the process back failed ({'; '.join(failed)}); "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import procs
+from .movable import handout
 from .criu import dump_completed
 from .cudadrv import GpuDriver
 from .errors import Busy, GpuosError
@@ -50,6 +51,9 @@ class JournalRecord:
     final: str | None = None  # checkpoint: where it will be published
     draft: dict | None = None  # checkpoint: the manifest, less files and timings
     gpu_pairs: dict = field(default_factory=dict)  # restore: image GPU -> GPU here
+    # checkpoint: movable memory handed out (movable/handout.py): per process its staging
+    # file and, once captured, the manifest entry (MovableMemory as a dict)
+    movable: list[dict] = field(default_factory=list)
 
 
 class Operation:
@@ -163,6 +167,9 @@ def _finish_image(rec: JournalRecord) -> str:
     except GpuosError:
         pass
     manifest = Manifest.from_json(json.dumps(draft))
+    for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
+        if m.get("memory") and Path(m["staging"]).exists():
+            manifest.movable.append(handout.save_staged(Path(m["staging"]), m["memory"], staging))
     manifest.files = checksum_tree(staging)
     manifest.timings = {"recovered": 1.0}
     ImageStore.write_manifest(staging, manifest)
@@ -196,6 +203,12 @@ def recover(run_dir: Path, store: ImageStore,
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
             if rec.kind == "restore":
                 shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)
+            for m in rec.movable:  # before the image: the process may still need the staging file
+                try:
+                    msg = handout.recover(m["pid"], Path(m["staging"]), m.get("memory"))
+                except GpuosError as exc:
+                    msg, ok = f"pid {m['pid']}: {exc.message}", False
+                actions.append(RecoveryAction(rec.op_id, msg, ok))
             if rec.kind == "checkpoint":
                 try:
                     actions.append(RecoveryAction(rec.op_id, _finish_image(rec), True))
@@ -203,6 +216,8 @@ def recover(run_dir: Path, store: ImageStore,
                     ok = False
                     actions.append(RecoveryAction(rec.op_id, f"finishing {rec.staging}: {exc}", False))
             if ok:  # else keep the journal so a later run retries
+                for m in rec.movable:
+                    Path(m["staging"]).unlink(missing_ok=True)
                 jpath.unlink(missing_ok=True)
                 jpath.with_suffix(".lock").unlink(missing_ok=True)
         finally:

@@ -13,8 +13,8 @@ from typing import Any
 from .errors import ImageCorrupt, ImageFormatUnsupported
 
 FORMAT = "gpuos-image"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # 1 had no `terminals`, 2 no `session_outside`
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # 1 had no `terminals`, 2 no `session_outside`, 3 no `movable`
 MANIFEST_NAME = "manifest.json"
 CRIU_DIR = "criu"
 
@@ -60,6 +60,27 @@ class TerminalInfo:
 
 
 @dataclass
+class MovableRange:
+    """One movable allocation (libgpuos/src/memory.c) of a process under `gpuos run`."""
+
+    base: int      # its device address, the same after a restore
+    size: int      # as the application asked
+    reserved: int  # its address range and physical memory: size rounded up
+    device: int
+
+
+@dataclass
+class MovableMemory:
+    """A process's movable device memory, saved by gpuos (not by the driver): the ranges'
+    contents back to back, `reserved` bytes each, in `file`."""
+
+    pid: int
+    file: str  # relative to the image directory
+    bytes: int
+    ranges: list[MovableRange]
+
+
+@dataclass
 class FileEntry:
     path: str  # relative to the image directory, '/'-separated
     size: int
@@ -89,6 +110,7 @@ class Manifest:
     files: list[FileEntry]
     timings: dict[str, float]  # phase -> seconds
     terminals: list[TerminalInfo] = field(default_factory=list)
+    movable: list[MovableMemory] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -134,6 +156,8 @@ class Manifest:
                 gpus=[GpuInfo(**g) for g in data.pop("gpus")],
                 files=[FileEntry(**f) for f in data.pop("files")],
                 terminals=[TerminalInfo(**t) for t in data.pop("terminals", [])],
+                movable=[MovableMemory(**{**m, "ranges": [MovableRange(**r) for r in m["ranges"]]})
+                         for m in data.pop("movable", [])],
                 driver=DriverInfo(**driver) if driver is not None else None,
                 **data,
             )

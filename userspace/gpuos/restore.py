@@ -3,7 +3,8 @@
 Phases: verify (checksums), checks (GPU model and memory, driver version,
 pids free, terminals), criu-restore (every task left stopped), gpu-restore
 (restore and unlock each CUDA process with only the driver's restore thread
-running, hold.py), then every process continues.  A failure after criu restored
+running, hold.py), movable-fill (a process under `gpuos run` gets its movable memory
+back from the image, movable/handout.py), then every process continues.  A failure after criu restored
 the tree kills what was restored: the host is left as before and the image
 is untouched.
 """
@@ -26,6 +27,7 @@ from .errors import (GpuMismatch, GpuosError, InsufficientGpuMemory, NoSuchProce
 from .hold import resume_gpu
 from .journal import Operation
 from .manifest import CRIU_DIR, GpuInfo, Manifest
+from .movable import handout
 from .observe import Observer, Silent
 from .store import ImageStore
 
@@ -256,6 +258,10 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             with phase("gpu-restore"):
                 for gp in gpu_pids:
                     resume_gpu(driver, gp, pairs)
+        if manifest.movable:  # they wait at their CUDA calls for their movable memory
+            with phase("movable-fill"):
+                for mem in manifest.movable:
+                    handout.fill(mem.pid, mem, image)
     except GpuosError as exc:
         _kill_tree([p.pid for p in manifest.processes])
         op.finish()

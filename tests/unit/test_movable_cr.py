@@ -1,0 +1,105 @@
+"""Checkpoint and restore of a process under `gpuos run` whose device memory is movable:
+the real libgpuos and agent, the fake driver (its VMM memory a memfd the process maps), the
+real criu, a FakeDriver for the driver's checkpoint API.  t_agent checks every byte of
+its device memory at every iteration, before the checkpoint and after the restore.
+
+The checkpoint captures the movable memory through the agent, hands it out, lets CRIU
+dump a process that holds none of it, and saves it in the image; the restore gives the
+process new memory at the same addresses, filled from the image.  Skipped without root
+or a working criu."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuos import procs
+from gpuos.checkpoint import CheckpointRequest, checkpoint
+from gpuos.criu import Criu
+from gpuos.movable import agent_available
+from gpuos.restore import restore
+
+from fakes import FakeDriver
+
+pytestmark = pytest.mark.criu
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+GRAN = 2 << 20
+SIZES = (2 << 20, (5 << 20) + 3, 8 << 20)
+
+
+def wait_for(cond, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ready_pid(out: Path) -> int | None:
+    for line in out.read_text().splitlines() if out.exists() else []:
+        if line.startswith("ready"):
+            return int(line.split()[1])
+    return None
+
+
+@pytest.fixture
+def app(libgpuos_build, tmp_path):
+    out, err, stop = tmp_path / "app.out", tmp_path / "app.err", tmp_path / "stop"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
+    env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+               LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"), GPUOS_HOME=str(tmp_path / "runhome"))
+    with open(out, "w") as o, open(err, "w") as e:
+        run = subprocess.Popen([*GPUOS, "run", "-q", "--", str(libgpuos_build / "tests" / "t_agent"), str(stop), "5"],
+                               stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    pid = wait_for(lambda: ready_pid(out), "t_agent to allocate")
+    wait_for(lambda: agent_available(pid), "its agent")
+    yield pid, out, err, stop
+    for p in (pid, run.pid):
+        try:
+            os.kill(p, 9)
+        except ProcessLookupError:
+            pass
+    run.wait()
+
+
+def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin, home, store, tmp_path):
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    (tmp_path / "plugins").mkdir()
+    res = checkpoint(CheckpointRequest(pid=pid, image="moved"), home.run, store, lambda: driver, criu)
+    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    (mem,) = res.manifest.movable
+    assert mem.pid == pid and sorted(r.size for r in mem.ranges) == sorted(SIZES)
+    assert mem.bytes == sum((n + GRAN - 1) // GRAN * GRAN for n in SIZES)
+    assert (res.path / mem.file).stat().st_size == mem.bytes
+    assert any(f.path == mem.file for f in res.manifest.files)  # checksummed with the rest
+    assert "movable-capture" in res.timings and not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
+
+    restore("moved", home.run, store, lambda: driver, criu)
+    assert procs.alive(pid)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
+    assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()
+
+
+def test_leave_running_gives_the_same_memory_back(app, criu_bin, home, store, tmp_path):
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    res = checkpoint(CheckpointRequest(pid=pid, image="live", leave_running=True), home.run, store,
+                     lambda: driver, Criu(criu_bin, tmp_path / "plugins"))
+    assert res.stall is not None and procs.alive(pid)
+    assert "movable-give-back" in res.timings
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()

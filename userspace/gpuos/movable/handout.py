@@ -1,0 +1,203 @@
+"""A process's movable memory during a checkpoint and a restore.
+
+Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory movable`:
+
+    stage()      while it runs: a shared-memory file (tmpfs, named in the journal, so a
+                 killed gpuos leaves it for `gpuos recover`) sized for its movable memory,
+                 its pages allocated
+    hand_out()   registered by the agent (PREPARE, still running), then the stop: HOLD
+                 (detached from `gpuos run`), CAPTURE into the staging file
+                 at PCIe speed, LIST, EXPORT the physical memory as fds that gpuos keeps,
+                 RELEASE it in the process, UNPREPARE.  The driver then checkpoints a
+                 process that holds almost no device memory.
+    give_back()  --leave-running, or a failure after hand_out(): MAP the same memory back
+                 at the same addresses, RESUME (no copy)
+    save()       the staging file into the image (`gpu-memory-<pid>.bin`), off the stop
+    discard()    the fds and the staging file go (the image, or the process, has the data)
+
+Restore (restore.py): fill() puts the image's file into new memory at the same addresses
+(PREPARE, FILL) and RESUMEs the process, which CRIU and the driver brought back held.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import GpuosError
+from ..intercept import ring as R
+from ..manifest import MovableMemory, MovableRange
+from .agent import Agent, AgentError, agent_available
+
+STAGING_DIR = Path("/dev/shm")
+MARGIN = 256 << 20  # room for allocations made between stage() and hand_out()
+
+
+def movable_bytes(pid: int) -> int:
+    """The physical bytes of the process's movable allocations, from its ring header."""
+    ring = R.Ring.open_pid(pid)
+    try:
+        return ring.header().movable_bytes
+    finally:
+        ring.close()
+
+
+@dataclass
+class Handout:
+    pid: int
+    staging: Path  # tmpfs file: the captured contents, back to back in `ranges` order
+    size: int      # bytes of the staging file
+    ranges: list[MovableRange] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)  # the physical memory, held by gpuos
+    captured: int = 0  # bytes captured
+    capture_s: float = 0.0
+    released: bool = False
+
+
+def movable_pids(gpu_pids: list[int]) -> list[int]:
+    """The CUDA processes whose memory gpuos can move (they serve the agent)."""
+    return [p for p in gpu_pids if agent_available(p)]
+
+
+def stage(pid: int, op_id: str) -> Handout:
+    """Make and register the staging file while the process runs."""
+    size = movable_bytes(pid) * 5 // 4 + MARGIN
+    path = STAGING_DIR / f"gpuos-{op_id}-{pid}.mem"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)  # the pages now, not while the process is stopped
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return Handout(pid=pid, staging=path, size=size)
+
+
+def hand_out(h: Handout) -> None:
+    """HOLD, CAPTURE, EXPORT, RELEASE.  On failure before RELEASE the process goes on
+    (the connection's end resumes it)."""
+    fd = os.open(h.staging, os.O_RDWR)
+    try:
+        with Agent(h.pid) as ag:
+            ag.prepare(fd, h.size)
+            _, nbytes = ag.hold(detach=True)
+            if nbytes > h.size:  # it grew past the margin since stage(): a larger file, now
+                os.posix_fallocate(fd, 0, nbytes)
+                h.size = nbytes
+                ag.prepare(fd, h.size)
+            r = ag.capture()
+            h.captured, h.capture_s = r.bytes, r.ns / 1e9
+            h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
+            h.fds = ag.export()
+            ag.release()
+            h.released = True
+            ag.unprepare()
+    finally:
+        os.close(fd)
+
+
+def give_back(h: Handout) -> None:
+    """MAP the handed-out memory back and RESUME."""
+    if h.released:
+        with Agent(h.pid) as ag:
+            ag.map(h.fds)
+            h.released = False
+            ag.resume()
+    _close(h)
+
+
+def _close(h: Handout) -> None:
+    for fd in h.fds:
+        os.close(fd)
+    h.fds = []
+
+
+def memory_entry(h: Handout) -> MovableMemory:
+    """Its manifest entry, once captured (journaled: recovery can finish the image)."""
+    return MovableMemory(pid=h.pid, file=f"gpu-memory-{h.pid}.bin", bytes=h.captured, ranges=h.ranges)
+
+
+def save(h: Handout, image_dir: Path) -> MovableMemory:
+    """The captured contents into the image; its manifest entry."""
+    return save_staged(h.staging, asdict(memory_entry(h)), image_dir)
+
+
+def save_staged(staging: Path, entry: dict, image_dir: Path) -> MovableMemory:
+    mem = MovableMemory(**{**entry, "ranges": [MovableRange(**r) if isinstance(r, dict) else r
+                                               for r in entry["ranges"]]})
+    with open(staging, "rb") as src, open(image_dir / mem.file, "wb") as dst:
+        _copy(src.fileno(), dst.fileno(), mem.bytes)
+        os.fsync(dst.fileno())
+    return mem
+
+
+def discard(h: Handout) -> None:
+    _close(h)
+    h.staging.unlink(missing_ok=True)
+
+
+def _copy(src: int, dst: int, n: int) -> None:
+    """n bytes from the start of src to dst's position, in the kernel (tmpfs and disk are
+    different file systems: sendfile, not copy_file_range)."""
+    off = 0
+    while off < n:
+        k = os.sendfile(dst, src, off, min(n - off, 1 << 30))
+        if k <= 0:
+            raise GpuosError(f"copying the captured GPU memory: short copy at {off} of {n} bytes")
+        off += k
+
+
+def fill(pid: int, mem: MovableMemory, image_dir: Path) -> None:
+    """Restore: the image's GPU memory into new memory at the same addresses, then RESUME."""
+    path = STAGING_DIR / f"gpuos-restore-{pid}.mem"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        path.unlink()
+        size = max(mem.bytes, 1)
+        os.posix_fallocate(fd, 0, size)
+        with open(image_dir / mem.file, "rb") as src:
+            _copy(src.fileno(), fd, mem.bytes)
+        with Agent(pid) as ag:
+            have = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
+            if have != mem.ranges:
+                raise AgentError(f"pid {pid}'s movable memory is not the image's: {len(have)} ranges, "
+                                 f"the image has {len(mem.ranges)}")
+            ag.prepare(fd, size)
+            ag.fill()
+            ag.unprepare()
+            ag.resume()
+    finally:
+        os.close(fd)
+
+
+def recover(pid: int, staging: Path, entry: dict | None) -> str:
+    """After a gpuos died mid-checkpoint (the driver's side already put back): a process
+    left held with its memory released gets it from the staging file (if the capture
+    completed), and every held process is resumed."""
+    if not agent_available(pid):
+        return f"pid {pid}: no agent (gone, or never handed out)"
+    with Agent(pid) as ag:
+        try:
+            ag.list()
+        except AgentError:
+            return f"pid {pid}: was not held"
+        if entry is None:
+            ag.resume()  # nothing captured, so nothing released
+            return f"pid {pid}: resumed"
+        fd = os.open(staging, os.O_RDWR)
+        try:
+            ag.prepare(fd, os.fstat(fd).st_size)
+            try:
+                ag.fill()
+                what = "its GPU memory filled from the capture, resumed"
+            except AgentError as exc:
+                if "mapped" not in exc.message:
+                    raise
+                what = "resumed"
+            ag.unprepare()
+        finally:
+            os.close(fd)
+        ag.resume()
+        return f"pid {pid}: {what}"
