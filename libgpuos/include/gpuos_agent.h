@@ -40,6 +40,15 @@
  *            at the same address, filled from the staging area (laid out as CAPTURE writes
  *            it).  Reply: bytes, ns.
  *   RESUME   Calls go on.  Refused while released (MAP or FILL first).
+ *   SNAPSHOT (held, mapped) a shadow of every allocation, in device memory of the agent's
+ *            own at addresses the application never sees, filled by device-to-device
+ *            copies (TB/s): the contents as they are now, to CAPTURE after RESUME.
+ *            ENOMEM: not enough device memory (CAPTURE while held instead).  EXPORT and
+ *            MAP with arg | GPUOS_AGENT_SHADOWS act on the shadows; RELEASE releases them
+ *            with the allocations (a driver checkpoint then holds neither).  While a
+ *            snapshot exists CAPTURE copies from it, held or not, and then drops it; DROP
+ *            drops it without a copy, and so does the end of the connection unless it is
+ *            handed out.
  *
  * Closing the connection while held resumes the process if its memory is mapped (a
  * client that died must not leave the application stopped); while released it stays
@@ -54,6 +63,7 @@
 #define GPUOS_AGENT_NAME "gpuos-agent-" /* + decimal pid, in the abstract namespace */
 #define GPUOS_AGENT_FDS_PER_MSG 200
 #define GPUOS_AGENT_HOLD_DETACH 1u /* HOLD's arg */
+#define GPUOS_AGENT_SHADOWS (1ull << 63) /* EXPORT's and MAP's arg: the snapshot's memory */
 
 enum gpuos_agent_cmd {
 	GPUOS_AGENT_HOLD = 1,
@@ -66,6 +76,8 @@ enum gpuos_agent_cmd {
 	GPUOS_AGENT_RESUME = 8,
 	GPUOS_AGENT_PREPARE = 9,
 	GPUOS_AGENT_UNPREPARE = 10,
+	GPUOS_AGENT_SNAPSHOT = 11,
+	GPUOS_AGENT_DROP = 12,
 };
 
 struct gpuos_agent_req {

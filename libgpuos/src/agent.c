@@ -184,6 +184,34 @@ struct held {
 };
 static struct held H;
 
+/* SNAPSHOT's shadows: a device-to-device copy of every allocation taken while held, at
+ * addresses of the agent's own (the application never sees them), captured to the host
+ * later while the application runs. */
+struct shadow {
+	uint64_t va;
+	CUmemGenericAllocationHandle h;
+};
+static struct shadow *SH; /* H.n of them while a snapshot exists */
+static int sh_released;   /* handed out with the application's memory */
+static size_t sh_map_next;
+
+static void drop_shadows(void)
+{
+	for (size_t i = 0; SH && i < H.n; i++) {
+		size_t size = gpuos_movable_reserved(&H.v[i]);
+		if (SH[i].va && !sh_released && SH[i].h) {
+			gpuos_drv.mem_unmap(SH[i].va, size);
+			gpuos_drv.mem_release(SH[i].h);
+		}
+		if (SH[i].va)
+			gpuos_drv.mem_address_free(SH[i].va, size);
+	}
+	free(SH);
+	SH = NULL;
+	sh_released = 0;
+	sh_map_next = 0;
+}
+
 static void say(struct gpuos_agent_reply *r, int status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 static void say(struct gpuos_agent_reply *r, int status, const char *fmt, ...)
@@ -373,7 +401,7 @@ static int staged_enough(struct gpuos_agent_reply *r)
 
 /* Copy every allocation to (to_host) or from the staging memfd, laid out back to back in
  * LIST order: all copies of a context issued on NSTREAMS streams of its own, then waited for. */
-static CUresult copy_all(int to_host)
+static CUresult copy_all(int to_host, int from_shadows)
 {
 	uint64_t off = 0;
 	CUresult res = CUDA_SUCCESS;
@@ -394,10 +422,11 @@ static CUresult copy_all(int to_host)
 		for (size_t j = 0; j < H.n; j++) {
 			struct gpuos_alloc *a = &H.v[j];
 			size_t size = gpuos_movable_reserved(a);
+			uint64_t dev = from_shadows ? SH[j].va : a->base;
 			for (uint64_t o = 0; a->ctx == H.v[i].ctx && o < size && res == CUDA_SUCCESS; o += PIECE, k++) {
 				size_t n = size - o < PIECE ? size - o : PIECE;
-				res = to_host ? gpuos_drv.memcpy_dtoh_async(stage.p + off + o, a->base + o, n, st[k % NSTREAMS])
-					      : gpuos_drv.memcpy_htod_async(a->base + o, stage.p + off + o, n, st[k % NSTREAMS]);
+				res = to_host ? gpuos_drv.memcpy_dtoh_async(stage.p + off + o, dev + o, n, st[k % NSTREAMS])
+					      : gpuos_drv.memcpy_htod_async(dev + o, stage.p + off + o, n, st[k % NSTREAMS]);
 			}
 			off += size;
 		}
@@ -415,14 +444,54 @@ static CUresult copy_all(int to_host)
 
 static void do_capture(struct gpuos_agent_reply *r)
 {
-	if (!H.depth || H.released)
-		return say(r, EINVAL, H.depth ? "the memory is released" : "not held");
+	if (SH ? sh_released : (!H.depth || H.released))
+		return say(r, EINVAL, SH ? "the snapshot is handed out: MAP it back first" :
+				      H.depth ? "the memory is released" : "not held");
 	if (!staged_enough(r))
 		return;
 	uint64_t t0 = gpuos_now_ns();
-	CUresult c = copy_all(1);
+	CUresult c = copy_all(1, SH != NULL);
 	if (c != CUDA_SUCCESS)
 		return say(r, EIO, "copy to the host: %s", cuerr(c));
+	r->arg = SH != NULL;
+	drop_shadows(); /* captured: the snapshot has served */
+	r->bytes = H.bytes;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+/* Shadows for every allocation, filled by device-to-device copies on the agent's streams. */
+static void do_snapshot(struct gpuos_agent_reply *r)
+{
+	if (!H.depth || H.released)
+		return say(r, EINVAL, H.depth ? "the memory is released" : "not held");
+	if (SH)
+		return say(r, EEXIST, "a snapshot exists (CAPTURE or DROP it)");
+	uint64_t t0 = gpuos_now_ns();
+	if (H.n && !(SH = calloc(H.n, sizeof *SH)))
+		return say(r, ENOMEM, "out of host memory");
+	CUresult c = CUDA_SUCCESS;
+	for (size_t i = 0; i < H.n && c == CUDA_SUCCESS; i++) {
+		size_t size = gpuos_movable_reserved(&H.v[i]);
+		CUdeviceptr va;
+		if ((c = gpuos_drv.mem_address_reserve(&va, size, 0, 0, 0)) != CUDA_SUCCESS)
+			break;
+		SH[i].va = va;
+		c = gpuos_movable_map_new(va, size, H.v[i].device, &SH[i].h);
+	}
+	for (size_t i = 0; i < H.n && c == CUDA_SUCCESS; i++) {
+		CUcontext ctx;
+		if ((c = gpuos_drv.ctx_push((CUcontext)(uintptr_t)H.v[i].ctx)) != CUDA_SUCCESS)
+			break;
+		c = gpuos_drv.memcpy_dtod_async(SH[i].va, H.v[i].base, gpuos_movable_reserved(&H.v[i]), 0);
+		gpuos_drv.ctx_pop(&ctx);
+	}
+	if (c == CUDA_SUCCESS)
+		c = sync_contexts();
+	if (c != CUDA_SUCCESS) {
+		drop_shadows();
+		/* ENOMEM: not enough device memory for a copy: the client captures while held instead */
+		return say(r, c == CUDA_ERROR_OUT_OF_MEMORY ? ENOMEM : EIO, "snapshot: %s", cuerr(c));
+	}
 	r->bytes = H.bytes;
 	r->ns = gpuos_now_ns() - t0;
 }
@@ -443,7 +512,15 @@ static void do_release(struct gpuos_agent_reply *r)
 		H.released = 1;
 	}
 	H.released = 1;
+	for (size_t i = 0; SH && i < H.n; i++) { /* the snapshot goes out with it */
+		gpuos_drv.mem_unmap(SH[i].va, gpuos_movable_reserved(&H.v[i]));
+		gpuos_drv.mem_release(SH[i].h);
+		SH[i].h = 0;
+		sh_released = 1;
+	}
 }
+
+static CUresult import_at(uint64_t va, size_t size, int device, int fd, CUmemGenericAllocationHandle *out);
 
 /* New physical memory for allocation i at its address: imported from fd, or created. */
 static CUresult remap_one(size_t i, int fd)
@@ -452,34 +529,60 @@ static CUresult remap_one(size_t i, int fd)
 	size_t size = gpuos_movable_reserved(a);
 	CUmemGenericAllocationHandle h;
 	CUresult c;
-	if (fd >= 0) {
-		c = gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-		if (c != CUDA_SUCCESS)
-			return c;
-		c = gpuos_drv.mem_map(a->base, size, 0, h, 0);
-		if (c != CUDA_SUCCESS) {
-			gpuos_drv.mem_release(h);
-			return c;
-		}
-		CUmemAccessDesc acc = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = a->device },
-					.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-		c = gpuos_drv.mem_set_access(a->base, size, &acc, 1);
-		if (c != CUDA_SUCCESS) {
-			gpuos_drv.mem_unmap(a->base, size);
-			gpuos_drv.mem_release(h);
-			return c;
-		}
-	} else if ((c = gpuos_movable_map_new(a->base, size, a->device, &h)) != CUDA_SUCCESS) {
+	if ((c = fd >= 0 ? import_at(a->base, size, a->device, fd, &h)
+			 : gpuos_movable_map_new(a->base, size, a->device, &h)) != CUDA_SUCCESS)
 		return c;
-	}
 	set_handle(i, h);
 	return CUDA_SUCCESS;
 }
 
 static size_t map_next; /* MAP: allocations mapped so far */
 
+static CUresult import_at(uint64_t va, size_t size, int device, int fd, CUmemGenericAllocationHandle *out)
+{
+	CUmemGenericAllocationHandle h;
+	CUresult c = gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (c != CUDA_SUCCESS)
+		return c;
+	if ((c = gpuos_drv.mem_map(va, size, 0, h, 0)) != CUDA_SUCCESS) {
+		gpuos_drv.mem_release(h);
+		return c;
+	}
+	CUmemAccessDesc acc = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device },
+				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+	if ((c = gpuos_drv.mem_set_access(va, size, &acc, 1)) != CUDA_SUCCESS) {
+		gpuos_drv.mem_unmap(va, size);
+		gpuos_drv.mem_release(h);
+		return c;
+	}
+	*out = h;
+	return CUDA_SUCCESS;
+}
+
+static void do_map_shadows(const int *fds, size_t nfds, uint64_t first, struct gpuos_agent_reply *r)
+{
+	if (!SH || !sh_released)
+		return say(r, EINVAL, SH ? "the snapshot is mapped" : "no snapshot");
+	if (first != sh_map_next || first + nfds > H.n)
+		return say(r, EINVAL, "expected snapshot fds from index %zu (of %zu), got %zu from %llu", sh_map_next,
+			   H.n, nfds, (unsigned long long)first);
+	for (size_t i = 0; i < nfds; i++, sh_map_next++) {
+		size_t k = first + i;
+		CUresult c = import_at(SH[k].va, gpuos_movable_reserved(&H.v[k]), H.v[k].device, fds[i], &SH[k].h);
+		if (c != CUDA_SUCCESS)
+			return say(r, EIO, "mapping snapshot %zu back: %s", k, cuerr(c));
+	}
+	if (sh_map_next == H.n) {
+		sh_released = 0;
+		sh_map_next = 0;
+	}
+	r->count = (uint32_t)sh_map_next;
+}
+
 static void do_map(const int *fds, size_t nfds, uint64_t first, struct gpuos_agent_reply *r)
 {
+	if (first & GPUOS_AGENT_SHADOWS)
+		return do_map_shadows(fds, nfds, first & ~GPUOS_AGENT_SHADOWS, r);
 	if (!H.depth || !H.released)
 		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
 	if (first != map_next || first + nfds > H.n)
@@ -511,7 +614,7 @@ static void do_fill(struct gpuos_agent_reply *r)
 			return say(r, EIO, "new memory for allocation %zu: %s", i, cuerr(c));
 		map_next = i + 1;
 	}
-	CUresult c = copy_all(0);
+	CUresult c = copy_all(0, 0);
 	if (c != CUDA_SUCCESS)
 		return say(r, EIO, "copy from the host: %s", cuerr(c));
 	H.released = 0;
@@ -562,10 +665,11 @@ static void close_fds(int *fds, size_t n)
 			close(fds[i]);
 }
 
-static int do_export(int conn, struct gpuos_agent_reply *r)
+static int do_export(int conn, uint64_t flags, struct gpuos_agent_reply *r)
 {
-	if (!H.depth || H.released) {
-		say(r, EINVAL, H.depth ? "the memory is released" : "not held");
+	int shadows = !!(flags & GPUOS_AGENT_SHADOWS);
+	if (!H.depth || H.released || (shadows && !SH)) {
+		say(r, EINVAL, !H.depth ? "not held" : H.released ? "the memory is released" : "no snapshot");
 		return send_all(conn, r, sizeof *r, NULL, 0);
 	}
 	int fds[GPUOS_AGENT_FDS_PER_MSG];
@@ -574,7 +678,8 @@ static int do_export(int conn, struct gpuos_agent_reply *r)
 		size_t k = 0;
 		for (; k < GPUOS_AGENT_FDS_PER_MSG && i < H.n; k++, i++) {
 			int fd = -1;
-			CUresult c = gpuos_drv.mem_export(&fd, H.v[i].aux, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+			CUresult c = gpuos_drv.mem_export(&fd, shadows ? SH[i].h : H.v[i].aux,
+							  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 			if (c != CUDA_SUCCESS) {
 				close_fds(fds, k);
 				say(r, EIO, "cuMemExportToShareableHandle of allocation %zu: %s", i, cuerr(c));
@@ -661,9 +766,11 @@ static void serve(int conn)
 			break;
 		case GPUOS_AGENT_UNPREPARE: unprepare(); break;
 		case GPUOS_AGENT_CAPTURE: do_capture(&r); break;
+		case GPUOS_AGENT_SNAPSHOT: do_snapshot(&r); break;
+		case GPUOS_AGENT_DROP: drop_shadows(); break;
 		case GPUOS_AGENT_EXPORT:
 			close_fds(fds, nfds);
-			if (do_export(conn, &r))
+			if (do_export(conn, q.arg, &r))
 				goto out;
 			continue;
 		case GPUOS_AGENT_RELEASE: do_release(&r); break;
@@ -690,6 +797,8 @@ static void serve(int conn)
 	}
 out:
 	unprepare();
+	if (SH && !sh_released)
+		drop_shadows(); /* its client is gone: nobody will capture it */
 	/* A client gone while its application is held: let the application go on, unless its
 	 * memory is released (it exists only in what that client held). */
 	if (H.depth && !H.released)
@@ -763,4 +872,8 @@ void gpuos_agent_forget(void)
 	free(H.v);
 	memset(&H, 0, sizeof H);
 	map_next = 0;
+	free(SH);
+	SH = NULL;
+	sh_released = 0;
+	sh_map_next = 0;
 }

@@ -145,6 +145,7 @@ struct gpuos_drv {
 	PFN_cuMemHostRegister_v6050 mem_host_register;
 	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
 	PFN_cuStreamDestroy_v4000 stream_destroy;
+	PFN_cuMemcpyDtoDAsync_v3020 memcpy_dtod_async;
 };
 extern struct gpuos_drv gpuos_drv;
 

@@ -217,6 +217,7 @@ static const struct {
 	DRV(mem_host_register, "cuMemHostRegister_v2"),
 	DRV(mem_host_unregister, "cuMemHostUnregister"),
 	DRV(stream_destroy, "cuStreamDestroy_v2"),
+	DRV(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
 #undef DRV
 };
 

@@ -148,7 +148,7 @@ def test_under_gpuos_run_memory_goes_through_gpuos(row, env, tmp_path):
     res = gpuos(env, "checkpoint", str(app), "--image", row, "--json", check=None)
     assert res.returncode == 0, res.stdout + res.stderr
     out = json.loads(res.stdout)
-    assert "movable-capture" in out["timings"], out["timings"]
+    assert "movable-hold" in out["timings"], out["timings"]
     run.wait(timeout=60)
     at = steps_done(log)
     res = gpuos(env, "restore", row, "--json", check=None)

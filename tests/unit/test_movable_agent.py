@@ -232,3 +232,43 @@ def test_hold_detach_closes_the_control_connection_until_resume(app):
         assert sockets(app.pid) == before
     rc, out, err = app.finish()
     assert rc == 0, err
+
+
+def test_a_snapshot_is_one_instant_captured_while_the_application_runs(app):
+    """SNAPSHOT while held copies every allocation on the device; handed out and mapped
+    back with the application's memory (as around a driver checkpoint), it is captured
+    after RESUME while t_agent keeps rewriting its memory: every allocation of the capture
+    holds the same iteration, and the application is unharmed."""
+    total = sum(reserved(n) for n in SIZES)
+    fd = memfd(total)
+    with Agent(app.pid) as ag:
+        ag.prepare(fd, total)
+        ag.hold()
+        ag.snapshot()
+        allocs = ag.list()
+        mine, shadows = ag.export(), ag.export(shadows=True)
+        ag.release()
+        ag.map(mine)
+        ag.map(shadows, shadows=True)
+        for f in mine + shadows:
+            os.close(f)
+        ag.resume()
+        time.sleep(0.2)  # t_agent moves on meanwhile
+        r = ag.capture()
+        assert r.arg == 1 and r.bytes == total  # from the snapshot
+        with pytest.raises(AgentError, match="not held"):
+            ag.capture()  # the snapshot is gone with its capture
+        ag.unprepare()
+    with mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        off, iters = 0, set()
+        for a in allocs:
+            i = app.bases.index(a.base)
+            data = m[off:off + a.size]
+            k = iteration_of(data, i)
+            assert data == expected(a.size, i, k)
+            iters.add(k)
+            off += a.reserved
+    os.close(fd)
+    assert len(iters) == 1
+    rc, out, err = app.finish()
+    assert rc == 0, err

@@ -82,7 +82,7 @@ def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin,
     assert mem.bytes == sum((n + GRAN - 1) // GRAN * GRAN for n in SIZES)
     assert (res.path / mem.file).stat().st_size == mem.bytes
     assert any(f.path == mem.file for f in res.manifest.files)  # checksummed with the rest
-    assert "movable-capture" in res.timings and not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
+    assert "movable-hold" in res.timings and not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
 
     restore("moved", home.run, store, lambda: driver, criu)
     assert procs.alive(pid)
@@ -99,7 +99,7 @@ def test_leave_running_gives_the_same_memory_back(app, criu_bin, home, store, tm
     res = checkpoint(CheckpointRequest(pid=pid, image="live", leave_running=True), home.run, store,
                      lambda: driver, Criu(criu_bin, tmp_path / "plugins"))
     assert res.stall is not None and procs.alive(pid)
-    assert "movable-give-back" in res.timings
+    assert {"movable-hold", "movable-give-back", "movable-capture"} <= set(res.timings)  # a snapshot, captured after
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()

@@ -147,12 +147,11 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
         stall_start = time.monotonic()
         try:
             if handouts:
-                with phase("movable-capture"):
+                with phase("movable-hold"):
                     for h in handouts:
-                        handout.hand_out(h)
-                        entry = next(m for m in op.record.movable if m["pid"] == h.pid)
-                        entry["memory"] = asdict(handout.memory_entry(h))
-                        op.save()
+                        handout.hand_out(h, snapshot=req.leave_running)
+                        if not h.snapshot:
+                            _journal_capture(op, h)
             if gpu_pids:
                 with phase("lock"):
                     for gp in gpu_pids:
@@ -186,6 +185,12 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         handout.give_back(h)
         if req.leave_running and not left_stopped:
             stall = time.monotonic() - stall_start
+        snapshots = [h for h in handouts if h.snapshot and not h.released]
+        if snapshots:
+            with phase("movable-capture"):  # the processes run again meanwhile
+                for h in snapshots:
+                    handout.capture_snapshot(h)
+                    _journal_capture(op, h)
         if handouts:
             with phase("movable-save"):
                 draft.movable = [handout.save(h, staging) for h in handouts]
@@ -207,6 +212,13 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 f"gpuos restore {final}` continues it from the image")
         op.finish()
         return CheckpointResult(path=final, manifest=draft, timings=dict(op.timings), stall=stall)
+
+
+def _journal_capture(op: Operation, h: handout.Handout) -> None:
+    """The capture is complete: recovery may now put it into the image, or into the process."""
+    entry = next(m for m in op.record.movable if m["pid"] == h.pid)
+    entry["memory"] = asdict(handout.memory_entry(h))
+    op.save()
 
 
 def _gpu_processes(tree: list[int], driver_factory: Callable[[], GpuDriver]

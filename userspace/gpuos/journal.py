@@ -166,6 +166,9 @@ def _finish_image(rec: JournalRecord) -> str:
             return f"finished publishing {final}"
     except GpuosError:
         pass
+    if any("memory" not in m for m in rec.movable):  # a snapshot was never captured
+        shutil.rmtree(staging)
+        return f"deleted image {staging}: the GPU memory of a process was not captured"
     manifest = Manifest.from_json(json.dumps(draft))
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
         if m.get("memory") and Path(m["staging"]).exists():

@@ -14,9 +14,11 @@ MAGIC = 0x544E4741
 NAME = "gpuos-agent-"
 FDS_PER_MSG = 200
 HOLD_DETACH = 1
-HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE = range(1, 11)
+HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE, SNAPSHOT, DROP = range(1, 13)
 COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
-            MAP: "MAP", FILL: "FILL", RESUME: "RESUME", PREPARE: "PREPARE", UNPREPARE: "UNPREPARE"}
+            MAP: "MAP", FILL: "FILL", RESUME: "RESUME", PREPARE: "PREPARE", UNPREPARE: "UNPREPARE",
+            SNAPSHOT: "SNAPSHOT", DROP: "DROP"}
+SHADOWS = 1 << 63  # EXPORT's and MAP's arg: the snapshot's memory
 REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiI")
@@ -137,12 +139,22 @@ class Agent:
         self._request(UNPREPARE)
 
     def capture(self) -> Reply:
-        """Copy every allocation into the staging area, back to back in LIST order."""
+        """Copy every allocation (or, if there is one, the snapshot, which then goes) into
+        the staging area, back to back in LIST order.  Reply.arg is 1 if from a snapshot."""
         return self._request(CAPTURE)
 
-    def export(self) -> list[int]:
-        """The physical memory of every allocation as fds (the caller closes them)."""
-        self.sock.sendall(REQ.pack(MAGIC, EXPORT, 0))
+    def snapshot(self) -> Reply:
+        """(held) Device-to-device copies of every allocation, to capture after RESUME.
+        AgentError with ENOMEM: not enough device memory."""
+        return self._request(SNAPSHOT)
+
+    def drop(self) -> None:
+        self._request(DROP)
+
+    def export(self, shadows: bool = False) -> list[int]:
+        """The physical memory of every allocation (or of the snapshot) as fds (the caller
+        closes them)."""
+        self.sock.sendall(REQ.pack(MAGIC, EXPORT, SHADOWS if shadows else 0))
         fds: list[int] = []
         try:
             while True:
@@ -161,9 +173,9 @@ class Agent:
     def release(self) -> None:
         self._request(RELEASE)
 
-    def map(self, fds: list[int]) -> None:
+    def map(self, fds: list[int], shadows: bool = False) -> None:
         for first in range(0, max(len(fds), 1), FDS_PER_MSG):  # one MAP even for none
-            self._request(MAP, first, fds[first:first + FDS_PER_MSG])
+            self._request(MAP, first | (SHADOWS if shadows else 0), fds[first:first + FDS_PER_MSG])
 
     def fill(self) -> Reply:
         """New memory for every allocation, filled from the staging area."""

@@ -5,13 +5,15 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
     stage()      while it runs: a shared-memory file (tmpfs, named in the journal, so a
                  killed gpuos leaves it for `gpuos recover`) sized for its movable memory,
                  its pages allocated
-    hand_out()   registered by the agent (PREPARE, still running), then the stop: HOLD
-                 (detached from `gpuos run`), CAPTURE into the staging file
-                 at PCIe speed, LIST, EXPORT the physical memory as fds that gpuos keeps,
-                 RELEASE it in the process, UNPREPARE.  The driver then checkpoints a
-                 process that holds almost no device memory.
+    hand_out()   the stop: HOLD (detached from `gpuos run`); with --leave-running a
+                 SNAPSHOT (device-to-device copies, TB/s) if the GPU has room, else CAPTURE
+                 into the staging file (registered before the hold) at PCIe speed; LIST,
+                 EXPORT the physical memory (and snapshot) as fds that gpuos keeps, RELEASE
+                 it in the process.  The driver then checkpoints a process that holds
+                 almost no device memory.
     give_back()  --leave-running, or a failure after hand_out(): MAP the same memory back
                  at the same addresses, RESUME (no copy)
+    capture_snapshot()  after the stop, the process running: the snapshot to the host
     save()       the staging file into the image (`gpu-memory-<pid>.bin`), off the stop
     discard()    the fds and the staging file go (the image, or the process, has the data)
 
@@ -53,6 +55,9 @@ class Handout:
     captured: int = 0  # bytes captured
     capture_s: float = 0.0
     released: bool = False
+    snapshot: bool = False  # a device-side snapshot waits to be captured after the stop
+    shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
+    agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
 
 
 def movable_pids(gpu_pids: list[int]) -> list[int]:
@@ -75,22 +80,36 @@ def stage(pid: int, op_id: str) -> Handout:
     return Handout(pid=pid, staging=path, size=size)
 
 
-def hand_out(h: Handout) -> None:
-    """HOLD, CAPTURE, EXPORT, RELEASE.  On failure before RELEASE the process goes on
-    (the connection's end resumes it)."""
+def hand_out(h: Handout, snapshot: bool) -> None:
+    """HOLD, then SNAPSHOT (device-to-device, if asked and the device has room) or CAPTURE
+    (to the host, at PCIe speed), EXPORT, RELEASE.  On failure before RELEASE the process
+    goes on (the connection's end resumes it and drops a snapshot)."""
     fd = os.open(h.staging, os.O_RDWR)
     try:
         with Agent(h.pid) as ag:
-            ag.prepare(fd, h.size)
+            if not snapshot:
+                ag.prepare(fd, h.size)
             _, nbytes = ag.hold(detach=True)
-            if nbytes > h.size:  # it grew past the margin since stage(): a larger file, now
+            if nbytes > h.size:  # it grew past the margin since stage(): a larger file
                 os.posix_fallocate(fd, 0, nbytes)
                 h.size = nbytes
-                ag.prepare(fd, h.size)
-            r = ag.capture()
-            h.captured, h.capture_s = r.bytes, r.ns / 1e9
+                if not snapshot:
+                    ag.prepare(fd, h.size)
+            if snapshot:
+                try:
+                    ag.snapshot()
+                    h.snapshot = True
+                except AgentError as exc:
+                    if "ENOMEM" not in exc.message and "OUT_OF_MEMORY" not in exc.message:
+                        raise
+                    ag.prepare(fd, h.size)  # no room for a copy on the device: to the host, now
+            if not h.snapshot:
+                r = ag.capture()
+                h.captured, h.capture_s = r.bytes, r.ns / 1e9
             h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
             h.fds = ag.export()
+            if h.snapshot:
+                h.shadow_fds = ag.export(shadows=True)
             ag.release()
             h.released = True
             ag.unprepare()
@@ -99,19 +118,44 @@ def hand_out(h: Handout) -> None:
 
 
 def give_back(h: Handout) -> None:
-    """MAP the handed-out memory back and RESUME."""
+    """MAP the handed-out memory (and snapshot) back and RESUME.  A snapshot's connection
+    stays open for capture_snapshot(): the agent drops a snapshot whose client is gone."""
     if h.released:
-        with Agent(h.pid) as ag:
+        ag = Agent(h.pid)
+        try:
             ag.map(h.fds)
+            if h.snapshot:
+                ag.map(h.shadow_fds, shadows=True)
             h.released = False
             ag.resume()
+        except BaseException:
+            ag.close()
+            raise
+        if h.snapshot:
+            h.agent = ag
+        else:
+            ag.close()
     _close(h)
 
 
-def _close(h: Handout) -> None:
-    for fd in h.fds:
+def capture_snapshot(h: Handout) -> None:
+    """After the stop, the process running: the snapshot into the staging file."""
+    fd = os.open(h.staging, os.O_RDWR)
+    ag, h.agent = h.agent, None
+    try:
+        ag.prepare(fd, h.size)
+        r = ag.capture()
+        ag.unprepare()
+    finally:
+        ag.close()
         os.close(fd)
-    h.fds = []
+    h.captured, h.capture_s, h.snapshot = r.bytes, r.ns / 1e9, False
+
+
+def _close(h: Handout) -> None:
+    for fd in h.fds + h.shadow_fds:
+        os.close(fd)
+    h.fds, h.shadow_fds = [], []
 
 
 def memory_entry(h: Handout) -> MovableMemory:
@@ -135,6 +179,9 @@ def save_staged(staging: Path, entry: dict, image_dir: Path) -> MovableMemory:
 
 def discard(h: Handout) -> None:
     _close(h)
+    if h.agent is not None:  # a snapshot never captured goes with it
+        h.agent.close()
+        h.agent = None
     h.staging.unlink(missing_ok=True)
 
 
