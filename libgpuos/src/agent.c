@@ -225,10 +225,14 @@ static void say(struct gpuos_agent_reply *r, int status, const char *fmt, ...)
 
 static const char *cuerr(CUresult c)
 {
+	static __thread char buf[32];
 	const char *s = NULL;
 	if (gpuos_drv.get_error_name)
 		gpuos_drv.get_error_name(c, &s);
-	return s ? s : "CUDA error";
+	if (s)
+		return s;
+	snprintf(buf, sizeof buf, "CUDA error %d", (int)c);
+	return buf;
 }
 
 /* The movable allocations of the map, in its order. */

@@ -146,7 +146,7 @@ def test_under_gpuos_run_memory_goes_through_gpuos(row, env, tmp_path):
     expected, run, log = run_to_a_third(row, tmp_path, under_run=True)
     app = child_of(run.pid)
     res = gpuos(env, "checkpoint", str(app), "--image", row, "--json", check=None)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr + (tmp_path / "run.out").read_text()[-3000:]
     out = json.loads(res.stdout)
     assert "movable-hold" in out["timings"], out["timings"]
     run.wait(timeout=60)
@@ -167,7 +167,7 @@ def test_under_gpuos_run_leave_running_is_identical(row, env, tmp_path):
     app = child_of(run.pid)
     res = gpuos(env, "checkpoint", str(app), "--image", f"{row}-live", "--leave-running", "--json",
                 check=None)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr + (tmp_path / "run.out").read_text()[-3000:]
     out = json.loads(res.stdout)
     print(json.dumps({"row": row, "under": "gpuos run", "leave_running": True, "stall_s": out.get("stall"),
                       "timings": out["timings"], "size": out["size"]}))

@@ -139,7 +139,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             with phase("movable-stage"):  # the process runs on meanwhile
                 try:
                     for mp in movable:
-                        handouts.append(handout.stage(mp, op.op_id))
+                        handouts.append(handout.stage(mp, op.op_id, register=not req.leave_running))
                         op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging)})
                         op.save()
                 except GpuosError as exc:

@@ -51,13 +51,20 @@ def agent_address(pid: int) -> bytes:
     return b"\0" + f"{NAME}{pid}".encode()
 
 
-def agent_available(pid: int) -> bool:
-    """Does the process serve the agent (under `gpuos run --memory movable`)?"""
+def agent_sockets(pid: int) -> list[str]:
+    """The sockets of the process's network namespace named like its agent, as
+    "listening" or "not listening" (accepted connections carry the listener's name)."""
     try:
         with open(f"/proc/{pid}/net/unix", "rb") as f:
-            return any(line.rstrip().endswith(b" @" + f"{NAME}{pid}".encode()) for line in f)
+            lines = [ln.split() for ln in f if ln.rstrip().endswith(b" @" + f"{NAME}{pid}".encode())]
     except OSError:
-        return False
+        return []
+    return ["listening" if int(ln[3], 16) & 0x10000 else "not listening" for ln in lines]  # __SO_ACCEPTCON
+
+
+def agent_available(pid: int) -> bool:
+    """Does the process serve the agent (under `gpuos run --memory movable`)?"""
+    return "listening" in agent_sockets(pid)
 
 
 class Agent:
@@ -72,8 +79,10 @@ class Agent:
             self.sock.connect(agent_address(pid))
         except OSError as exc:
             self.sock.close()
-            raise AgentError(f"pid {pid} serves no movable-memory agent ({exc.strerror or exc}): "
-                             "is it running under `gpuos run`?") from None
+            seen = agent_sockets(pid)
+            raise AgentError(f"pid {pid} serves no movable-memory agent ({exc.strerror or exc}"
+                             + (f"; its sockets: {', '.join(seen)}" if seen else "")
+                             + "): is it running under `gpuos run`?") from None
 
     def close(self) -> None:
         self.sock.close()

@@ -65,19 +65,27 @@ def movable_pids(gpu_pids: list[int]) -> list[int]:
     return [p for p in gpu_pids if agent_available(p)]
 
 
-def stage(pid: int, op_id: str) -> Handout:
-    """Make and register the staging file while the process runs."""
+def stage(pid: int, op_id: str, register: bool) -> Handout:
+    """Make the staging file while the process runs, its pages allocated, and (register:
+    the capture will happen in the stop) have the agent register it now: pinning runs at a
+    few GB/s.  The connection stays open in Handout.agent (its end unregisters)."""
     size = movable_bytes(pid) * 5 // 4 + MARGIN
     path = STAGING_DIR / f"gpuos-{op_id}-{pid}.mem"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    h = Handout(pid=pid, staging=path, size=size)
     try:
         os.posix_fallocate(fd, 0, size)  # the pages now, not while the process is stopped
+        if register:
+            h.agent = Agent(pid)
+            h.agent.prepare(fd, size)
     except BaseException:
-        os.close(fd)
+        if h.agent is not None:
+            h.agent.close()
         path.unlink(missing_ok=True)
         raise
-    os.close(fd)
-    return Handout(pid=pid, staging=path, size=size)
+    finally:
+        os.close(fd)
+    return h
 
 
 def hand_out(h: Handout, snapshot: bool) -> None:
@@ -85,10 +93,9 @@ def hand_out(h: Handout, snapshot: bool) -> None:
     (to the host, at PCIe speed), EXPORT, RELEASE.  On failure before RELEASE the process
     goes on (the connection's end resumes it and drops a snapshot)."""
     fd = os.open(h.staging, os.O_RDWR)
+    ag, h.agent = h.agent or Agent(h.pid), None
     try:
-        with Agent(h.pid) as ag:
-            if not snapshot:
-                ag.prepare(fd, h.size)
+        with ag:
             _, nbytes = ag.hold(detach=True)
             if nbytes > h.size:  # it grew past the margin since stage(): a larger file
                 os.posix_fallocate(fd, 0, nbytes)
