@@ -366,10 +366,34 @@ static struct {
 	int registered;
 } stage;
 
+/* A context of the application's, current on the agent's thread for calls that need one
+ * (registering host memory): its first movable allocation's. */
+static uint64_t stage_ctx;
+
+static int push_app_ctx(void)
+{
+	if (!stage_ctx) {
+		pthread_rwlock_rdlock(&gpuos_lock.v);
+		for (size_t i = 0; i < gpuos_allocs.n && !stage_ctx; i++)
+			if (gpuos_allocs.v[i].flags & GPUOS_A_MOVABLE)
+				stage_ctx = gpuos_allocs.v[i].ctx;
+		pthread_rwlock_unlock(&gpuos_lock.v);
+	}
+	return stage_ctx && gpuos_drv.ctx_push((CUcontext)(uintptr_t)stage_ctx) == CUDA_SUCCESS;
+}
+
+static void pop_ctx(void)
+{
+	CUcontext c;
+	gpuos_drv.ctx_pop(&c);
+}
+
 static void unprepare(void)
 {
-	if (stage.registered)
+	if (stage.registered && push_app_ctx()) {
 		gpuos_drv.mem_host_unregister(stage.p);
+		pop_ctx();
+	}
 	if (stage.p)
 		munmap(stage.p, stage.size);
 	memset(&stage, 0, sizeof stage);
@@ -386,9 +410,12 @@ static void do_prepare(int fd, uint64_t size, struct gpuos_agent_reply *r)
 		return say(r, errno, "mmap of the memfd: %s", strerror(errno));
 	stage.p = p;
 	stage.size = size;
-	/* Unpinned, the copies still work, slower: the reply says which (arg). */
-	stage.registered = gpuos_drv.mem_host_register &&
-			   gpuos_drv.mem_host_register(p, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+	/* Unpinned, the copies still work, slower: the reply says which (arg).  Registering
+	 * needs a current context (measured on H100: without one it fails at once). */
+	if (gpuos_drv.mem_host_register && push_app_ctx()) {
+		stage.registered = gpuos_drv.mem_host_register(p, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+		pop_ctx();
+	}
 	r->arg = (uint64_t)stage.registered;
 	r->bytes = size;
 	r->ns = gpuos_now_ns() - t0;
@@ -880,4 +907,5 @@ void gpuos_agent_forget(void)
 	SH = NULL;
 	sh_released = 0;
 	sh_map_next = 0;
+	stage_ctx = 0;
 }

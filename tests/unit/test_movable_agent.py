@@ -115,7 +115,7 @@ def test_capture_hand_out_and_map_back_while_the_application_runs(app):
         assert [a.base for a in allocs] == sorted(app.bases[:3])
         assert sorted(a.size for a in allocs) == sorted(SIZES)
         fd = memfd(nbytes)
-        ag.prepare(fd, nbytes)
+        assert ag.prepare(fd, nbytes).arg == 1  # registered (the driver wants a current context)
         r = ag.capture()
         assert r.bytes == nbytes
         with mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ) as m:
