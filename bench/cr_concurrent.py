@@ -81,6 +81,7 @@ def run_one(rt: Runtime, mode: str, gib: float, workdir: Path) -> dict:
         during = [t for t in times if t0 <= t < t1]
         around = [t for t in times if t0 - 1 <= t <= t1 + 1]
         gaps = [b - a for a, b in zip(around, around[1:])]
+        worst = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None
         sums = held_checksums(log)
         if len(set(sums)) != 1:
             raise RuntimeError(f"{mode} {gib} GiB: the held data changed: {sums}")
@@ -94,6 +95,8 @@ def run_one(rt: Runtime, mode: str, gib: float, workdir: Path) -> dict:
         row = {
             "mode": mode, "gib": gib, "pid": pid,
             "app_stall_s": max(gaps) if gaps else None,
+            # when the longest gap began and ended, seconds after the checkpoint started
+            "app_stall_at_s": [around[worst] - t0, around[worst + 1] - t0] if worst is not None else None,
             "gpuos_stall_s": cp.stall,
             "steps_per_s_before": len(before) / BEFORE_S,
             "steps_per_s_during": len(during) / (t1 - t0),
