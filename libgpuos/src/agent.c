@@ -428,6 +428,7 @@ static void do_prepare(int fd, uint64_t size, struct gpuos_agent_reply *r)
 			if (c != CUDA_SUCCESS)
 				break;
 			stage.registered = o + n;
+			usleep(2000); /* the driver's lock is not fair: let the application's calls in */
 		}
 	}
 	r->arg = stage.registered == size;
