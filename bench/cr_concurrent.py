@@ -95,6 +95,8 @@ def run_one(rt: Runtime, mode: str, gib: float, workdir: Path) -> dict:
         row = {
             "mode": mode, "gib": gib, "pid": pid,
             "app_stall_s": max(gaps) if gaps else None,
+            # the longest gap before the checkpoint: the workload's own (its held-data checks)
+            "gap_before_s": max((b - a for a, b in zip(before, before[1:])), default=None),
             # when the longest gap began and ended, seconds after the checkpoint started
             "app_stall_at_s": [around[worst] - t0, around[worst + 1] - t0] if worst is not None else None,
             "gpuos_stall_s": cp.stall,
@@ -158,8 +160,8 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
-    head = ("| GiB on GPU | checkpoint | app stall | steps/s during vs before | published after "
-            "| GPU capture | image |")
+    head = ("| GiB on GPU | checkpoint | app stall (longest gap before) | gpuos stopped it | steps/s during vs before "
+            "| published after | GPU capture | image |")
     lines = [f"{r['device']}, driver {r['driver']}, CRIU {r['criu']}, {r['date'][:10]}; "
              f"`gpuos checkpoint --leave-running` of a PyTorch process stepping every "
              f"{r['step_sleep_s'] * 1000:g} ms; app stall: the longest gap between two of its steps; "
@@ -167,11 +169,12 @@ def markdown(r: dict) -> str:
              head, "|" + "---|" * (head.count("|") - 1)]
     for row in r["rows"]:
         if "error" in row:
-            lines.append(f"| {row['gib']:g} | {row['mode']} | failed: {row['error'][:80]} | | | | |")
+            lines.append(f"| {row['gib']:g} | {row['mode']} | failed: {row['error'][:80]} | | | | | |")
             continue
         ratio = row["steps_per_s_during"] / row["steps_per_s_before"] * 100 if row["steps_per_s_before"] else 0
         lines.append(
-            f"| {row['gib']:g} | {row['mode']} | {row['app_stall_s']:.2f} s | {ratio:.0f}% "
+            f"| {row['gib']:g} | {row['mode']} | {row['app_stall_s']:.2f} s ({row['gap_before_s'] or 0:.2f} s) "
+            f"| {row['gpuos_stall_s'] or 0:.2f} s | {ratio:.0f}% "
             f"| {row['published_s']:.1f} s | {row['capture_GBps'] or 0:.1f} GB/s "
             f"| {row['image_bytes'] / GiB:.1f} GiB |")
     return "\n".join(lines)
