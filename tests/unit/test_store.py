@@ -238,3 +238,48 @@ def test_staging_dirs(store: ImageStore):
     (store.root / ".other-hidden").mkdir()
     assert ImageStore.staging_dirs(store.root) == [s1]
     assert ImageStore.staging_dirs(store.root / "missing") == []
+
+
+def test_large_files_are_hashed_in_pieces_and_a_bad_piece_is_named(tmp_path: Path, monkeypatch):
+    """A file larger than a piece gets a digest per piece (hashed in parallel) and a root
+    digest over them; verify names the piece that changed."""
+    import gpuos.store as S
+
+    monkeypatch.setattr(S, "PIECE", 4096)
+    monkeypatch.setattr(S, "CHUNK", 1000)  # reads smaller than a piece, not dividing it
+    root = tmp_path / "img"
+    root.mkdir()
+    data = os.urandom(3 * 4096 + 17)
+    (root / "big.bin").write_bytes(data)
+    (root / "small.bin").write_bytes(b"x" * 100)
+    entries = {e.path: e for e in checksum_tree(root)}
+    big, small = entries["big.bin"], entries["small.bin"]
+    pieces = [hashlib.sha256(data[k:k + 4096]).hexdigest() for k in range(0, len(data), 4096)]
+    assert big.pieces == pieces and len(pieces) == 4
+    assert big.sha256 == hashlib.sha256(b"".join(bytes.fromhex(p) for p in pieces)).hexdigest()
+    assert small.pieces == [] and small.sha256 == hashlib.sha256(b"x" * 100).hexdigest()
+    m = make_manifest()
+    m.files = list(entries.values())
+    ImageStore.verify(root, m)
+    with open(root / "big.bin", "r+b") as f:
+        f.seek(2 * 4096 + 5)
+        f.write(bytes([data[2 * 4096 + 5] ^ 1]))
+    with pytest.raises(ImageCorrupt, match=r"big.bin: checksum mismatch \(bytes 8192-12287\)"):
+        ImageStore.verify(root, m)
+
+
+def test_a_large_file_of_an_older_image_verifies_by_its_whole_sha256(tmp_path: Path, monkeypatch):
+    import gpuos.store as S
+    from gpuos.manifest import FileEntry
+
+    monkeypatch.setattr(S, "PIECE", 4096)
+    root = tmp_path / "img"
+    root.mkdir()
+    data = os.urandom(5 * 4096)
+    (root / "pages.img").write_bytes(data)
+    m = make_manifest()
+    m.files = [FileEntry("pages.img", len(data), hashlib.sha256(data).hexdigest())]
+    ImageStore.verify(root, m)
+    (root / "pages.img").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ImageCorrupt, match="pages.img: checksum mismatch"):
+        ImageStore.verify(root, m)

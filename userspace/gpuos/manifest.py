@@ -84,7 +84,12 @@ class MovableMemory:
 class FileEntry:
     path: str  # relative to the image directory, '/'-separated
     size: int
+    # Files of up to one piece (store.PIECE, 64 MiB): the content's sha256.  Larger files
+    # (format 4): the sha256 of their pieces' digests, concatenated, with those digests in
+    # `pieces`, so that they are hashed and verified in parallel (images of formats 1-3:
+    # the whole content's sha256, `pieces` empty).
     sha256: str
+    pieces: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .observe import Progress
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 STAGING_MARK = ".staging-"
 CHUNK = 8 << 20
+PIECE = 64 << 20  # files are hashed in pieces of this size, in parallel (FileEntry.pieces)
 
 
 _AT_FDCWD = -100
@@ -53,6 +54,7 @@ def fsync_path(path: Path) -> None:
 
 
 def _hash_file(path: Path, progress: Progress | None) -> str:
+    """The whole content's sha256, serially (files of images before format 4)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -62,25 +64,55 @@ def _hash_file(path: Path, progress: Progress | None) -> str:
     return digest.hexdigest()
 
 
-def _hash_and_sync(path: Path, progress: Progress | None) -> str:
-    sha = _hash_file(path, progress)
-    fsync_path(path)
-    return sha
+def _piece_digest(path: Path, index: int, progress: Progress | None) -> str:
+    """sha256 of one PIECE of the file (hashlib lets go of the GIL: pieces hash in parallel)."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        off, end = index * PIECE, (index + 1) * PIECE
+        while off < end and (data := os.pread(fd, min(CHUNK, end - off), off)):
+            digest.update(data)
+            off += len(data)
+            if progress:
+                progress(len(data))
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def hash_files(paths: list[Path], progress: Progress | None = None,
+               workers: int | None = None) -> list[tuple[str, list[str]]]:
+    """(sha256, pieces) of each file as FileEntry has them, every piece of every file
+    hashed in parallel."""
+    counts = [max(1, -(-p.stat().st_size // PIECE)) for p in paths]
+    tasks = [(p, k) for p, n in zip(paths, counts) for k in range(n)]
+    with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 4)) as pool:
+        digests = iter(list(pool.map(lambda t: _piece_digest(t[0], t[1], progress), tasks)))
+    out = []
+    for n in counts:
+        pieces = [next(digests) for _ in range(n)]
+        if n == 1:
+            out.append((pieces[0], []))
+        else:
+            out.append((hashlib.sha256(b"".join(bytes.fromhex(d) for d in pieces)).hexdigest(), pieces))
+    return out
 
 
 def _walk_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def checksum_tree(root: Path, progress: Progress | None = None, workers: int = 4) -> list[FileEntry]:
-    """Checksum and fsync every regular file under root (the manifest excluded)."""
+def checksum_tree(root: Path, progress: Progress | None = None) -> list[FileEntry]:
+    """Checksum (in parallel pieces) and fsync every regular file under root (the manifest
+    excluded)."""
     files = [p for p in _walk_files(root) if p.relative_to(root).as_posix() != MANIFEST_NAME]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        sums = list(pool.map(lambda p: _hash_and_sync(p, progress), files))
+    sums = hash_files(files, progress)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(fsync_path, files))
     for d in sorted({p.parent for p in files} | {root}, key=lambda p: -len(p.parts)):
         fsync_path(d)
-    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=s)
-            for p, s in zip(files, sums)]
+    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=s, pieces=pc)
+            for p, (s, pc) in zip(files, sums)]
 
 
 def tree_size(root: Path) -> int:
@@ -127,8 +159,7 @@ class ImageStore:
         return Manifest.from_json(mpath.read_text(), where=str(mpath))
 
     @staticmethod
-    def verify(image: Path, manifest: Manifest, progress: Progress | None = None,
-               workers: int = 4) -> None:
+    def verify(image: Path, manifest: Manifest, progress: Progress | None = None) -> None:
         """Raise ImageCorrupt naming every missing, resized, changed or extra file."""
         problems: list[str] = []
         present = {p.relative_to(image).as_posix() for p in _walk_files(image)}
@@ -144,9 +175,19 @@ class ImageStore:
                 problems.append(f"{rel}: size {(image / rel).stat().st_size}, expected {entry.size}")
             else:
                 to_hash.append(entry)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            sums = list(pool.map(lambda e: _hash_file(image / e.path, progress), to_hash))
-        problems += [f"{e.path}: checksum mismatch" for e, s in zip(to_hash, sums) if s != e.sha256]
+        # Entries with pieces, and files of one piece, in parallel pieces; a large file of
+        # an image before format 4 has only its whole sha256.
+        whole = [e for e in to_hash if not e.pieces and e.size > PIECE]
+        pieced = [e for e in to_hash if e not in whole]
+        sums = hash_files([image / e.path for e in pieced], progress)
+        for e, (sha, pieces) in zip(pieced, sums):
+            if sha != e.sha256:
+                bad = [k for k, (a, b) in enumerate(zip(pieces, e.pieces)) if a != b]
+                problems.append(f"{e.path}: checksum mismatch"
+                                + (f" (bytes {bad[0] * PIECE}-{(bad[0] + 1) * PIECE - 1})" if bad else ""))
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            wsums = list(pool.map(lambda e: _hash_file(image / e.path, progress), whole))
+        problems += [f"{e.path}: checksum mismatch" for e, s in zip(whole, wsums) if s != e.sha256]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ImageCorrupt(f"{image}: {problems[0]}{more}")
