@@ -11,6 +11,7 @@ or a working criu."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,8 @@ import pytest
 from gpuos import procs
 from gpuos.checkpoint import CheckpointRequest, checkpoint
 from gpuos.criu import Criu
+from gpuos.cudadrv import CHECKPOINTED, LOCKED, RUNNING
+from gpuos.journal import recover
 from gpuos.movable import agent_available
 from gpuos.restore import restore
 
@@ -100,6 +103,48 @@ def test_leave_running_gives_the_same_memory_back(app, criu_bin, home, store, tm
                      lambda: driver, Criu(criu_bin, tmp_path / "plugins"))
     assert res.stall is not None and procs.alive(pid)
     assert {"movable-hold", "movable-give-back", "movable-capture"} <= set(res.timings)  # a snapshot, captured after
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()
+
+
+# Where a killed gpuos leaves the process's driver state (the fake driver's, in this test).
+LEFT_IN = {"movable-hold": RUNNING, "lock": RUNNING, "gpu-checkpoint": LOCKED, "criu-dump": CHECKPOINTED,
+           "movable-give-back": RUNNING, "movable-capture": RUNNING, "checksum": RUNNING}
+
+
+@pytest.mark.parametrize("phase,leave", [("movable-hold", True), ("lock", True), ("gpu-checkpoint", True),
+                                         ("criu-dump", True), ("movable-give-back", True),
+                                         ("movable-capture", True), ("criu-dump", False)])
+def test_gpuos_killed_at_a_phase_loses_nothing(app, criu_bin, home, store, tmp_path, phase, leave):
+    """SIGKILL the checkpoint at the start of each phase of the movable path: once the
+    memory is handed out, only the keeper holds it; `gpuos recover` puts it back and the
+    process runs on, checking every byte, or (killed during a dump that completes) the
+    image is finished."""
+    pid, out, err, stop = app
+    hold = tmp_path / "held"
+    (tmp_path / "plugins").mkdir()
+    child = os.fork()
+    if child == 0:  # the gpuos to kill
+        try:
+            os.environ.update(GPUOS_TEST_HOLD_AT=phase, GPUOS_TEST_HOLD_FILE=str(hold))
+            drv = FakeDriver()
+            drv.add(pid)
+            checkpoint(CheckpointRequest(pid=pid, image="crash", leave_running=leave), home.run, store,
+                       lambda: drv, Criu(criu_bin, tmp_path / "plugins"))
+        finally:
+            os._exit(0)
+    wait_for(hold.exists, f"gpuos to reach {phase}")
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    driver = FakeDriver()
+    driver.add(pid, state=LEFT_IN[phase])
+    actions = recover(home.run, store, lambda: driver)
+    assert all(a.ok for a in actions), actions
+    said = " ".join(a.action for a in actions)
+    if phase in ("gpu-checkpoint", "criu-dump") and leave or phase == "movable-give-back":
+        assert "mapped back from the keeper" in said, said  # the memory was handed out
+    assert not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()

@@ -140,7 +140,8 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 try:
                     for mp in movable:
                         handouts.append(handout.stage(mp, op.op_id, register=not req.leave_running))
-                        op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging)})
+                        op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging),
+                                                  "keeper": handouts[-1].keeper})
                         op.save()
                 except GpuosError as exc:
                     raise _undo(op, driver, [], staging, exc, handouts) from None

@@ -208,7 +208,7 @@ def recover(run_dir: Path, store: ImageStore,
                 shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)
             for m in rec.movable:  # before the image: the process may still need the staging file
                 try:
-                    msg = handout.recover(m["pid"], Path(m["staging"]), m.get("memory"))
+                    msg = handout.recover(m["pid"], Path(m["staging"]), m.get("memory"), m.get("keeper", ""))
                 except GpuosError as exc:
                     msg, ok = f"pid {m['pid']}: {exc.message}", False
                 actions.append(RecoveryAction(rec.op_id, msg, ok))

@@ -24,12 +24,14 @@ Restore (restore.py): fill() puts the image's file into new memory at the same a
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import GpuosError
 from ..intercept import ring as R
 from ..manifest import MovableMemory, MovableRange
+from . import keeper
 from .agent import Agent, AgentError, agent_available
 
 STAGING_DIR = Path("/dev/shm")
@@ -58,6 +60,8 @@ class Handout:
     snapshot: bool = False  # a device-side snapshot waits to be captured after the stop
     shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
     agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
+    keeper: str = ""  # the name of the keeper that holds copies of `fds` (keeper.py)
+    keeper_inbox: socket.socket | None = None  # until the keeper has them
 
 
 def movable_pids(gpu_pids: list[int]) -> list[int]:
@@ -72,8 +76,9 @@ def stage(pid: int, op_id: str, register: bool) -> Handout:
     size = movable_bytes(pid) * 5 // 4 + MARGIN
     path = STAGING_DIR / f"gpuos-{op_id}-{pid}.mem"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    h = Handout(pid=pid, staging=path, size=size)
+    h = Handout(pid=pid, staging=path, size=size, keeper=f"{op_id}-{pid}")
     try:
+        h.keeper_inbox = keeper.spawn(h.keeper)
         os.posix_fallocate(fd, 0, size)  # the pages now, not while the process is stopped
         if register:
             h.agent = Agent(pid)
@@ -81,6 +86,8 @@ def stage(pid: int, op_id: str, register: bool) -> Handout:
     except BaseException:
         if h.agent is not None:
             h.agent.close()
+        if h.keeper_inbox is not None:
+            h.keeper_inbox.close()
         path.unlink(missing_ok=True)
         raise
     finally:
@@ -117,6 +124,8 @@ def hand_out(h: Handout, snapshot: bool) -> None:
             h.fds = ag.export()
             if h.snapshot:
                 h.shadow_fds = ag.export(shadows=True)
+            inbox, h.keeper_inbox = h.keeper_inbox, None
+            keeper.give(inbox, h.fds)  # so that a gpuos killed from now on loses nothing
             ag.release()
             h.released = True
             ag.unprepare()
@@ -143,6 +152,7 @@ def give_back(h: Handout) -> None:
         else:
             ag.close()
     _close(h)
+    keeper.drop(h.keeper)
 
 
 def capture_snapshot(h: Handout) -> None:
@@ -186,6 +196,9 @@ def save_staged(staging: Path, entry: dict, image_dir: Path) -> MovableMemory:
 
 def discard(h: Handout) -> None:
     _close(h)
+    if h.keeper_inbox is not None:
+        h.keeper_inbox.close()
+    keeper.drop(h.keeper)
     if h.agent is not None:  # a snapshot never captured goes with it
         h.agent.close()
         h.agent = None
@@ -226,32 +239,51 @@ def fill(pid: int, mem: MovableMemory, image_dir: Path) -> None:
         os.close(fd)
 
 
-def recover(pid: int, staging: Path, entry: dict | None) -> str:
+def recover(pid: int, staging: Path, entry: dict | None, keeper_name: str = "") -> str:
     """After a gpuos died mid-checkpoint (the driver's side already put back): a process
-    left held with its memory released gets it from the staging file (if the capture
-    completed), and every held process is resumed."""
-    if not agent_available(pid):
-        return f"pid {pid}: no agent (gone, or never handed out)"
-    with Agent(pid) as ag:
-        try:
-            ag.list()
-        except AgentError:
-            return f"pid {pid}: was not held"
-        if entry is None:
-            ag.resume()  # nothing captured, so nothing released
-            return f"pid {pid}: resumed"
-        fd = os.open(staging, os.O_RDWR)
-        try:
-            ag.prepare(fd, os.fstat(fd).st_size)
+    left held with its memory released gets the same memory back from the keeper, or else
+    new memory filled from the staging file (if the capture completed); every held process
+    is resumed."""
+    kept = keeper.fetch(keeper_name) if keeper_name else None
+    try:
+        if not agent_available(pid):
+            return f"pid {pid}: no agent (gone, or never handed out)"
+        with Agent(pid) as ag:
             try:
-                ag.fill()
-                what = "its GPU memory filled from the capture, resumed"
-            except AgentError as exc:
-                if "mapped" not in exc.message:
-                    raise
-                what = "resumed"
-            ag.unprepare()
-        finally:
+                ag.list()
+            except AgentError:
+                return f"pid {pid}: was not held"
+            if kept:
+                try:
+                    ag.map(kept)
+                    ag.drop()  # a snapshot handed out with it is of no use now
+                    ag.resume()
+                    return f"pid {pid}: its GPU memory mapped back from the keeper, resumed"
+                except AgentError as exc:
+                    if "mapped" not in exc.message:
+                        raise
+            if entry is None:
+                ag.resume()  # nothing captured, and nothing released
+                return f"pid {pid}: resumed"
+            return _refill(ag, pid, staging)
+    finally:
+        for fd in kept or []:
             os.close(fd)
-        ag.resume()
-        return f"pid {pid}: {what}"
+
+
+def _refill(ag: Agent, pid: int, staging: Path) -> str:
+    fd = os.open(staging, os.O_RDWR)
+    try:
+        ag.prepare(fd, os.fstat(fd).st_size)
+        try:
+            ag.fill()
+            what = "its GPU memory filled from the capture, resumed"
+        except AgentError as exc:
+            if "mapped" not in exc.message:
+                raise
+            what = "resumed"
+        ag.unprepare()
+    finally:
+        os.close(fd)
+    ag.resume()
+    return f"pid {pid}: {what}"
