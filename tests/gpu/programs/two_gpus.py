@@ -1,8 +1,6 @@
-"""Tensors moved between two GPUs of one process (peer copies), and a kernel on each:
-prints a checksum of the results; with `--enable-peer` it turns peer access on first,
-as PyTorch does for direct device-to-device copies."""
+"""Tensors moved between two GPUs of one process (PyTorch's peer copies, with peer access
+on where the GPUs allow it), and kernels on each: prints a checksum of the results."""
 import hashlib
-import sys
 
 import torch
 
