@@ -596,9 +596,9 @@ static CUresult import_at(uint64_t va, size_t size, int device, int fd, CUmemGen
 		gpuos_drv.mem_release(h);
 		return c;
 	}
-	CUmemAccessDesc acc = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device },
-				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-	if ((c = gpuos_drv.mem_set_access(va, size, &acc, 1)) != CUDA_SUCCESS) {
+	const CUmemAccessDesc *acc;
+	size_t nacc = gpuos_movable_access(device, &acc);
+	if ((c = gpuos_drv.mem_set_access(va, size, acc, nacc)) != CUDA_SUCCESS) {
 		gpuos_drv.mem_unmap(va, size);
 		gpuos_drv.mem_release(h);
 		return c;

@@ -146,6 +146,8 @@ struct gpuos_drv {
 	PFN_cuMemHostUnregister_v4000 mem_host_unregister;
 	PFN_cuStreamDestroy_v4000 stream_destroy;
 	PFN_cuMemcpyDtoDAsync_v3020 memcpy_dtod_async;
+	PFN_cuDeviceGetCount_v2000 device_get_count;
+	PFN_cuDeviceCanAccessPeer_v4000 device_can_access_peer;
 };
 extern struct gpuos_drv gpuos_drv;
 
@@ -477,6 +479,8 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a);
 CUresult gpuos_movable_free(const struct gpuos_alloc *a);
 /* The bytes of a's reservation and physical memory: its size rounded up to the granularity. */
 size_t gpuos_movable_reserved(const struct gpuos_alloc *a);
+/* The devices given access to movable memory on `device` (it, and its peers). */
+size_t gpuos_movable_access(int device, const CUmemAccessDesc **out);
 /* New physical memory for [va, va + size) on device, mapped read-write. */
 CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out);
 

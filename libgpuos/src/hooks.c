@@ -218,6 +218,8 @@ static const struct {
 	DRV(mem_host_unregister, "cuMemHostUnregister"),
 	DRV(stream_destroy, "cuStreamDestroy_v2"),
 	DRV(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
+	DRV(device_get_count, "cuDeviceGetCount"),
+	DRV(device_can_access_peer, "cuDeviceCanAccessPeer"),
 #undef DRV
 };
 

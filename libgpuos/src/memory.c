@@ -83,6 +83,39 @@ size_t gpuos_movable_reserved(const struct gpuos_alloc *a)
 	return g == SIZE_MAX ? n : (n + g - 1) & ~(g - 1);
 }
 
+/* Who may access movable memory on `device`: the device, and every device that can reach
+ * it peer to peer.  The driver's own allocations are reachable from a peer once the
+ * program enables peer access (cuCtxEnablePeerAccess, as PyTorch does for copies between
+ * its GPUs); VMM memory is reachable only by the devices cuMemSetAccess names (measured on
+ * 2 x H200: without the peers, a PyTorch copy between GPUs failed).  So every peer that
+ * could be given access is, from the start.  The list, computed once per device. */
+static CUmemAccessDesc accessors[MAX_DEVICES][MAX_DEVICES];
+static int naccess[MAX_DEVICES]; /* 0: not computed */
+
+size_t gpuos_movable_access(int device, const CUmemAccessDesc **out)
+{
+	if (device < 0 || device >= MAX_DEVICES)
+		return 0;
+	int n = __atomic_load_n(&naccess[device], __ATOMIC_ACQUIRE);
+	if (!n) {
+		CUmemAccessDesc *d = accessors[device];
+		d[n++] = (CUmemAccessDesc){ .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device },
+					    .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		int count = 0;
+		if (gpuos_drv.device_get_count && gpuos_drv.device_can_access_peer &&
+		    gpuos_drv.device_get_count(&count) == CUDA_SUCCESS)
+			for (int peer = 0; peer < count && peer < MAX_DEVICES; peer++) {
+				int can = 0;
+				if (peer != device && gpuos_drv.device_can_access_peer(&can, peer, device) == CUDA_SUCCESS && can)
+					d[n++] = (CUmemAccessDesc){ .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = peer },
+								    .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+			}
+		__atomic_store_n(&naccess[device], n, __ATOMIC_RELEASE);
+	}
+	*out = accessors[device];
+	return (size_t)n;
+}
+
 CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out)
 {
 	CUmemAllocationProp prop;
@@ -96,8 +129,9 @@ CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGeneri
 		gpuos_drv.mem_release(h);
 		return r;
 	}
-	CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-	r = gpuos_drv.mem_set_access(va, size, &acc, 1);
+	const CUmemAccessDesc *acc;
+	size_t nacc = gpuos_movable_access(device, &acc);
+	r = gpuos_drv.mem_set_access(va, size, acc, nacc);
 	if (r != CUDA_SUCCESS) {
 		gpuos_drv.mem_unmap(va, size);
 		gpuos_drv.mem_release(h);

@@ -185,3 +185,16 @@ def test_a_workload_trains_on_while_its_memory_moves(workload, tmp_path):
     assert proc.returncode == 0, err[-3000:]
     assert moves >= 2, "the workload ended before its memory was moved: give it more steps"
     assert last_json_object(out)["checksum"] == plain.result()["checksum"]
+
+
+def test_two_gpus_of_one_process_copy_between_their_movable_memory(tmp_path):
+    """PyTorch copies between two GPUs: movable memory must be reachable from the peer
+    (measured on 2 x H200 before gpuos gave peers access: the copy failed)."""
+    if _probe("import torch; assert torch.cuda.device_count() >= 2, 'one GPU'"):
+        pytest.skip("needs two GPUs")
+    prog = [sys.executable, str(REPO / "tests/gpu/programs/two_gpus.py")]
+    plain = subprocess.run(prog, capture_output=True, text=True, timeout=200)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    moved = subprocess.run(under_gpuos(prog, "-q"), capture_output=True, text=True, timeout=200)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert moved.stdout.split()[-1] == plain.stdout.split()[-1]
