@@ -7,6 +7,7 @@
  * freed an address another thread may get it from its next allocation, and that
  * newer entry must not be the one removed.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
@@ -392,3 +393,49 @@ CUresult gpuos_h_mem_set_access(PFN_cuMemSetAccess_v10020 real, int pt, CUdevice
 	pthread_rwlock_unlock(&gpuos_lock.v);
 	return r;
 }
+
+/* ---- contexts --------------------------------------------------------------------------------- */
+
+/* A destroyed context takes the driver's allocations made in it along; movable memory is
+ * not the context's (VMM memory outlives it), so gpuos frees it here, while the context
+ * still exists, as the driver would have.  Every entry of the context leaves the map
+ * (its FREE recorded): a later context may get the same handle and the same addresses. */
+CUresult gpuos_h_ctx_destroy(PFN_cuCtxDestroy_v4000 real, int pt, CUcontext ctx)
+{
+	(void)pt;
+	int on = gpuos_on();
+	if (!on && gpuos_memory_mode() != GPUOS_MEMORY_MOVABLE)
+		return real(ctx);
+	struct gpuos_alloc *gone = NULL;
+	size_t n = 0, cap = 0;
+	gpuos_write_lock_drained();
+	for (size_t i = gpuos_allocs.n; i-- > 0;) {
+		const struct gpuos_alloc *a = &gpuos_allocs.v[i];
+		if (a->ctx != (uint64_t)(uintptr_t)ctx || (!on && !(a->flags & GPUOS_A_MOVABLE)))
+			continue;
+		if (n == cap) {
+			size_t ncap = cap ? 2 * cap : 16;
+			struct gpuos_alloc *g = realloc(gone, ncap * sizeof *g);
+			if (!g)
+				break; /* out of memory: the rest stay (and leak, as before) */
+			gone = g;
+			cap = ncap;
+		}
+		gone[n++] = *a;
+		gpuos_map_remove_at(&gpuos_allocs, i);
+	}
+	pthread_rwlock_unlock(&gpuos_lock.v);
+	CUcontext was;
+	int pushed = n && gpuos_drv.ctx_push && gpuos_drv.ctx_push(ctx) == CUDA_SUCCESS;
+	for (size_t i = 0; i < n; i++) {
+		if ((gone[i].flags & GPUOS_A_MOVABLE) && pushed)
+			gpuos_movable_free(&gone[i]);
+		if (on)
+			gpuos_alloc_record(GPUOS_REC_FREE, &gone[i], 0);
+	}
+	if (pushed)
+		gpuos_drv.ctx_pop(&was);
+	free(gone);
+	return real(ctx);
+}
+

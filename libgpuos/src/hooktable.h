@@ -106,6 +106,9 @@ X(cuKernelGetFunction, PFN_cuKernelGetFunction_v12000, gpuos_h_kernel_get_functi
   (CUfunction *pFunc, CUkernel kernel), (pFunc, kernel))
 
 /* streams, events, stream capture */
+/* contexts */
+X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000, gpuos_h_ctx_destroy, 0, (CUcontext ctx), (ctx))
+
 X(cuStreamCreate, PFN_cuStreamCreate_v2000, gpuos_h_stream_create, 0,
   (CUstream *phStream, unsigned int Flags), (phStream, Flags))
 X(cuStreamCreateWithPriority, PFN_cuStreamCreateWithPriority_v5050, gpuos_h_stream_create_with_priority, 0,

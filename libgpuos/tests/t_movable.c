@@ -5,7 +5,8 @@
  * from the host, copied device to device both ways between large and small, memset,
  * read back; cuMemGetAddressRange contains each; freed, and allocated again.  Prints
  * "ok" and, per allocation, "ALLOC base size" (the test reads the launch log for which
- * of them libgpuos made movable).  Linked with -lcuda.
+ * of them libgpuos made movable).  With the argument "ctx": allocations of a context of
+ * its own are freed with it.  Linked with -lcuda.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -24,7 +25,33 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
 		p[i] = (unsigned char)(i * 131 + seed * 7 + (i >> 12));
 }
 
-int main(void)
+/* "ctx": allocations made in a context of its own go with it when it is destroyed (device
+ * memory free again, as with the driver's own allocations), three times over. */
+static int destroyed_context_frees(CUdevice dev)
+{
+	size_t free0, free1, total;
+	CUcontext primary;
+	CK(cuDevicePrimaryCtxRetain(&primary, dev));
+	CK(cuCtxSetCurrent(primary));
+	CK(cuMemGetInfo(&free0, &total));
+	for (int round = 0; round < 3; round++) {
+		CUcontext c;
+		CUdeviceptr big, small;
+		CK(cuCtxCreate(&c, NULL, 0, dev));
+		CK(cuMemAlloc(&big, 8u << 20));
+		CK(cuMemAlloc(&small, 4096));
+		CK(cuMemsetD8(big, 1, 8u << 20));
+		CK(cuCtxDestroy(c));
+		CK(cuMemGetInfo(&free1, &total));
+		if (free1 != free0)
+			return fprintf(stderr, "round %d: %zu bytes free after the destroy, %zu before\n", round, free1,
+				       free0), 1;
+	}
+	printf("ok\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	CUdevice dev;
 	CUcontext ctx;
@@ -32,6 +59,8 @@ int main(void)
 	unsigned char *want[N], *got = malloc(8u << 20);
 	CK(cuInit(0));
 	CK(cuDeviceGet(&dev, 0));
+	if (argc > 1 && !strcmp(argv[1], "ctx"))
+		return destroyed_context_frees(dev);
 	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
 	CK(cuCtxSetCurrent(ctx));
 	for (int round = 0; round < 2; round++) {

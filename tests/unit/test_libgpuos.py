@@ -693,3 +693,18 @@ def test_validation_reads_movable_memory(build, env, tmp_path):
     assert res.returncode == 0, res.stderr
     v = json.loads(report.read_text())["validation"]
     assert v["operations"] >= 20 and v["with_misses"] == 0 and v["skipped"] == 0, v
+
+
+def test_a_destroyed_context_frees_its_movable_memory(build, env, tmp_path):
+    """cuCtxDestroy frees the driver's allocations of the context; movable memory is VMM
+    memory, which outlives contexts, so libgpuos frees it then (without that, 8 MiB per
+    round stayed allocated), and the context's entries leave the map (their FREE logged)."""
+    log = tmp_path / "ctx.jsonl"
+    res = subprocess.run([*GPUOS, "run", "-q", "--log", str(log), "--", str(build / "tests" / "t_movable"), "ctx"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+    recs = list(read_log(log))[1:]
+    allocs = [r for r in recs if r["type"] == "alloc" and r["kind"] == "device"]
+    frees = [r for r in recs if r["type"] == "free" and r["kind"] == "device"]
+    assert len(allocs) == 6 and sorted((r["base"], r["size"]) for r in frees) == sorted((r["base"], r["size"]) for r in allocs)
+    assert sum(1 for r in allocs if r.get("movable")) == 3
