@@ -192,15 +192,19 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 for h in snapshots:
                     handout.capture_snapshot(h)
                     _journal_capture(op, h)
+        hashed: dict = {}  # files hashed as they were written
         if handouts:
             with phase("movable-save"):
-                draft.movable = [handout.save(h, staging) for h in handouts]
+                saved = [handout.save(h, staging) for h in handouts]
+                draft.movable = [mem for mem, _ in saved]
+                hashed = {f.path: f for _, f in saved}
                 for h in handouts:
                     if not h.released or not req.leave_running:
                         handout.discard(h)  # else the staging file is the process's memory
         with phase("checksum"):
             draft.files = checksum_tree(
-                staging, observer.bytes_progress("checksum", tree_size(staging)))
+                staging, observer.bytes_progress("checksum", tree_size(staging) - sum(f.size for f in hashed.values())),
+                known=hashed)
         draft.timings = dict(op.timings)
         with phase("publish"):
             ImageStore.write_manifest(staging, draft)

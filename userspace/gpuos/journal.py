@@ -172,7 +172,7 @@ def _finish_image(rec: JournalRecord) -> str:
     manifest = Manifest.from_json(json.dumps(draft))
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
         if m.get("memory") and Path(m["staging"]).exists():
-            manifest.movable.append(handout.save_staged(Path(m["staging"]), m["memory"], staging))
+            manifest.movable.append(handout.save_staged(Path(m["staging"]), m["memory"], staging)[0])
     manifest.files = checksum_tree(staging)
     manifest.timings = {"recovered": 1.0}
     ImageStore.write_manifest(staging, manifest)

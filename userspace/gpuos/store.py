@@ -64,12 +64,13 @@ def _hash_file(path: Path, progress: Progress | None) -> str:
     return digest.hexdigest()
 
 
-def _piece_digest(path: Path, index: int, progress: Progress | None) -> str:
-    """sha256 of one PIECE of the file (hashlib lets go of the GIL: pieces hash in parallel)."""
+def _piece_digest(path: Path, index: int, progress: Progress | None, size: int) -> str:
+    """sha256 of one PIECE of the file's first `size` bytes (hashlib lets go of the GIL:
+    pieces hash in parallel)."""
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY)
     try:
-        off, end = index * PIECE, (index + 1) * PIECE
+        off, end = index * PIECE, min((index + 1) * PIECE, size)
         while off < end and (data := os.pread(fd, min(CHUNK, end - off), off)):
             digest.update(data)
             off += len(data)
@@ -80,14 +81,15 @@ def _piece_digest(path: Path, index: int, progress: Progress | None) -> str:
     return digest.hexdigest()
 
 
-def hash_files(paths: list[Path], progress: Progress | None = None,
-               workers: int | None = None) -> list[tuple[str, list[str]]]:
-    """(sha256, pieces) of each file as FileEntry has them, every piece of every file
-    hashed in parallel."""
-    counts = [max(1, -(-p.stat().st_size // PIECE)) for p in paths]
-    tasks = [(p, k) for p, n in zip(paths, counts) for k in range(n)]
+def hash_files(paths: list[Path], progress: Progress | None = None, workers: int | None = None,
+               sizes: list[int] | None = None) -> list[tuple[str, list[str]]]:
+    """(sha256, pieces) of each file as FileEntry has them (of its first sizes[i] bytes if
+    given), every piece of every file hashed in parallel."""
+    sizes = sizes or [p.stat().st_size for p in paths]
+    counts = [max(1, -(-n // PIECE)) for n in sizes]
+    tasks = [(p, k, n) for p, c, n in zip(paths, counts, sizes) for k in range(c)]
     with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 4)) as pool:
-        digests = iter(list(pool.map(lambda t: _piece_digest(t[0], t[1], progress), tasks)))
+        digests = iter(list(pool.map(lambda t: _piece_digest(t[0], t[1], progress, t[2]), tasks)))
     out = []
     for n in counts:
         pieces = [next(digests) for _ in range(n)]
@@ -102,11 +104,16 @@ def _walk_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def checksum_tree(root: Path, progress: Progress | None = None) -> list[FileEntry]:
+def checksum_tree(root: Path, progress: Progress | None = None,
+                  known: dict[str, FileEntry] | None = None) -> list[FileEntry]:
     """Checksum (in parallel pieces) and fsync every regular file under root (the manifest
-    excluded)."""
+    excluded); `known` files (by relative path: hashed as they were written) are not read again."""
+    known = known or {}
     files = [p for p in _walk_files(root) if p.relative_to(root).as_posix() != MANIFEST_NAME]
-    sums = hash_files(files, progress)
+    todo = [p for p in files if p.relative_to(root).as_posix() not in known]
+    hashed = dict(zip(todo, hash_files(todo, progress)))
+    sums = [hashed[p] if p in hashed else (known[p.relative_to(root).as_posix()].sha256,
+                                           known[p.relative_to(root).as_posix()].pieces) for p in files]
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(fsync_path, files))
     for d in sorted({p.parent for p in files} | {root}, key=lambda p: -len(p.parts)):

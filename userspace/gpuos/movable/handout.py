@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import GpuosError
 from ..intercept import ring as R
-from ..manifest import MovableMemory, MovableRange
+from ..manifest import FileEntry, MovableMemory, MovableRange
+from ..store import hash_files
 from . import keeper
 from .agent import Agent, AgentError, agent_available
 
@@ -180,18 +182,23 @@ def memory_entry(h: Handout) -> MovableMemory:
     return MovableMemory(pid=h.pid, file=f"gpu-memory-{h.pid}.bin", bytes=h.captured, ranges=h.ranges)
 
 
-def save(h: Handout, image_dir: Path) -> MovableMemory:
-    """The captured contents into the image; its manifest entry."""
+def save(h: Handout, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
+    """The captured contents into the image; its manifest entry and file entry."""
     return save_staged(h.staging, asdict(memory_entry(h)), image_dir)
 
 
-def save_staged(staging: Path, entry: dict, image_dir: Path) -> MovableMemory:
+def save_staged(staging: Path, entry: dict, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
+    """The staging file's captured bytes into the image, hashed (in parallel pieces, from
+    the staging file in memory) while they are written: the image file is not read again."""
     mem = MovableMemory(**{**entry, "ranges": [MovableRange(**r) if isinstance(r, dict) else r
                                                for r in entry["ranges"]]})
-    with open(staging, "rb") as src, open(image_dir / mem.file, "wb") as dst:
-        _copy(src.fileno(), dst.fileno(), mem.bytes)
-        os.fsync(dst.fileno())
-    return mem
+    with ThreadPoolExecutor(max_workers=1) as side:
+        hashing = side.submit(hash_files, [staging], None, None, [mem.bytes])
+        with open(staging, "rb") as src, open(image_dir / mem.file, "wb") as dst:
+            _copy(src.fileno(), dst.fileno(), mem.bytes)
+            os.fsync(dst.fileno())
+        sha, pieces = hashing.result()[0]
+    return mem, FileEntry(path=mem.file, size=mem.bytes, sha256=sha, pieces=pieces)
 
 
 def discard(h: Handout) -> None:
