@@ -148,3 +148,36 @@ def test_gpuos_killed_at_a_phase_loses_nothing(app, criu_bin, home, store, tmp_p
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()
+
+
+def test_an_application_gone_during_the_copy_fails_the_checkpoint_cleanly(app, criu_bin, home, store, tmp_path,
+                                                                        monkeypatch):
+    """--leave-running: the process ends after the stop, before its snapshot is copied out:
+    a one-line error, no image published, the previous image intact, nothing left behind."""
+    from gpuos.errors import CheckpointFailed
+    from gpuos.movable import handout
+
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    first = checkpoint(CheckpointRequest(pid=pid, image="kept", leave_running=True), home.run, store,
+                       lambda: driver, criu)
+    before = sorted(p.name for p in first.path.iterdir())
+    real = handout.capture_snapshot
+
+    def exits_first(h):
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not agent_available(pid), "the process to be gone")
+        real(h)
+
+    monkeypatch.setattr(handout, "capture_snapshot", exits_first)
+    with pytest.raises(CheckpointFailed, match="no image was published"):
+        checkpoint(CheckpointRequest(pid=pid, image="kept", leave_running=True), home.run, store,
+                   lambda: driver, criu)
+    assert sorted(p.name for p in first.path.iterdir()) == before
+    store.verify(first.path, store.load(first.path))
+    assert not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".")]
+    assert not list(home.run.glob("op-*.json"))

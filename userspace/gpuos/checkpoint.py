@@ -189,9 +189,20 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
         snapshots = [h for h in handouts if h.snapshot and not h.released]
         if snapshots:
             with phase("movable-capture"):  # the processes run again meanwhile
-                for h in snapshots:
-                    handout.capture_snapshot(h)
-                    _journal_capture(op, h)
+                try:
+                    for h in snapshots:
+                        handout.capture_snapshot(h)
+                        _journal_capture(op, h)
+                except (GpuosError, OSError) as exc:
+                    # The process runs on (or ended by itself): only the image is lost.
+                    for h in handouts:
+                        handout.discard(h)
+                    shutil.rmtree(staging, ignore_errors=True)
+                    op.finish()
+                    why = exc.message if isinstance(exc, GpuosError) else str(exc)
+                    raise CheckpointFailed(
+                        f"copying pid {h.pid}'s GPU memory after it resumed failed ({why}); no image was "
+                        f"published, {final} is as it was") from None
         hashed: dict = {}  # files hashed as they were written
         if handouts:
             with phase("movable-save"):
