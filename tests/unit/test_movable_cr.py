@@ -181,3 +181,22 @@ def test_an_application_gone_during_the_copy_fails_the_checkpoint_cleanly(app, c
     assert not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
     assert not [p for p in store.root.iterdir() if p.name.startswith(".")]
     assert not list(home.run.glob("op-*.json"))
+
+
+def test_leave_running_without_room_for_a_snapshot_copies_in_the_stop(app, criu_bin, home, store, tmp_path):
+    """A GPU without free memory for a device-side copy: the staging file is registered
+    before the stop and the memory copied to it during the stop; the process runs on."""
+    from fakes import device
+
+    pid, out, err, stop = app
+    driver = FakeDriver(devices=[device(0, free=1 << 20)])
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    res = checkpoint(CheckpointRequest(pid=pid, image="tight", leave_running=True), home.run, store,
+                     lambda: driver, Criu(criu_bin, tmp_path / "plugins"))
+    assert "movable-capture" not in res.timings and "movable-give-back" in res.timings
+    (mem,) = res.manifest.movable
+    assert mem.bytes == sum((n + GRAN - 1) // GRAN * GRAN for n in SIZES)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()

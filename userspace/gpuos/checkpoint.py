@@ -135,11 +135,15 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
         (staging / CRIU_DIR).mkdir(parents=True)
         handouts: list[handout.Handout] = []
         movable = handout.movable_pids(gpu_pids)
+        # --leave-running snapshots on the device in the stop and copies out after it; that
+        # needs free device memory as large as what it copies, else the copy happens in
+        # the stop, into a staging file registered beforehand.
+        snapshot = req.leave_running and _room_for_snapshots(driver, processes, movable)
         if movable:
             with phase("movable-stage"):  # the process runs on meanwhile
                 try:
                     for mp in movable:
-                        handouts.append(handout.stage(mp, op.op_id, register=not req.leave_running))
+                        handouts.append(handout.stage(mp, op.op_id, register=not snapshot))
                         op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging),
                                                   "keeper": handouts[-1].keeper})
                         op.save()
@@ -150,7 +154,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             if handouts:
                 with phase("movable-hold"):
                     for h in handouts:
-                        handout.hand_out(h, snapshot=req.leave_running)
+                        handout.hand_out(h, snapshot=snapshot)
                         if not h.snapshot:
                             _journal_capture(op, h)
             if gpu_pids:
@@ -228,6 +232,20 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 f"gpuos restore {final}` continues it from the image")
         op.finish()
         return CheckpointResult(path=final, manifest=draft, timings=dict(op.timings), stall=stall)
+
+
+def _room_for_snapshots(driver: GpuDriver | None, processes: list[ProcessInfo], movable: list[int]) -> bool:
+    """Is there free memory, on every GPU the movable processes use, for a copy of all
+    their movable memory there (with a tenth to spare)?"""
+    if not driver or not movable:
+        return False
+    free = {d.uuid: d.memory_free for d in driver.devices()}
+    need: dict[str, int] = {}
+    for p in processes:
+        if p.pid in movable:
+            for uuid in p.gpu_uuids or list(free)[:1]:
+                need[uuid] = need.get(uuid, 0) + handout.movable_bytes(p.pid)
+    return all(free.get(u, 0) >= n * 11 // 10 for u, n in need.items())
 
 
 def _journal_capture(op: Operation, h: handout.Handout) -> None:
