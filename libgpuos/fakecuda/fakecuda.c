@@ -34,6 +34,7 @@
  */
 #define FAKE_API(X) \
 	X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) \
+	X(cuDeviceGetUuid_v2) \
 	X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) \
 	X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxGetState) X(cuCtxCreate_v2) \
 	X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
@@ -2022,6 +2023,7 @@ struct pa { const char *base; int ver; int pt; void *fn; };
 static const struct pa proc_table[] = {
 	PA(cuInit, 2000, cuInit) PA(cuDriverGetVersion, 2020, cuDriverGetVersion)
 	PA(cuDeviceGet, 2000, cuDeviceGet) PA(cuDeviceGetCount, 2000, cuDeviceGetCount)
+	PA(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)
 	PA(cuDeviceGetName, 2000, cuDeviceGetName) PA(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2)
 	PA(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)
 	PA(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)
@@ -2366,6 +2368,18 @@ static CUresult exchange_capture_mode(CUstreamCaptureMode *mode)
 	return CUDA_SUCCESS;
 }
 
+/* Device 0's UUID, as tests/fakes.py names GPU 0: GPU-00000000-0000-4000-8000-000000000000. */
+static CUresult device_uuid(CUuuid *u, CUdevice d)
+{
+	static const unsigned char id[16] = { 0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0 };
+	if (!u)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (d != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	memcpy(u->bytes, id, sizeof id);
+	return CUDA_SUCCESS;
+}
+
 static CUresult out_int(int *p, int v)
 {
 	if (!p)
@@ -2391,6 +2405,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags) { CALL_(cuInit, 0, do_init(Flags)); 
 CUresult CUDAAPI cuDriverGetVersion(int *v) { CALL_(cuDriverGetVersion, 0, out_int(v, FAKECUDA_DRIVER_VERSION)); }
 API(cuDeviceGet, (CUdevice *d, int ord), device_get(d, ord))
 API(cuDeviceGetCount, (int *n), out_int(n, 1))
+API(cuDeviceGetUuid_v2, (CUuuid *u, CUdevice d), device_uuid(u, d))
 API(cuDeviceGetName, (char *name, int len, CUdevice d), device_name(name, len, d))
 API(cuDeviceTotalMem_v2, (size_t *b, CUdevice d),
     !b ? CUDA_ERROR_INVALID_VALUE : dev_ok(d) ? CUDA_ERROR_INVALID_DEVICE : (*b = FAKECUDA_TOTAL_MEM, CUDA_SUCCESS))

@@ -200,3 +200,62 @@ def test_leave_running_without_room_for_a_snapshot_copies_in_the_stop(app, criu_
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()
+
+
+COPIER_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from fakes import FakeDriver
+from gpuos.checkpoint import CheckpointRequest, checkpoint
+from gpuos.criu import Criu
+from gpuos.movable import handout
+from gpuos.store import ImageStore
+used = []
+real = handout.capture_snapshot
+def spy(h):
+    used.append(h.copier is not None)
+    real(h)
+handout.capture_snapshot = spy
+drv = FakeDriver()
+drv.add({pid})
+res = checkpoint(CheckpointRequest(pid={pid}, image="copied", leave_running=True), Path({run!r}),
+                 ImageStore(Path({store!r})), lambda: drv, Criu(Path({criu!r}), Path({plugins!r})))
+print(json.dumps({{"copier": used, "path": str(res.path)}}))
+"""
+
+
+def test_gpuos_copies_the_snapshot_out_from_a_context_of_its_own(app, criu_bin, home, store, tmp_path,
+                                                                  libgpuos_build):
+    """With a CUDA driver for gpuos itself (here the fake, through cuda-python), the
+    snapshot is copied out by gpuos's copier, not inside the process; the image holds each
+    allocation as it was at the stop (t_agent's iterations k + 1 then k)."""
+    pid, out, err, stop = app
+    (tmp_path / "plugins").mkdir()
+    script = COPIER_SCRIPT.format(tests=str(Path(__file__).parents[1]), pid=pid, run=str(home.run),
+                                  store=str(store.root), criu=str(criu_bin), plugins=str(tmp_path / "plugins"))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    env.pop("LD_PRELOAD", None)
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = __import__("json").loads(res.stdout.splitlines()[-1])
+    assert got["copier"] == [True]
+    image = Path(got["path"])
+    m = store.load(image)
+    store.verify(image, m)
+    (mem,) = m.movable
+    data = (image / mem.file).read_bytes()
+    bases = [int(x) for x in out.read_text().split()[2:6]]  # "ready PID BASE..."
+    by_index, off = {}, 0
+    for r in mem.ranges:  # back to back in LIST (address) order, `reserved` bytes each
+        i = bases.index(r.base)
+        k = (data[off] - i * 7) % 256
+        assert data[off:off + r.size] == bytes((j * 31 + i * 7 + k) & 0xFF for j in range(r.size)), i
+        by_index[i] = k
+        off += r.reserved
+    ks = [by_index[i] for i in sorted(by_index)]
+    assert all(x in (ks[-1], (ks[-1] + 1) % 256) for x in ks)
+    assert ks == sorted(ks, key=lambda x: x != (ks[-1] + 1) % 256)  # k + 1 first, then k
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()

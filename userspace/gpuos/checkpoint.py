@@ -143,7 +143,9 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             with phase("movable-stage"):  # the process runs on meanwhile
                 try:
                     for mp in movable:
-                        handouts.append(handout.stage(mp, op.op_id, register=not snapshot))
+                        uuids = next((p.gpu_uuids for p in processes if p.pid == mp), [])
+                        handouts.append(handout.stage(mp, op.op_id, register=not snapshot,
+                                                      gpu_uuid=uuids[0] if len(uuids) == 1 else None))
                         op.record.movable.append({"pid": mp, "staging": str(handouts[-1].staging),
                                                   "keeper": handouts[-1].keeper})
                         op.save()
@@ -245,7 +247,8 @@ def _room_for_snapshots(driver: GpuDriver | None, processes: list[ProcessInfo], 
         if p.pid in movable:
             for uuid in p.gpu_uuids or list(free)[:1]:
                 need[uuid] = need.get(uuid, 0) + handout.movable_bytes(p.pid)
-    return all(free.get(u, 0) >= n * 11 // 10 for u, n in need.items())
+    # a tenth to spare, and 1 GiB for the context gpuos copies the snapshot out from
+    return all(free.get(u, 0) >= n * 11 // 10 + (1 << 30) for u, n in need.items())
 
 
 def _journal_capture(op: Operation, h: handout.Handout) -> None:

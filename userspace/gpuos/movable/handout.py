@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..intercept import ring as R
 from ..manifest import FileEntry, MovableMemory, MovableRange
 from ..store import hash_files
 from . import keeper
+from .copier import Copier, CopierError
 from .agent import Agent, AgentError, agent_available
 
 STAGING_DIR = Path("/dev/shm")
@@ -62,6 +64,7 @@ class Handout:
     snapshot: bool = False  # a device-side snapshot waits to be captured after the stop
     shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
     agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
+    copier: Copier | None = None  # gpuos's own context to copy a snapshot out (copier.py)
     keeper: str = ""  # the name of the keeper that holds copies of `fds` (keeper.py)
     keeper_inbox: socket.socket | None = None  # until the keeper has them
 
@@ -71,10 +74,12 @@ def movable_pids(gpu_pids: list[int]) -> list[int]:
     return [p for p in gpu_pids if agent_available(p)]
 
 
-def stage(pid: int, op_id: str, register: bool) -> Handout:
+def stage(pid: int, op_id: str, register: bool, gpu_uuid: str | None = None) -> Handout:
     """Make the staging file while the process runs, its pages allocated, and (register:
     the capture will happen in the stop) have the agent register it now: pinning runs at a
-    few GB/s.  The connection stays open in Handout.agent (its end unregisters)."""
+    few GB/s.  The connection stays open in Handout.agent (its end unregisters).  Else (a
+    snapshot, copied out after the stop) gpuos registers it in a context of its own on the
+    process's GPU, if it can (Copier), so that the copy does not touch the process."""
     size = movable_bytes(pid) * 5 // 4 + MARGIN
     path = STAGING_DIR / f"gpuos-{op_id}-{pid}.mem"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -85,9 +90,16 @@ def stage(pid: int, op_id: str, register: bool) -> Handout:
         if register:
             h.agent = Agent(pid)
             h.agent.prepare(fd, size)
+        else:
+            try:
+                h.copier = Copier(gpu_uuid, path, size)
+            except (CopierError, OSError):
+                h.copier = None  # the agent copies it
     except BaseException:
         if h.agent is not None:
             h.agent.close()
+        if h.copier is not None:
+            h.copier.close()
         if h.keeper_inbox is not None:
             h.keeper_inbox.close()
         path.unlink(missing_ok=True)
@@ -142,14 +154,16 @@ def give_back(h: Handout) -> None:
         ag = Agent(h.pid)
         try:
             ag.map(h.fds)
-            if h.snapshot:
+            if h.snapshot and not h.copier:
                 ag.map(h.shadow_fds, shadows=True)
             h.released = False
             ag.resume()
+            if h.copier:
+                ag.drop()  # the snapshot is gpuos's alone now (h.shadow_fds)
         except BaseException:
             ag.close()
             raise
-        if h.snapshot:
+        if h.snapshot and not h.copier:
             h.agent = ag
         else:
             ag.close()
@@ -158,7 +172,16 @@ def give_back(h: Handout) -> None:
 
 
 def capture_snapshot(h: Handout) -> None:
-    """After the stop, the process running: the snapshot into the staging file."""
+    """After the stop, the process running: the snapshot into the staging file, by gpuos's
+    copier or else by the agent."""
+    if h.copier is not None:
+        t0 = time.monotonic()
+        try:
+            h.captured = h.copier.copy(h.shadow_fds, [r.reserved for r in h.ranges])
+        finally:
+            _close_snapshot(h)
+        h.capture_s, h.snapshot = time.monotonic() - t0, False
+        return
     fd = os.open(h.staging, os.O_RDWR)
     ag, h.agent = h.agent, None
     try:
@@ -172,9 +195,21 @@ def capture_snapshot(h: Handout) -> None:
 
 
 def _close(h: Handout) -> None:
-    for fd in h.fds + h.shadow_fds:
+    """gpuos's hold on the process's memory (and on a snapshot the agent copies)."""
+    for fd in h.fds + ([] if h.copier else h.shadow_fds):
         os.close(fd)
-    h.fds, h.shadow_fds = [], []
+    h.fds = []
+    if not h.copier:
+        h.shadow_fds = []
+
+
+def _close_snapshot(h: Handout) -> None:
+    for fd in h.shadow_fds:
+        os.close(fd)
+    h.shadow_fds = []
+    if h.copier is not None:
+        h.copier.close()
+        h.copier = None
 
 
 def memory_entry(h: Handout) -> MovableMemory:
@@ -203,6 +238,7 @@ def save_staged(staging: Path, entry: dict, image_dir: Path) -> tuple[MovableMem
 
 def discard(h: Handout) -> None:
     _close(h)
+    _close_snapshot(h)
     if h.keeper_inbox is not None:
         h.keeper_inbox.close()
     keeper.drop(h.keeper)
