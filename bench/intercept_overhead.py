@@ -202,11 +202,12 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
 
 
 def validation_run(workload: str, budget: Budget, env: dict[str, str], workdir: Path,
-                   touch_all: list[str] | None = None) -> dict[str, Any]:
+                   touch_all: list[str] | None = None, memory: str = "movable") -> dict[str, Any]:
     args = validate_args(workload)
     report = workdir / f"{workload}-validate{'-fallback' if touch_all else ''}.json"
     fallback = [opt for pattern in touch_all or [] for opt in ("--touch-all", pattern)]
-    fin = run_one(under_gpuos(suite_cmd(workload, args), "--validate", *fallback, "--report", str(report)),
+    fin = run_one(under_gpuos(suite_cmd(workload, args), "--validate", "--memory", memory, *fallback,
+                              "--report", str(report)),
                   "validation", budget, env)
     result, rep = fin.result(), json.loads(report.read_text())
     v = rep["validation"]
@@ -222,6 +223,11 @@ def validation_run(workload: str, budget: Budget, env: dict[str, str], workdir: 
     }
 
 
+def gpuos_options(a: argparse.Namespace) -> tuple[str, ...]:
+    """What every `gpuos run` of the benchmark is given: the memory mode, the ring size."""
+    return ("--memory", a.memory, *(("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
+
+
 def paired_run(name: str, a: argparse.Namespace, plain_sps: float, budget: Budget,
                env: dict[str, str], workdir: Path) -> dict[str, Any]:
     """One run of about a.paired seconds under `gpuos run` that pauses and resumes its
@@ -229,8 +235,7 @@ def paired_run(name: str, a: argparse.Namespace, plain_sps: float, budget: Budge
     steps = max(WORKLOADS[name].steps, round(a.paired * plain_sps))
     log_path = workdir / f"{name}-steps-{time.monotonic_ns()}.jsonl"
     cmd = under_gpuos(suite_cmd(name, ["--steps", str(steps), "--step-log", str(log_path),
-                                       "--toggle-recording", str(a.paired_steps)]),
-                      *(("--ring-slots", str(a.ring_slots)) if a.ring_slots else ()))
+                                       "--toggle-recording", str(a.paired_steps)]), *gpuos_options(a))
     fin = run_one(cmd, "paired", budget, env)
     marks = paired.read_marks(log_path)
     return {"steps": steps, "steps_per_window": a.paired_steps, "wall_s": fin.wall_s,
@@ -292,8 +297,7 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
         for rep in range(reps):
             for mode in round_order(rep):
                 log(f"{name}: round {rep + 1}/{reps}, {mode}")
-                row = timed_run(name, args, mode, budget, env, workdir,
-                                ("--ring-slots", str(a.ring_slots)) if a.ring_slots else ())
+                row = timed_run(name, args, mode, budget, env, workdir, gpuos_options(a))
                 entry["runs"].append(dict(row, round=rep))
         entry.update(summarize(entry["runs"]))
         x = entry["across_processes"]
@@ -308,10 +312,10 @@ def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[s
                     + ", ".join(f"{k} {p[k]['overhead_pct']:+.2f} ± {p[k]['ci95_pct']:.2f}%"
                                 for k in ("wall", "wall_capped", "cpu") if k in p))
         log(f"{name}: validating")
-        entry["validate"] = validation_run(name, budget, env, workdir)
+        entry["validate"] = validation_run(name, budget, env, workdir, memory=a.memory)
         if name in BLIND_SPOTS:
             log(f"{name}: validating with the fallback --touch-all {' '.join(BLIND_SPOTS[name])}")
-            entry["validate_fallback"] = validation_run(name, budget, env, workdir, BLIND_SPOTS[name])
+            entry["validate_fallback"] = validation_run(name, budget, env, workdir, BLIND_SPOTS[name], a.memory)
     except OutOfTime as exc:
         entry["skipped"] = str(exc)
         log(f"{name}: {exc}")
@@ -354,6 +358,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
         "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
+        "memory": a.memory,  # gpuos run --memory: movable (libgpuos/src/memory.c) or driver
         "paired_s": a.paired or None, "paired_steps": a.paired_steps if a.paired else None,
         # how libgpuos records (docs/interception.md): on its recording thread unless inline
         "record_inline": os.environ.get("GPUOS_RECORD_INLINE") == "1",
@@ -418,6 +423,7 @@ def markdown(r: dict[str, Any]) -> str:
              "operation; `gpuos run`: recording), in an order rotating by round: mean difference "
              "of time per step within a round over the mean of the cheaper mode, ± its 95% "
              f"interval over the rounds. {latency}."
+             + (f" Under gpuos: `--memory {r['memory']}`." if r.get("memory") else "")
              + (f" Every run pinned to CPUs {r['cpus'][0]}-{r['cpus'][-1]}." if r.get("cpus") else "")
              + (" **Smoke run (--quick): 3 timed steps per run, too short to measure "
                 "throughput overhead; the identity and validation columns stand.**"
@@ -549,6 +555,8 @@ def main() -> None:
     ap.add_argument("--cpus", metavar="LIST",
                     help="Pin every run to these CPUs (e.g. 4-11): on a shared VM the CPUs a run "
                          "lands on change its speed by more than the overhead being measured.")
+    ap.add_argument("--memory", choices=("movable", "driver"), default="movable",
+                    help="`gpuos run --memory` for every run under gpuos [movable, its default].")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--update-readme", action="store_true", help="Rewrite README.md's table.")
     ap.add_argument("--readme-from", metavar="JSON", nargs="+",
