@@ -34,7 +34,7 @@
  */
 #define FAKE_API(X) \
 	X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) \
-	X(cuDeviceGetUuid_v2) \
+	X(cuDeviceGetUuid_v2) X(cuIpcGetMemHandle) \
 	X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) \
 	X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxGetState) X(cuCtxCreate_v2) \
 	X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
@@ -408,6 +408,18 @@ static struct alloc *al_base(uintptr_t p, unsigned mask)
 		if (al[i].base == p && ((1u << al[i].kind) & mask))
 			return &al[i];
 	return NULL;
+}
+
+/* CUDA IPC: the driver's device allocations only (VMM memory is refused, as by the real
+ * driver); the handle is the base address (nothing imports it in the fake). */
+static CUresult ipc_handle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	struct alloc *a = al_find(p);
+	if (!h || !a || a->kind != A_DEV)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof *h);
+	memcpy(h->reserved, &a->base, sizeof a->base);
+	return CUDA_SUCCESS;
 }
 
 /* [p, p + n) lies in one GPU-accessible allocation. */
@@ -2023,7 +2035,7 @@ struct pa { const char *base; int ver; int pt; void *fn; };
 static const struct pa proc_table[] = {
 	PA(cuInit, 2000, cuInit) PA(cuDriverGetVersion, 2020, cuDriverGetVersion)
 	PA(cuDeviceGet, 2000, cuDeviceGet) PA(cuDeviceGetCount, 2000, cuDeviceGetCount)
-	PA(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)
+	PA(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2) PA(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)
 	PA(cuDeviceGetName, 2000, cuDeviceGetName) PA(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2)
 	PA(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)
 	PA(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)
@@ -2406,6 +2418,7 @@ CUresult CUDAAPI cuDriverGetVersion(int *v) { CALL_(cuDriverGetVersion, 0, out_i
 API(cuDeviceGet, (CUdevice *d, int ord), device_get(d, ord))
 API(cuDeviceGetCount, (int *n), out_int(n, 1))
 API(cuDeviceGetUuid_v2, (CUuuid *u, CUdevice d), device_uuid(u, d))
+API(cuIpcGetMemHandle, (CUipcMemHandle *h, CUdeviceptr p), ipc_handle(h, p))
 API(cuDeviceGetName, (char *name, int len, CUdevice d), device_name(name, len, d))
 API(cuDeviceTotalMem_v2, (size_t *b, CUdevice d),
     !b ? CUDA_ERROR_INVALID_VALUE : dev_ok(d) ? CUDA_ERROR_INVALID_DEVICE : (*b = FAKECUDA_TOTAL_MEM, CUDA_SUCCESS))

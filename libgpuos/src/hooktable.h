@@ -106,6 +106,10 @@ X(cuKernelGetFunction, PFN_cuKernelGetFunction_v12000, gpuos_h_kernel_get_functi
   (CUfunction *pFunc, CUkernel kernel), (pFunc, kernel))
 
 /* streams, events, stream capture */
+/* CUDA IPC (only to say why it fails on movable memory) */
+X(cuIpcGetMemHandle, PFN_cuIpcGetMemHandle_v4010, gpuos_h_ipc_get_mem_handle, 0,
+  (CUipcMemHandle *pHandle, CUdeviceptr dptr), (pHandle, dptr))
+
 /* contexts */
 X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000, gpuos_h_ctx_destroy, 0, (CUcontext ctx), (ctx))
 

@@ -22,6 +22,7 @@
  * that shares device memory through CUDA IPC runs with `gpuos run --memory driver`.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -188,3 +189,23 @@ CUresult gpuos_movable_free(const struct gpuos_alloc *a)
 	GPUOS_COUNT(movable_bytes, -(uint64_t)size);
 	return CUDA_SUCCESS;
 }
+
+/* CUDA IPC cannot share VMM memory: the driver refuses it.  The program would fail with
+ * only the driver's error, so say once, on stderr, what to do about it. */
+CUresult gpuos_h_ipc_get_mem_handle(PFN_cuIpcGetMemHandle_v4010 real, int pt, CUipcMemHandle *h, CUdeviceptr p)
+{
+	(void)pt;
+	CUresult r = real(h, p);
+	if (r == CUDA_SUCCESS || gpuos_memory_mode() != GPUOS_MEMORY_MOVABLE)
+		return r;
+	pthread_rwlock_rdlock(&gpuos_lock.v);
+	const struct gpuos_alloc *a = gpuos_map_find(&gpuos_allocs, p);
+	int movable = a && (a->flags & GPUOS_A_MOVABLE);
+	pthread_rwlock_unlock(&gpuos_lock.v);
+	static int said;
+	if (movable && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "gpuos: cuIpcGetMemHandle: this memory is gpuos's movable memory, which CUDA IPC "
+				"cannot share; run the program with `gpuos run --memory driver`\n");
+	return r;
+}
+

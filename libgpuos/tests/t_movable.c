@@ -6,7 +6,7 @@
  * read back; cuMemGetAddressRange contains each; freed, and allocated again.  Prints
  * "ok" and, per allocation, "ALLOC base size" (the test reads the launch log for which
  * of them libgpuos made movable).  With the argument "ctx": allocations of a context of
- * its own are freed with it.  Linked with -lcuda.
+ * its own are freed with it; "ipc": CUDA IPC handles of a large and a small allocation.  Linked with -lcuda.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -51,6 +51,17 @@ static int destroyed_context_frees(CUdevice dev)
 	return 0;
 }
 
+/* "ipc": cuIpcGetMemHandle of a large and a small allocation; prints both results. */
+static int ipc(void)
+{
+	CUdeviceptr big, small;
+	CUipcMemHandle h;
+	CK(cuMemAlloc(&big, 8u << 20));
+	CK(cuMemAlloc(&small, 4096));
+	printf("ipc big=%d small=%d\n", (int)cuIpcGetMemHandle(&h, big), (int)cuIpcGetMemHandle(&h, small));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	CUdevice dev;
@@ -61,6 +72,11 @@ int main(int argc, char **argv)
 	CK(cuDeviceGet(&dev, 0));
 	if (argc > 1 && !strcmp(argv[1], "ctx"))
 		return destroyed_context_frees(dev);
+	if (argc > 1 && !strcmp(argv[1], "ipc")) {
+		CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+		CK(cuCtxSetCurrent(ctx));
+		return ipc();
+	}
 	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
 	CK(cuCtxSetCurrent(ctx));
 	for (int round = 0; round < 2; round++) {

@@ -708,3 +708,20 @@ def test_a_destroyed_context_frees_its_movable_memory(build, env, tmp_path):
     frees = [r for r in recs if r["type"] == "free" and r["kind"] == "device"]
     assert len(allocs) == 6 and sorted((r["base"], r["size"]) for r in frees) == sorted((r["base"], r["size"]) for r in allocs)
     assert sum(1 for r in allocs if r.get("movable")) == 3
+
+
+@pytest.mark.parametrize("memory", ["movable", "driver"])
+def test_cuda_ipc_of_movable_memory_fails_with_a_hint(build, env, memory):
+    """CUDA IPC cannot share VMM memory (the driver refuses; the fake too): under movable
+    memory the large allocation's handle fails, and libgpuos says once what to do; the
+    driver's own memory still gives handles."""
+    res = subprocess.run([*GPUOS, "run", "-q", "--memory", memory, "--", str(build / "tests" / "t_movable"), "ipc"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    big, small = (int(x.split("=")[1]) for x in res.stdout.split()[1:3])
+    assert small == 0
+    hint = "run the program with `gpuos run --memory driver`"
+    if memory == "movable":
+        assert big != 0 and res.stderr.count(hint) == 1
+    else:
+        assert big == 0 and hint not in res.stderr
