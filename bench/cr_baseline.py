@@ -138,6 +138,27 @@ class proc_stub:  # noqa: N801 - a Popen look-alike for a restored (non-child) p
         return None if Path(f"/proc/{self.pid}").exists() else 1
 
 
+def open_bench(benchmark: str, home_dir: str) -> tuple[Runtime, Path, dict]:
+    """A private gpuos home under home_dir (where the images go), and the result's header:
+    device, driver, CRIU, gpuos, host, and the pinned PCIe bandwidth measured now; rows empty."""
+    home = Path(tempfile.mkdtemp(prefix="gpuos-bench-", dir=home_dir))
+    rt = Runtime(paths=Paths(home=home, store=home / "images"))
+    drv = rt.driver()
+    dev = drv.devices()[0]
+    pcie = json.loads(subprocess.run([sys.executable, "-c", PCIE_PROBE], capture_output=True,
+                                     text=True, check=True).stdout)
+    return rt, home, {
+        "benchmark": benchmark,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": dev.name, "gpu_memory_total": dev.memory_total,
+        "driver": drv.driver_info().version, "cuda_api": drv.driver_info().cuda_api,
+        "criu": rt.criu().check_version(), "gpuos": __version__,
+        "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "cpus": os.cpu_count()},
+        "pcie_pinned": pcie,
+        "rows": [],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,4,16")
@@ -145,26 +166,11 @@ def main() -> None:
     ap.add_argument("--home", default="/var/tmp",
                     help="Where the images go: a disk with room for the largest (not a tmpfs)")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpuos-bench-", dir=args.home))
-    rt = Runtime(paths=Paths(home=home, store=home / "images"))
-    drv = rt.driver()
-    dev = drv.devices()[0]
-    pcie = json.loads(subprocess.run([sys.executable, "-c", PCIE_PROBE], capture_output=True,
-                                     text=True, check=True).stdout)
-    rows: list[dict] = []
-    result = {
-        "benchmark": "cr_baseline",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": dev.name, "gpu_memory_total": dev.memory_total,
-        "driver": drv.driver_info().version, "cuda_api": drv.driver_info().cuda_api,
-        "criu": rt.criu().check_version(), "gpuos": __version__,
-        "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "cpus": os.cpu_count()},
-        "pcie_pinned": pcie,
-        "rows": rows,
-    }
+    rt, home, result = open_bench("cr_baseline", args.home)
+    rows: list[dict] = result["rows"]
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    tag = dev.name.replace("NVIDIA ", "").replace(" ", "_")
+    tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"cr_baseline-{tag}-{result['date'][:10]}.json"
     for size in args.sizes.split(","):
         rows.append(run_size(rt, float(size), home))

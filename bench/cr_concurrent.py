@@ -27,21 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from cr_baseline import PCIE_PROBE, held_checksums, wait_alive_steps
+from cr_baseline import held_checksums, open_bench, wait_alive_steps
 
-from gpuos import __version__
 from gpuos.checkpoint import CheckpointRequest, checkpoint
-from gpuos.config import Paths
 from gpuos.runtime import Runtime
 from gpuos.workloads import TORCHJOB, step_times, steps_done
 
@@ -127,25 +121,12 @@ def main() -> None:
     ap.add_argument("--home", default="/var/tmp",
                     help="Where the images go: a disk with room for the largest (not a tmpfs)")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpuos-bench-", dir=args.home))
-    rt = Runtime(paths=Paths(home=home, store=home / "images"))
-    drv = rt.driver()
-    dev = drv.devices()[0]
-    pcie = json.loads(subprocess.run([sys.executable, "-c", PCIE_PROBE], capture_output=True,
-                                     text=True, check=True).stdout)
-    rows: list[dict] = []
-    result = {
-        "benchmark": "cr_concurrent",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": dev.name, "gpu_memory_total": dev.memory_total,
-        "driver": drv.driver_info().version, "cuda_api": drv.driver_info().cuda_api,
-        "criu": rt.criu().check_version(), "gpuos": __version__,
-        "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "cpus": os.cpu_count()},
-        "pcie_pinned": pcie, "step_sleep_s": STEP_SLEEP, "rows": rows,
-    }
+    rt, home, result = open_bench("cr_concurrent", args.home)
+    result["step_sleep_s"] = STEP_SLEEP
+    rows: list[dict] = result["rows"]
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    tag = dev.name.replace("NVIDIA ", "").split()[0]
+    tag = result["device"].replace("NVIDIA ", "").split()[0]
     path = outdir / f"cr-concurrent-{tag}-{result['date'][:10]}.json"
     for size in args.sizes.split(","):
         for mode in args.modes.split(","):

@@ -220,15 +220,9 @@ CUresult gpuos_h_mem_free_async(PFN_cuMemFreeAsync_v11020 real, int pt, CUdevice
 	struct gpuos_alloc a;
 	uint64_t stream = gpuos_eff_stream(st, pt);
 	int had = !gpuos_stream_captured(stream) && take_device(dptr, &a);
-	CUresult r;
-	if (had && (a.flags & GPUOS_A_MOVABLE)) {
-		/* freed in stream order: after the stream's work so far, which may use it */
-		r = gpuos_drv.stream_sync ? gpuos_drv.stream_sync((CUstream)(uintptr_t)stream) : CUDA_SUCCESS;
-		if (r == CUDA_SUCCESS)
-			r = gpuos_movable_free(&a);
-	} else {
-		r = real(dptr, st);
-	}
+	/* Movable memory is freed at once, after all the context's work (gpuos_movable_free
+	 * waits for it): the stream's work so far, which may use it, included. */
+	CUresult r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr, st);
 	return freed(&gpuos_allocs, had, &a, stream, r);
 }
 

@@ -31,7 +31,7 @@ from .criu import dump_completed
 from .cudadrv import GpuDriver
 from .errors import Busy, GpuosError
 from .hold import resume_gpu
-from .manifest import CRIU_DIR, Manifest
+from .manifest import CRIU_DIR, Manifest, MovableMemory
 from .store import STAGING_MARK, ImageStore, checksum_tree
 
 # Tests set this to a phase name: gpuos then writes GPUOS_TEST_HOLD_FILE and
@@ -172,7 +172,8 @@ def _finish_image(rec: JournalRecord) -> str:
     manifest = Manifest.from_json(json.dumps(draft))
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
         if m.get("memory") and Path(m["staging"]).exists():
-            manifest.movable.append(handout.save_staged(Path(m["staging"]), m["memory"], staging)[0])
+            manifest.movable.append(
+                handout.save_staged(Path(m["staging"]), MovableMemory.from_dict(m["memory"]), staging)[0])
     manifest.files = checksum_tree(staging)
     manifest.timings = {"recovered": 1.0}
     ImageStore.write_manifest(staging, manifest)

@@ -79,6 +79,11 @@ class MovableMemory:
     bytes: int
     ranges: list[MovableRange]
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "MovableMemory":
+        """From its JSON form (a manifest's or a journal's)."""
+        return cls(**{**d, "ranges": [MovableRange(**r) for r in d["ranges"]]})
+
 
 @dataclass
 class FileEntry:
@@ -161,8 +166,7 @@ class Manifest:
                 gpus=[GpuInfo(**g) for g in data.pop("gpus")],
                 files=[FileEntry(**f) for f in data.pop("files")],
                 terminals=[TerminalInfo(**t) for t in data.pop("terminals", [])],
-                movable=[MovableMemory(**{**m, "ranges": [MovableRange(**r) for r in m["ranges"]]})
-                         for m in data.pop("movable", [])],
+                movable=[MovableMemory.from_dict(m) for m in data.pop("movable", [])],
                 driver=DriverInfo(**driver) if driver is not None else None,
                 **data,
             )

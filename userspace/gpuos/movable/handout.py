@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GpuosError
@@ -219,14 +219,12 @@ def memory_entry(h: Handout) -> MovableMemory:
 
 def save(h: Handout, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
     """The captured contents into the image; its manifest entry and file entry."""
-    return save_staged(h.staging, asdict(memory_entry(h)), image_dir)
+    return save_staged(h.staging, memory_entry(h), image_dir)
 
 
-def save_staged(staging: Path, entry: dict, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
+def save_staged(staging: Path, mem: MovableMemory, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
     """The staging file's captured bytes into the image, hashed (in parallel pieces, from
     the staging file in memory) while they are written: the image file is not read again."""
-    mem = MovableMemory(**{**entry, "ranges": [MovableRange(**r) if isinstance(r, dict) else r
-                                               for r in entry["ranges"]]})
     with ThreadPoolExecutor(max_workers=1) as side:
         hashing = side.submit(hash_files, [staging], None, None, [mem.bytes])
         with open(staging, "rb") as src, open(image_dir / mem.file, "wb") as dst:
