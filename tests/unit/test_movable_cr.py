@@ -167,10 +167,10 @@ def test_an_application_gone_during_the_copy_fails_the_checkpoint_cleanly(app, c
     before = sorted(p.name for p in first.path.iterdir())
     real = handout.capture_snapshot
 
-    def exits_first(h):
+    def exits_first(h, image_dir):
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not agent_available(pid), "the process to be gone")
-        real(h)
+        real(h, image_dir)
 
     monkeypatch.setattr(handout, "capture_snapshot", exits_first)
     with pytest.raises(CheckpointFailed, match="no image was published"):
@@ -213,9 +213,9 @@ from gpuos.movable import handout
 from gpuos.store import ImageStore
 used = []
 real = handout.capture_snapshot
-def spy(h):
+def spy(h, image_dir):
     used.append(h.copier is not None)
-    real(h)
+    real(h, image_dir)
 handout.capture_snapshot = spy
 drv = FakeDriver()
 drv.add({pid})
@@ -256,6 +256,105 @@ def test_gpuos_copies_the_snapshot_out_from_a_context_of_its_own(app, criu_bin, 
     ks = [by_index[i] for i in sorted(by_index)]
     assert all(x in (ks[-1], (ks[-1] + 1) % 256) for x in ks)
     assert ks == sorted(ks, key=lambda x: x != (ks[-1] + 1) % 256)  # k + 1 first, then k
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()
+
+
+COPY_PIPELINE_SCRIPT = """
+import ctypes, json, os, sys
+from pathlib import Path
+from cuda.bindings import driver as cu
+from gpuos.movable.copier import Copier
+from gpuos.store import hash_files
+MiB = 1 << 20
+sizes = [40 * MiB, 70 * MiB, 2 * MiB, 30 * MiB]  # pieces of 64 MiB straddle allocations
+cu.cuInit(0)
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+prop = cu.CUmemAllocationProp()
+prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+expected, fds = b"", []
+for i, n in enumerate(sizes):
+    err, h = cu.cuMemCreate(n, prop, 0)
+    assert int(err) == 0, err
+    err, va = cu.cuMemAddressReserve(n, 0, 0, 0)
+    assert int(cu.cuMemMap(va, n, 0, h, 0)[0]) == 0
+    desc = cu.CUmemAccessDesc()
+    desc.location = prop.location
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    assert int(cu.cuMemSetAccess(va, n, [desc], 1)[0]) == 0
+    data = os.urandom(n)
+    buf = ctypes.create_string_buffer(data, n)
+    assert int(cu.cuMemcpyHtoD(va, ctypes.addressof(buf), n)[0]) == 0
+    expected += data
+    err, fd = cu.cuMemExportToShareableHandle(h, prop.requestedHandleTypes, 0)
+    assert int(err) == 0, err
+    fds.append(int(fd))
+    cu.cuMemUnmap(va, n)
+    cu.cuMemAddressFree(va, n)
+    cu.cuMemRelease(h)  # the fd alone keeps the memory
+dst = Path(sys.argv[1])
+c = Copier(None)
+n, sha, pieces = c.copy(fds, sizes, dst)
+c.close()
+closed = []
+for fd in fds:
+    try:
+        os.fstat(fd)
+        closed.append(False)
+    except OSError:
+        closed.append(True)
+print(json.dumps({"bytes": n, "same": dst.read_bytes() == expected, "closed": closed,
+                  "hash": [sha, pieces] == list(hash_files([dst])[0])}))
+"""
+
+
+def test_copier_pipeline_writes_and_hashes_what_the_gpu_held(libgpuos_build, tmp_path):
+    """The copier's pipeline on the fake driver: allocations of uneven sizes whose image
+    pieces straddle them come out back to back, byte for byte, with the digests the store
+    would compute by reading the file; every descriptor is closed once copied."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    env.pop("LD_PRELOAD", None)
+    res = subprocess.run([sys.executable, "-c", COPY_PIPELINE_SCRIPT, str(tmp_path / "out.bin")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = __import__("json").loads(res.stdout.splitlines()[-1])
+    assert got == {"bytes": 142 << 20, "same": True, "closed": [True] * 4, "hash": True}
+
+
+def test_gpuos_killed_after_the_copier_wrote_the_image_finishes_it(app, criu_bin, home, store, tmp_path,
+                                                                   libgpuos_build):
+    """gpuos SIGKILLed once its copier has written the snapshot into the image (journaled
+    as saved) but before the image is published: `gpuos recover` publishes it, taking the
+    copier's file as it is, and it verifies; the process runs on."""
+    pid, out, err, stop = app
+    (tmp_path / "plugins").mkdir()
+    hold = tmp_path / "held"
+    script = COPIER_SCRIPT.format(tests=str(Path(__file__).parents[1]), pid=pid, run=str(home.run),
+                                  store=str(store.root), criu=str(criu_bin), plugins=str(tmp_path / "plugins"))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"), GPUOS_TEST_HOLD_AT="movable-save",
+               GPUOS_TEST_HOLD_FILE=str(hold))
+    env.pop("LD_PRELOAD", None)
+    gpuos_proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+    wait_for(hold.exists, "gpuos to reach movable-save")
+    gpuos_proc.kill()
+    gpuos_proc.communicate()
+    driver = FakeDriver()
+    driver.add(pid)
+    actions = recover(home.run, store, lambda: driver)
+    assert all(a.ok for a in actions), actions
+    assert "published image" in " ".join(a.action for a in actions)
+    image = store.resolve("copied")
+    m = store.load(image)
+    store.verify(image, m)
+    (mem,) = m.movable
+    assert mem.bytes == sum(r.reserved for r in mem.ranges) > 0
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()

@@ -150,7 +150,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                                                   "keeper": handouts[-1].keeper})
                         op.save()
                 except GpuosError as exc:
-                    raise _undo(op, driver, [], staging, exc, handouts) from None
+                    raise _undo(op, driver, [], staging, exc, tree, handouts) from None
         stall_start = time.monotonic()
         try:
             if handouts:
@@ -176,7 +176,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
                 links.keep(links.remaps_in(remap_dirs) - before, staging)
         except GpuosError as exc:
-            raise _undo(op, driver, gpu_pids, staging, exc, handouts) from None
+            raise _undo(op, driver, gpu_pids, staging, exc, tree, handouts) from None
 
         stall = None
         left_stopped: list[str] = []
@@ -197,7 +197,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             with phase("movable-capture"):  # the processes run again meanwhile
                 try:
                     for h in snapshots:
-                        handout.capture_snapshot(h)
+                        handout.capture_snapshot(h, staging)
                         _journal_capture(op, h)
                 except (GpuosError, OSError) as exc:
                     # The process runs on (or ended by itself): only the image is lost.
@@ -211,7 +211,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         f"published, {final} is as it was") from None
         hashed: dict = {}  # files hashed as they were written
         if handouts:
-            with phase("movable-save"):
+            with phase("movable-save"):  # what the copier did not write into the image
                 saved = [handout.save(h, staging) for h in handouts]
                 draft.movable = [mem for mem, _ in saved]
                 hashed = {f.path: f for _, f in saved}
@@ -252,9 +252,11 @@ def _room_for_snapshots(driver: GpuDriver | None, processes: list[ProcessInfo], 
 
 
 def _journal_capture(op: Operation, h: handout.Handout) -> None:
-    """The capture is complete: recovery may now put it into the image, or into the process."""
+    """The capture is complete: recovery may now put it into the image (unless the copier
+    wrote it there: `saved`), or into the process."""
     entry = next(m for m in op.record.movable if m["pid"] == h.pid)
     entry["memory"] = asdict(handout.memory_entry(h))
+    entry["saved"] = h.saved is not None
     op.save()
 
 
@@ -341,19 +343,25 @@ def _resume(driver: GpuDriver, pid: int, tries: int) -> str | None:
 
 
 def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging: Path,
-          cause: GpuosError, handouts: list[handout.Handout] = ()) -> GpuosError:
+          cause: GpuosError, tree: list[int], handouts: list[handout.Handout] = ()) -> GpuosError:
     """Put every CUDA process back on its GPU and its movable memory back in it, drop the
     staging image; the error to raise."""
+    ended = [p for p in tree if procs.ending(p)]
+    if ended:  # what failed is most likely only a consequence (its agent or driver gone)
+        cause = CheckpointFailed(f"pid {', '.join(map(str, ended))} ended during the checkpoint "
+                                 f"({cause.message}); no image was published")
     failed = []
     with op.phase("undo"):
         for gp in gpu_pids:
             try:
-                put_back(driver, gp)
+                if gp not in ended:
+                    put_back(driver, gp)
             except GpuosError as exc:
                 failed.append(f"pid {gp}: {exc.message}")
         for h in handouts:
             try:
-                handout.give_back(h)
+                if h.pid not in ended:
+                    handout.give_back(h)
                 handout.discard(h)
             except GpuosError as exc:
                 failed.append(f"pid {h.pid}: its GPU memory: {exc.message}")
@@ -370,6 +378,8 @@ def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging:
     shutil.rmtree(staging, ignore_errors=True)
     op.finish()
     # Specific errors (lock timeout, not permitted, ...) keep their exit code.
+    if ended:
+        return CheckpointFailed(f"{cause.message}{kept}")
     kind = CheckpointFailed if type(cause) is GpuosError else type(cause)
     return kind(f"{cause.message}; the process was left running{kept}")
 

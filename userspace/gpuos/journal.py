@@ -171,7 +171,9 @@ def _finish_image(rec: JournalRecord) -> str:
         return f"deleted image {staging}: the GPU memory of a process was not captured"
     manifest = Manifest.from_json(json.dumps(draft))
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
-        if m.get("memory") and Path(m["staging"]).exists():
+        if m.get("memory") and m.get("saved"):  # the copier wrote it there
+            manifest.movable.append(MovableMemory.from_dict(m["memory"]))
+        elif m.get("memory") and Path(m["staging"]).exists():
             manifest.movable.append(
                 handout.save_staged(Path(m["staging"]), MovableMemory.from_dict(m["memory"]), staging)[0])
     manifest.files = checksum_tree(staging)

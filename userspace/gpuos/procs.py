@@ -48,6 +48,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: the process has begun to exit
+
+
+def ending(pid: int) -> bool:
+    """Gone, a zombie, or exiting (its CUDA driver may already be shut down)."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except FileNotFoundError:
+        return True
+    fields = raw.rpartition(")")[2].split()
+    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & PF_EXITING)
+
+
 def comm(pid: int) -> str | None:
     """The process's name (its comm), or None when it is gone or cannot be read."""
     try:

@@ -90,14 +90,15 @@ def hash_files(paths: list[Path], progress: Progress | None = None, workers: int
     tasks = [(p, k, n) for p, c, n in zip(paths, counts, sizes) for k in range(c)]
     with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 4)) as pool:
         digests = iter(list(pool.map(lambda t: _piece_digest(t[0], t[1], progress, t[2]), tasks)))
-    out = []
-    for n in counts:
-        pieces = [next(digests) for _ in range(n)]
-        if n == 1:
-            out.append((pieces[0], []))
-        else:
-            out.append((hashlib.sha256(b"".join(bytes.fromhex(d) for d in pieces)).hexdigest(), pieces))
-    return out
+    return [combine_pieces([next(digests) for _ in range(n)]) for n in counts]
+
+
+def combine_pieces(pieces: list[str]) -> tuple[str, list[str]]:
+    """(sha256, pieces) of a file from its pieces' digests, as FileEntry has them: one piece
+    is the file's digest, more are hashed together."""
+    if len(pieces) == 1:
+        return pieces[0], []
+    return hashlib.sha256(b"".join(bytes.fromhex(d) for d in pieces)).hexdigest(), pieces
 
 
 def _walk_files(root: Path) -> list[Path]:

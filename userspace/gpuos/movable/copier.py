@@ -1,27 +1,34 @@
-"""gpuos's own copy of a snapshot to the host, in a CUDA context of gpuos's.
+"""gpuos's own copy of a snapshot into the image, in a CUDA context of gpuos's.
 
 After a `--leave-running` stop the process runs again while its snapshot (device memory
 the agent filled in the stop, handed to gpuos as descriptors) still has to reach the
-host.  Copying it inside the process would pin the staging file there, which holds up
-the process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).  The copier
-does it from gpuos instead: it registers the staging file in gpuos before the stop,
-imports the snapshot's descriptors after it, maps them at addresses of its own, copies
-at PCIe speed, and lets them go; the process only shares the copy engines.
+image.  Copying it inside the process would pin host memory there, which holds up the
+process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).  The copier does it
+from gpuos instead: a context on the process's GPU (made before the stop), a few pinned
+bounce buffers, and a pipeline: each image piece (store.PIECE) is copied from the GPU
+into a buffer on its own stream while earlier pieces are written to the image file and
+hashed (the image file is never read again).  Each snapshot allocation is let go as soon
+as its last piece is on the host, so the GPU gets the memory back at the copy's pace.
+
+No staging file and no pinning of the whole size: the image is published about as soon
+as the store can write it.  The process only shares the copy engines.
 
 Used only where it can be: cuda-python, the process on one GPU that gpuos finds by UUID.
-Otherwise the agent copies (handout.capture_snapshot).
+Otherwise the agent copies into a staging file (handout.capture_snapshot).
 """
 
 from __future__ import annotations
 
-import mmap
+import ctypes
+import hashlib
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import GpuosError
+from ..store import PIECE, combine_pieces
 
-WINDOW = 256 << 20  # registered in windows, no copy crossing one (as the agent does)
-PIECE = 64 << 20
+BUFFERS = 4  # pieces in flight: one copying from the GPU while the others are written
 
 
 class CopierError(GpuosError):
@@ -29,12 +36,14 @@ class CopierError(GpuosError):
 
 
 class Copier:
-    """A context on the GPU with this UUID (NVML form), and a staging file registered in it."""
+    """A context on the GPU with this UUID (NVML form), with pinned bounce buffers."""
 
-    def __init__(self, gpu_uuid: str | None, staging: Path, size: int):
-        self.registered, self.fd, self.map = 0, -1, None
+    def __init__(self, gpu_uuid: str | None):
+        self.ctx = None
+        self.buffers: list[int] = []
+        self.streams: list = []
         try:
-            self._open(gpu_uuid, staging, size)
+            self._open(gpu_uuid)
         except CopierError:
             self.close()
             raise
@@ -42,7 +51,7 @@ class Copier:
             self.close()
             raise CopierError(f"no CUDA context for gpuos ({type(exc).__name__}: {exc})") from None
 
-    def _open(self, gpu_uuid: str | None, staging: Path, size: int) -> None:
+    def _open(self, gpu_uuid: str | None) -> None:
         from cuda.bindings import driver as cu  # type: ignore[import-not-found]
 
         self.cu = cu
@@ -50,16 +59,10 @@ class Copier:
         self.dev = self._device(gpu_uuid)
         self.ctx = self._ck(cu.cuDevicePrimaryCtxRetain(self.dev))
         self._ck(cu.cuCtxSetCurrent(self.ctx))
-        self.fd = os.open(staging, os.O_RDWR)
-        self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        import ctypes
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        self.size = size
-        self.registered = 0
-        for off in range(0, size, WINDOW):
-            n = min(WINDOW, size - off)
-            self._ck(cu.cuMemHostRegister(self.addr + off, n, 1))  # PORTABLE
-            self.registered = off + n
+        for _ in range(BUFFERS):
+            self.buffers.append(int(self._ck(cu.cuMemHostAlloc(PIECE, 0))))
+            self.streams.append(self._ck(cu.cuStreamCreate(1)))  # NON_BLOCKING
+        self.views = [memoryview((ctypes.c_char * PIECE).from_address(b)).cast("B") for b in self.buffers]
 
     def _ck(self, result):
         err, rest = result[0], result[1:]
@@ -81,58 +84,116 @@ class Copier:
                 return d
         raise CopierError(f"GPU {uuid} is not visible to gpuos")
 
-    def copy(self, fds: list[int], reserved: list[int]) -> int:
-        """Each fd's memory (`reserved[i]` bytes) into the staging file, back to back."""
+    def copy(self, fds: list[int], reserved: list[int], dst: Path) -> tuple[int, str, list[str]]:
+        """Each fd's memory (`reserved[i]` bytes), back to back, into the new file dst,
+        fsynced; (bytes, sha256, pieces) as store.FileEntry has them.  The copier owns the
+        fds: each is closed (and its memory goes) as soon as it is copied, all on failure."""
         cu = self.cu
         self._ck(cu.cuCtxSetCurrent(self.ctx))
+        fds = list(fds)
+        mapped: list[tuple[int, int, object] | None] = [None] * len(fds)
+        starts = [sum(reserved[:i]) for i in range(len(reserved))]
+        total = sum(reserved)
+        npieces = max(1, -(-total // PIECE))
+        # the last piece that holds a byte of allocation i: once it is on the host, i goes
+        last = [(s + n - 1) // PIECE if n else -1 for s, n in zip(starts, reserved)]
+        digests: list[str] = [""] * npieces
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        pending: list[Future | None] = [None] * BUFFERS
+        try:
+            for i, (fd, size) in enumerate(zip(fds, reserved)):
+                mapped[i] = self._map(fd, size)
+            with ThreadPoolExecutor(BUFFERS) as pool:
+                for k in range(npieces):
+                    b = k % BUFFERS
+                    if pending[b] is not None:
+                        pending[b].result()  # piece k - BUFFERS, hence every piece before it, is out
+                        self._let_go(k - BUFFERS, last, mapped, fds)
+                    lo, hi = k * PIECE, min((k + 1) * PIECE, total)
+                    for i, (s, n) in enumerate(zip(starts, reserved)):
+                        a, z = max(lo, s), min(hi, s + n)
+                        if a < z:
+                            va = mapped[i][0]  # type: ignore[index]
+                            self._ck(cu.cuMemcpyDtoHAsync(self.buffers[b] + a - lo, va + a - s, z - a,
+                                                          self.streams[b]))
+                    pending[b] = pool.submit(self._write_piece, b, k, lo, hi - lo, out, digests)
+                for f in pending:
+                    if f is not None:
+                        f.result()
+            os.fsync(out)
+        finally:
+            for s in self.streams:
+                cu.cuStreamSynchronize(s)
+            self._let_go(npieces, last, mapped, fds)
+            os.close(out)
+        sha, pieces = combine_pieces(digests)
+        return total, sha, pieces
+
+    def _map(self, fd: int, size: int) -> tuple[int, int, object]:
+        cu = self.cu
         prop = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        h = self._ck(cu.cuMemImportFromShareableHandle(fd, prop))
+        try:
+            va = int(self._ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
+        except CopierError:
+            cu.cuMemRelease(h)
+            raise
+        try:
+            self._ck(cu.cuMemMap(va, size, 0, h, 0))
+        except CopierError:
+            cu.cuMemAddressFree(va, size)
+            cu.cuMemRelease(h)
+            raise
         desc = cu.CUmemAccessDesc()
         desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         desc.location.id = int(self.dev)
         desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        streams = [self._ck(cu.cuStreamCreate(1)) for _ in range(4)]
-        mapped = []
-        off = k = 0
         try:
-            for fd, size in zip(fds, reserved):
-                if off + size > self.registered:
-                    raise CopierError("the staging file is smaller than the snapshot")
-                h = self._ck(cu.cuMemImportFromShareableHandle(fd, prop))
-                va = int(self._ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
-                mapped.append((va, size, h))
-                self._ck(cu.cuMemMap(va, size, 0, h, 0))
-                self._ck(cu.cuMemSetAccess(va, size, [desc], 1))
-                o = 0
-                while o < size:
-                    n = min(PIECE, size - o, WINDOW - (off + o) % WINDOW)
-                    self._ck(cu.cuMemcpyDtoHAsync(self.addr + off + o, va + o, n, streams[k % 4]))
-                    o += n
-                    k += 1
-                off += size
-            for s in streams:
-                self._ck(cu.cuStreamSynchronize(s))
-        finally:
-            for s in streams:
-                cu.cuStreamSynchronize(s)
-                cu.cuStreamDestroy(s)
-            for va, size, h in mapped:
+            self._ck(cu.cuMemSetAccess(va, size, [desc], 1))
+        except CopierError:
+            cu.cuMemUnmap(va, size)
+            cu.cuMemAddressFree(va, size)
+            cu.cuMemRelease(h)
+            raise
+        return va, size, h
+
+    def _let_go(self, done: int, last: list[int], mapped: list, fds: list[int]) -> None:
+        """Unmap and close every allocation whose last piece is at most `done` (copied)."""
+        cu = self.cu
+        for i, lp in enumerate(last):
+            if lp > done:
+                continue
+            if mapped[i] is not None:
+                va, size, h = mapped[i]
                 cu.cuMemUnmap(va, size)
                 cu.cuMemRelease(h)
                 cu.cuMemAddressFree(va, size)
-        return off
+                mapped[i] = None
+            if fds[i] >= 0:
+                os.close(fds[i])
+                fds[i] = -1
+
+    def _write_piece(self, b: int, k: int, off: int, n: int, out: int, digests: list[str]) -> None:
+        """Piece k, once its copies on stream b are done: into the file at off, and hashed
+        (both let go of the GIL)."""
+        self._ck(self.cu.cuCtxSetCurrent(self.ctx))  # this thread's own current context
+        self._ck(self.cu.cuStreamSynchronize(self.streams[b]))
+        view = self.views[b][:n]
+        done = 0
+        while done < n:
+            done += os.pwrite(out, view[done:], off + done)
+        digests[k] = hashlib.sha256(view).hexdigest()
 
     def close(self) -> None:
-        if self.registered:
-            self.cu.cuCtxSetCurrent(self.ctx)
-            for off in range(0, self.registered, WINDOW):
-                self.cu.cuMemHostUnregister(self.addr + off)
-        self.registered = 0
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        if getattr(self, "ctx", None) is not None:
-            self.cu.cuDevicePrimaryCtxRelease(self.dev)
-            self.ctx = None
+        if self.ctx is None:
+            return
+        cu = self.cu
+        cu.cuCtxSetCurrent(self.ctx)
+        self.views = []
+        for s in self.streams:
+            cu.cuStreamDestroy(s)
+        for b in self.buffers:
+            cu.cuMemFreeHost(b)
+        self.streams, self.buffers = [], []
+        cu.cuDevicePrimaryCtxRelease(self.dev)
+        self.ctx = None

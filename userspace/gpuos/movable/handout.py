@@ -2,9 +2,11 @@
 
 Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory movable`:
 
-    stage()      while it runs: a shared-memory file (tmpfs, named in the journal, so a
-                 killed gpuos leaves it for `gpuos recover`) sized for its movable memory,
-                 its pages allocated
+    stage()      while it runs: gpuos's own copier (copier.py: a context on its GPU, pinned
+                 bounce buffers) where a snapshot will be taken and it can; else a
+                 shared-memory file (tmpfs, named in the journal, so a killed gpuos leaves
+                 it for `gpuos recover`) sized for its movable memory, its pages allocated
+                 and, for a capture in the stop, registered by the agent
     hand_out()   the stop: HOLD (detached from `gpuos run`); with --leave-running a
                  SNAPSHOT (device-to-device copies, TB/s) if the GPU has room, else CAPTURE
                  into the staging file (registered before the hold) at PCIe speed; LIST,
@@ -13,7 +15,8 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
                  almost no device memory.
     give_back()  --leave-running, or a failure after hand_out(): MAP the same memory back
                  at the same addresses, RESUME (no copy)
-    capture_snapshot()  after the stop, the process running: the snapshot to the host
+    capture_snapshot()  after the stop, the process running: the snapshot straight into
+                 the image, hashed as written (the copier), or into the staging file (agent)
     save()       the staging file into the image (`gpu-memory-<pid>.bin`), off the stop
     discard()    the fds and the staging file go (the image, or the process, has the data)
 
@@ -55,7 +58,7 @@ def movable_bytes(pid: int) -> int:
 class Handout:
     pid: int
     staging: Path  # tmpfs file: the captured contents, back to back in `ranges` order
-    size: int      # bytes of the staging file
+    size: int      # bytes of the staging file (0: none made; the copier writes the image)
     ranges: list[MovableRange] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)  # the physical memory, held by gpuos
     captured: int = 0  # bytes captured
@@ -65,6 +68,8 @@ class Handout:
     shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
     agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
     copier: Copier | None = None  # gpuos's own context to copy a snapshot out (copier.py)
+    saved: FileEntry | None = None  # the copier wrote it into the image: its file entry
+    prepared: int = 0  # bytes of the staging file the agent has registered
     keeper: str = ""  # the name of the keeper that holds copies of `fds` (keeper.py)
     keeper_inbox: socket.socket | None = None  # until the keeper has them
 
@@ -75,26 +80,29 @@ def movable_pids(gpu_pids: list[int]) -> list[int]:
 
 
 def stage(pid: int, op_id: str, register: bool, gpu_uuid: str | None = None) -> Handout:
-    """Make the staging file while the process runs, its pages allocated, and (register:
-    the capture will happen in the stop) have the agent register it now: pinning runs at a
-    few GB/s.  The connection stays open in Handout.agent (its end unregisters).  Else (a
-    snapshot, copied out after the stop) gpuos registers it in a context of its own on the
-    process's GPU, if it can (Copier), so that the copy does not touch the process."""
-    size = movable_bytes(pid) * 5 // 4 + MARGIN
-    path = STAGING_DIR / f"gpuos-{op_id}-{pid}.mem"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    h = Handout(pid=pid, staging=path, size=size, keeper=f"{op_id}-{pid}")
+    """Get ready while the process runs.  register (the capture will happen in the stop):
+    the staging file, its pages allocated, registered by the agent now (pinning runs at a
+    few GB/s); the connection stays open in Handout.agent (its end unregisters).  Else (a
+    snapshot, copied out after the stop): gpuos's own copier on the process's GPU if it can
+    make one (the copy then does not touch the process, and needs no staging file), else
+    the staging file for the agent to copy into."""
+    h = Handout(pid=pid, staging=STAGING_DIR / f"gpuos-{op_id}-{pid}.mem", size=0, keeper=f"{op_id}-{pid}")
     try:
         h.keeper_inbox = keeper.spawn(h.keeper)
-        os.posix_fallocate(fd, 0, size)  # the pages now, not while the process is stopped
-        if register:
-            h.agent = Agent(pid)
-            h.agent.prepare(fd, size)
-        else:
+        if not register:
             try:
-                h.copier = Copier(gpu_uuid, path, size)
+                h.copier = Copier(gpu_uuid)
+                return h
             except (CopierError, OSError):
                 h.copier = None  # the agent copies it
+        fd = _staging_file(h, movable_bytes(pid) * 5 // 4 + MARGIN)
+        try:
+            if register:
+                h.agent = Agent(pid)
+                h.agent.prepare(fd, h.size)
+                h.prepared = h.size
+        finally:
+            os.close(fd)
     except BaseException:
         if h.agent is not None:
             h.agent.close()
@@ -102,27 +110,34 @@ def stage(pid: int, op_id: str, register: bool, gpu_uuid: str | None = None) -> 
             h.copier.close()
         if h.keeper_inbox is not None:
             h.keeper_inbox.close()
-        path.unlink(missing_ok=True)
+        h.staging.unlink(missing_ok=True)
         raise
-    finally:
-        os.close(fd)
     return h
+
+
+def _staging_file(h: Handout, size: int) -> int:
+    """The staging file (made if need be) of at least `size` bytes, its pages allocated; an
+    open descriptor of it."""
+    fd = os.open(h.staging, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if size > h.size:
+            os.posix_fallocate(fd, 0, size)  # the pages now, not while the process is stopped
+            h.size = size
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def hand_out(h: Handout, snapshot: bool) -> None:
     """HOLD, then SNAPSHOT (device-to-device, if asked and the device has room) or CAPTURE
     (to the host, at PCIe speed), EXPORT, RELEASE.  On failure before RELEASE the process
     goes on (the connection's end resumes it and drops a snapshot)."""
-    fd = os.open(h.staging, os.O_RDWR)
+    fd = -1
     ag, h.agent = h.agent or Agent(h.pid), None
     try:
         with ag:
             _, nbytes = ag.hold(detach=True)
-            if nbytes > h.size:  # it grew past the margin since stage(): a larger file
-                os.posix_fallocate(fd, 0, nbytes)
-                h.size = nbytes
-                if not snapshot:
-                    ag.prepare(fd, h.size)
             if snapshot:
                 try:
                     ag.snapshot()
@@ -130,8 +145,13 @@ def hand_out(h: Handout, snapshot: bool) -> None:
                 except AgentError as exc:
                     if "ENOMEM" not in exc.message and "OUT_OF_MEMORY" not in exc.message:
                         raise
-                    ag.prepare(fd, h.size)  # no room for a copy on the device: to the host, now
-            if not h.snapshot:
+            if h.snapshot and h.copier is None and nbytes > h.size:
+                os.close(_staging_file(h, nbytes))  # it grew past the margin since stage()
+            if not h.snapshot:  # to the host, now (no room for a copy on the device)
+                fd = _staging_file(h, nbytes)
+                if h.prepared < nbytes:
+                    ag.prepare(fd, h.size)
+                    h.prepared = h.size
                 r = ag.capture()
                 h.captured, h.capture_s = r.bytes, r.ns / 1e9
             h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
@@ -144,7 +164,8 @@ def hand_out(h: Handout, snapshot: bool) -> None:
             h.released = True
             ag.unprepare()
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def give_back(h: Handout) -> None:
@@ -171,15 +192,18 @@ def give_back(h: Handout) -> None:
     keeper.drop(h.keeper)
 
 
-def capture_snapshot(h: Handout) -> None:
-    """After the stop, the process running: the snapshot into the staging file, by gpuos's
-    copier or else by the agent."""
+def capture_snapshot(h: Handout, image_dir: Path) -> None:
+    """After the stop, the process running: the snapshot by gpuos's copier straight into
+    the image, hashed as written; or else by the agent into the staging file."""
     if h.copier is not None:
         t0 = time.monotonic()
+        fds, h.shadow_fds = h.shadow_fds, []  # the copier's now: each goes once copied
         try:
-            h.captured = h.copier.copy(h.shadow_fds, [r.reserved for r in h.ranges])
+            mem = memory_entry(h)
+            h.captured, sha, pieces = h.copier.copy(fds, [r.reserved for r in h.ranges], image_dir / mem.file)
         finally:
             _close_snapshot(h)
+        h.saved = FileEntry(path=mem.file, size=h.captured, sha256=sha, pieces=pieces)
         h.capture_s, h.snapshot = time.monotonic() - t0, False
         return
     fd = os.open(h.staging, os.O_RDWR)
@@ -218,7 +242,10 @@ def memory_entry(h: Handout) -> MovableMemory:
 
 
 def save(h: Handout, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
-    """The captured contents into the image; its manifest entry and file entry."""
+    """The captured contents into the image (unless the copier wrote them there); its
+    manifest entry and file entry."""
+    if h.saved is not None:
+        return memory_entry(h), h.saved
     return save_staged(h.staging, memory_entry(h), image_dir)
 
 

@@ -7,6 +7,9 @@ train   a CNN + MLP classifier (cuDNN convolutions, cuBLAS matmuls, Adam) on
         logs its loss exactly (float.hex), the end logs a hash of the weights.
 infer   a transformer encoder on seeded random inputs; each request logs a
         hash of its output.
+serve   a GPT-2-large-sized language model (transformers, 774M parameters, random
+        weights from the seed, about 3 GB on the GPU) answering one seeded prompt
+        per step; each answer (greedy next tokens) is logged.
 busy    keeps the GPU busy with one-second spin kernels (for lock timeouts).
 
 Every line starts with the step number, so two runs compare line by line: a
@@ -104,6 +107,24 @@ def infer(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
             after_step(step)
 
 
+def serve(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(args.seed)
+    cfg = GPT2Config(n_layer=36, n_embd=1280, n_head=20, n_positions=1024, vocab_size=50257)
+    model = GPT2LMHeadModel(cfg).to(dev).eval()
+    ready(args)
+    with torch.inference_mode():
+        for step in range(args.steps):
+            g = torch.Generator(device=dev).manual_seed(args.seed * 1_000_003 + step)
+            ids = torch.randint(0, cfg.vocab_size, (1, 32), device=dev, generator=g)
+            for _ in range(4):  # four greedy tokens, without a cache: a request's answer
+                nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
+                ids = torch.cat([ids, nxt], dim=1)
+            log(f"{step} output {tensor_hash(ids[:, -4:])} t {time.time():.6f}")
+            after_step(step)
+
+
 def busy(args: argparse.Namespace, dev: torch.device, log, after_step) -> None:
     ready(args)
     for step in range(args.steps):
@@ -124,7 +145,7 @@ def ready(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("train", "infer", "busy"), default="train")
+    p.add_argument("--mode", choices=("train", "infer", "serve", "busy"), default="train")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log", required=True)
@@ -157,7 +178,7 @@ def main() -> None:
         if args.step_sleep:
             time.sleep(args.step_sleep)
 
-    {"train": train, "infer": infer, "busy": busy}[args.mode](args, dev, log, after_step)
+    {"train": train, "infer": infer, "serve": serve, "busy": busy}[args.mode](args, dev, log, after_step)
     if held is not None:
         log(f"{args.steps} held {exact_checksum(held)}")
     torch.cuda.synchronize()
