@@ -346,7 +346,8 @@ static CUresult ctx_arg(CUcontext h)
 enum { A_DEV = 1, A_PITCH, A_ASYNC, A_MANAGED, A_HOST, A_REG, A_RES, A_MAP };
 #define DEVICE_KINDS ((1 << A_DEV) | (1 << A_PITCH) | (1 << A_ASYNC) | (1 << A_MANAGED))
 
-struct memh { struct obj o; size_t size; int released; int maps; int fd; /* a memfd: the contents */ };
+struct memh { struct obj o; size_t size; int released; int maps; int fd; /* a memfd: the contents */
+	       int imported; };
 
 struct alloc {
 	uintptr_t base;
@@ -733,7 +734,9 @@ static CUresult vmm_export(void *out, CUmemGenericAllocationHandle h, CUmemAlloc
 	struct memh *m = oget((void *)(uintptr_t)h, O_MEMH);
 	if (!m || m->released)
 		return CUDA_ERROR_INVALID_HANDLE;
-	if (!out || flags || t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+	/* As the real driver (measured on H100, r580): a handle the process imported is not
+	 * exported again. */
+	if (!out || flags || t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || m->imported)
 		return CUDA_ERROR_INVALID_VALUE;
 	int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 0);
 	if (fd < 0)
@@ -756,6 +759,7 @@ static CUresult vmm_import(CUmemGenericAllocationHandle *h, void *os, CUmemAlloc
 	}
 	m->fd = fd;
 	m->size = (size_t)st.st_size;
+	m->imported = 1;
 	g_dev_used += m->size;
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)m;
 	return CUDA_SUCCESS;

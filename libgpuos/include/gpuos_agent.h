@@ -38,7 +38,10 @@
  *            same address, made read-write.
  *   FILL     (held, released, prepared) new physical memory for every allocation, mapped
  *            at the same address, filled from the staging area (laid out as CAPTURE writes
- *            it).  Reply: bytes, ns.
+ *            it); with arg = GPUOS_AGENT_SHADOWS (held, released, snapshot mapped) filled
+ *            from the snapshot by device-to-device copies instead.  Memory made here is
+ *            the process's own, so a later EXPORT can hand it out again (the driver
+ *            refuses to export memory a process imported).  Reply: bytes, ns.
  *   RESUME   Calls go on.  Refused while released (MAP or FILL first).
  *   SNAPSHOT (held, mapped) a shadow of every allocation, in device memory of the agent's
  *            own at addresses the application never sees, filled by device-to-device
@@ -63,7 +66,7 @@
 #define GPUOS_AGENT_NAME "gpuos-agent-" /* + decimal pid, in the abstract namespace */
 #define GPUOS_AGENT_FDS_PER_MSG 200
 #define GPUOS_AGENT_HOLD_DETACH 1u /* HOLD's arg */
-#define GPUOS_AGENT_SHADOWS (1ull << 63) /* EXPORT's and MAP's arg: the snapshot's memory */
+#define GPUOS_AGENT_SHADOWS (1ull << 63) /* EXPORT's, MAP's and FILL's arg: the snapshot's memory */
 
 enum gpuos_agent_cmd {
 	GPUOS_AGENT_HOLD = 1,

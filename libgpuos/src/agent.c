@@ -649,22 +649,51 @@ static void do_map(const int *fds, size_t nfds, uint64_t first, struct gpuos_age
 	r->count = (uint32_t)map_next;
 }
 
-static void do_fill(struct gpuos_agent_reply *r)
+/* Device-to-device copies from the (mapped) snapshot into the allocations, then waited for. */
+static CUresult copy_from_shadows(void)
 {
+	CUresult c = CUDA_SUCCESS;
+	for (size_t i = 0; i < H.n && c == CUDA_SUCCESS; i++) {
+		CUcontext ctx;
+		if ((c = gpuos_drv.ctx_push((CUcontext)(uintptr_t)H.v[i].ctx)) != CUDA_SUCCESS)
+			break;
+		c = gpuos_drv.memcpy_dtod_async(H.v[i].base, SH[i].va, gpuos_movable_reserved(&H.v[i]), 0);
+		gpuos_drv.ctx_pop(&ctx);
+	}
+	return c == CUDA_SUCCESS ? sync_contexts() : c;
+}
+
+static void do_fill(uint64_t flags, struct gpuos_agent_reply *r)
+{
+	int from_shadows = (flags & GPUOS_AGENT_SHADOWS) != 0;
+	if (flags & ~GPUOS_AGENT_SHADOWS)
+		return say(r, EINVAL, "unknown FILL flags %#llx", (unsigned long long)flags);
 	if (!H.depth || !H.released)
 		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
-	if (!staged_enough(r))
+	if (from_shadows ? (!SH || sh_released) : !staged_enough(r)) {
+		if (from_shadows)
+			say(r, EINVAL, SH ? "the snapshot is handed out: MAP it back first" : "no snapshot");
 		return;
+	}
 	uint64_t t0 = gpuos_now_ns();
 	for (size_t i = map_next; i < H.n; i++) {
 		CUresult c = remap_one(i, -1);
-		if (c != CUDA_SUCCESS)
-			return say(r, EIO, "new memory for allocation %zu: %s", i, cuerr(c));
+		if (c != CUDA_SUCCESS) {
+			if (from_shadows) { /* all or nothing: the client can still MAP the snapshot instead */
+				for (size_t j = 0; j < i; j++) {
+					gpuos_drv.mem_unmap(H.v[j].base, gpuos_movable_reserved(&H.v[j]));
+					gpuos_drv.mem_release(H.v[j].aux);
+				}
+				map_next = 0;
+			}
+			return say(r, c == CUDA_ERROR_OUT_OF_MEMORY ? ENOMEM : EIO, "new memory for allocation %zu: %s", i,
+				   cuerr(c));
+		}
 		map_next = i + 1;
 	}
-	CUresult c = copy_all(0, 0);
+	CUresult c = from_shadows ? copy_from_shadows() : copy_all(0, 0);
 	if (c != CUDA_SUCCESS)
-		return say(r, EIO, "copy from the host: %s", cuerr(c));
+		return say(r, EIO, "copy from the %s: %s", from_shadows ? "snapshot" : "host", cuerr(c));
 	H.released = 0;
 	map_next = 0;
 	r->bytes = H.bytes;
@@ -823,7 +852,7 @@ static void serve(int conn)
 			continue;
 		case GPUOS_AGENT_RELEASE: do_release(&r); break;
 		case GPUOS_AGENT_MAP: do_map(fds, nfds, q.arg, &r); break;
-		case GPUOS_AGENT_FILL: do_fill(&r); break;
+		case GPUOS_AGENT_FILL: do_fill(q.arg, &r); break;
 		default: say(&r, EINVAL, "unknown command %u", q.cmd); break;
 		}
 		close_fds(fds, nfds);

@@ -358,3 +358,30 @@ def test_gpuos_killed_after_the_copier_wrote_the_image_finishes_it(app, criu_bin
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()
+
+
+@pytest.mark.parametrize("free", [None, 1 << 20], ids=["snapshot", "no-room"])
+def test_checkpoint_again_and_again_while_it_runs(app, criu_bin, home, store, tmp_path, free):
+    """Periodic checkpoints: the driver will not export memory a process imported, so
+    after a --leave-running checkpoint the process must hold memory of its own again
+    (filled from the snapshot, or from the staging file), or the next one fails.  Three in
+    a row, each image verified, the process checking every byte throughout; then the last
+    image restores."""
+    from fakes import device
+
+    pid, out, err, stop = app
+    driver = FakeDriver(devices=[device(0, free=free)] if free else None)
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    for k in range(3):
+        res = checkpoint(CheckpointRequest(pid=pid, image=f"again-{k}", leave_running=True), home.run, store,
+                         lambda: driver, criu)
+        assert procs.alive(pid)
+        assert ("movable-capture" in res.timings) == (free is None)
+        store.verify(res.path, res.manifest)
+        (mem,) = res.manifest.movable
+        assert mem.bytes == sum((n + GRAN - 1) // GRAN * GRAN for n in SIZES)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
+    assert err.read_text() == "", err.read_text()

@@ -187,9 +187,19 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                     if failure:
                         left_stopped.append(f"pid {gp}: {failure}")
             if handouts and not left_stopped:
-                with phase("movable-give-back"):  # the same memory, at the same addresses
+                with phase("movable-give-back"):  # the same contents, at the same addresses
+                    lost = []
                     for h in handouts:
-                        handout.give_back(h)
+                        try:
+                            handout.give_back(h)
+                        except handout.SnapshotLost as exc:
+                            lost.append(exc.message)
+                    if lost:  # the processes run on; nothing consistent is left to save
+                        for h in handouts:
+                            handout.discard(h)
+                        shutil.rmtree(staging, ignore_errors=True)
+                        op.finish()
+                        raise CheckpointFailed(f"{'; '.join(lost)}; no image was published, {final} is as it was")
         if req.leave_running and not left_stopped:
             stall = time.monotonic() - stall_start
         snapshots = [h for h in handouts if h.snapshot and not h.released]

@@ -186,6 +186,8 @@ class Agent:
         for first in range(0, max(len(fds), 1), FDS_PER_MSG):  # one MAP even for none
             self._request(MAP, first | (SHADOWS if shadows else 0), fds[first:first + FDS_PER_MSG])
 
-    def fill(self) -> Reply:
-        """New memory for every allocation, filled from the staging area."""
-        return self._request(FILL)
+    def fill(self, from_shadows: bool = False) -> Reply:
+        """New memory for every allocation (the process's own: exportable again), filled
+        from the staging area, or from the snapshot (mapped back) on the device.
+        AgentError with ENOMEM: not enough device memory."""
+        return self._request(FILL, SHADOWS if from_shadows else 0)

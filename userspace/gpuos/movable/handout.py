@@ -155,11 +155,15 @@ def hand_out(h: Handout, snapshot: bool) -> None:
                 r = ag.capture()
                 h.captured, h.capture_s = r.bytes, r.ns / 1e9
             h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
-            h.fds = ag.export()
-            if h.snapshot:
+            if h.snapshot:  # the snapshot is the memory's one copy once released
                 h.shadow_fds = ag.export(shadows=True)
+            else:  # the staging file has it; the memory itself gives it back faster (MAP)
+                try:
+                    h.fds = ag.export()
+                except AgentError:
+                    h.fds = []  # memory it imported (the driver will not export it): FILL back
             inbox, h.keeper_inbox = h.keeper_inbox, None
-            keeper.give(inbox, h.fds)  # so that a gpuos killed from now on loses nothing
+            keeper.give(inbox, h.shadow_fds or h.fds)  # so that a gpuos killed from now on loses nothing
             ag.release()
             h.released = True
             ag.unprepare()
@@ -168,28 +172,58 @@ def hand_out(h: Handout, snapshot: bool) -> None:
             os.close(fd)
 
 
+class SnapshotLost(GpuosError):
+    """The process runs on its snapshot's memory: there was no room to copy it back."""
+
+
 def give_back(h: Handout) -> None:
-    """MAP the handed-out memory (and snapshot) back and RESUME.  A snapshot's connection
-    stays open for capture_snapshot(): the agent drops a snapshot whose client is gone."""
+    """Memory back at the same addresses, then RESUME.  After a snapshot: the snapshot
+    MAPped back into the agent, new memory of the process's own FILLed from it on the
+    device (memory a process imported cannot be handed out again at the next checkpoint);
+    else MAP of the handed-out memory, or FILL from the staging file.  A snapshot's
+    connection stays open for capture_snapshot() when the agent copies it: the agent drops
+    a snapshot whose client is gone.  SnapshotLost: no room for new memory, so the
+    process was given the snapshot itself, and there is no consistent copy to save."""
+    lost = False
     if h.released:
         ag = Agent(h.pid)
         try:
-            ag.map(h.fds)
-            if h.snapshot and not h.copier:
+            if h.snapshot:
                 ag.map(h.shadow_fds, shadows=True)
+                try:
+                    ag.fill(from_shadows=True)
+                except AgentError as exc:
+                    if "ENOMEM" not in exc.message and "OUT_OF_MEMORY" not in exc.message:
+                        raise
+                    ag.map(h.shadow_fds)  # the process goes on, on the snapshot's memory
+                    lost = True
+            elif h.fds:
+                ag.map(h.fds)
+            else:
+                fd = _staging_file(h, h.captured)
+                try:
+                    ag.prepare(fd, h.size)
+                    ag.fill()
+                    ag.unprepare()
+                finally:
+                    os.close(fd)
             h.released = False
             ag.resume()
-            if h.copier:
+            if h.copier or lost:
                 ag.drop()  # the snapshot is gpuos's alone now (h.shadow_fds)
         except BaseException:
             ag.close()
             raise
-        if h.snapshot and not h.copier:
+        if h.snapshot and not h.copier and not lost:
             h.agent = ag
         else:
             ag.close()
     _close(h)
     keeper.drop(h.keeper)
+    if lost:
+        h.snapshot = False
+        raise SnapshotLost(f"pid {h.pid}: no room on the GPU for its memory after the stop, so it runs on "
+                           "its snapshot, and no consistent copy is left to save")
 
 
 def capture_snapshot(h: Handout, image_dir: Path) -> None:
