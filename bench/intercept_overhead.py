@@ -59,10 +59,10 @@ CHEAP = {"noop-launch", "cupy"}
 BLIND_SPOTS = {"cupy": ["cutlass_80_simt_sgemm", "xmma_gemm_f32f32_f32f32"]}
 
 
-def step_args(workload: str, quick: bool) -> list[str]:
-    """Arguments of the timed runs: the suite's defaults, or a smoke run's."""
+def step_args(workload: str, quick: bool, steps: int = 0) -> list[str]:
+    """Arguments of the timed runs: the suite's defaults, --steps, or a smoke run's."""
     if not quick:
-        return []
+        return ["--steps", str(steps)] if steps else []
     if workload == "noop-launch":
         return ["--steps", "20000", "--warmup", "1000"]
     return ["--steps", "3", "--warmup", "1"]
@@ -289,7 +289,7 @@ def reestimate(result: dict[str, Any]) -> bool:
 
 def bench_workload(name: str, a: argparse.Namespace, budget: Budget, env: dict[str, str],
                    workdir: Path) -> dict[str, Any]:
-    args = step_args(name, a.quick)
+    args = step_args(name, a.quick, a.steps)
     reps = a.reps * 3 if name in CHEAP else a.reps
     entry: dict[str, Any] = {"args": args, "reps": reps, "runs": [],
                              "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None}
@@ -356,7 +356,7 @@ def measure(a: argparse.Namespace, names: list[str]) -> tuple[dict[str, Any], Pa
     result: dict[str, Any] = {
         "benchmark": "intercept_overhead",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **host_info(), "reps": a.reps, "quick": a.quick, "budget_s": a.budget,
+        **host_info(), "reps": a.reps, "quick": a.quick, "steps": a.steps or None, "budget_s": a.budget,
         "cpus": sorted(os.sched_getaffinity(0)) if a.cpus else None, "ring_slots": a.ring_slots,
         "memory": a.memory,  # gpuos run --memory: movable (libgpuos/src/memory.c) or driver
         "paired_s": a.paired or None, "paired_steps": a.paired_steps if a.paired else None,
@@ -540,6 +540,8 @@ def main() -> None:
                     help="Rounds per workload (one run of each mode a round; noop-launch and cupy: "
                          "three times as many).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 1 rep of 3 steps.")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="Timed steps of each separate run [the suite's default]: longer runs, less noise.")
     ap.add_argument("--budget", type=float, default=900, help="Seconds for the whole benchmark.")
     ap.add_argument("--run-timeout", type=float, default=300, help="Seconds for one run.")
     ap.add_argument("--paired", type=float, metavar="S", default=0,
