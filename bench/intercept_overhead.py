@@ -411,7 +411,8 @@ def markdown(r: dict[str, Any]) -> str:
     api = r["cuda_api"]
     stack = (f"CUDA {r['cuda_runtime']}, torch {r['torch']}" if "torch" in r
              else f"CUDA API {api // 1000}.{api % 1000 // 10}")
-    cost = ("| workload | passive vs plain | recording vs passive | gpuos vs plain | rounds | bit-identical |")
+    cost = ("| workload | passive vs plain | recording vs passive | gpuos vs plain | rounds "
+            "| recording vs paused, in one run | bit-identical |")
     predict = ("| workload | operations validated | skipped | ops with misses | missed | over-predicted "
                "| kernels with misses | ops with misses, with the fallback |")
     appendix = ("| workload | plain steps/s | gpuos steps/s | separate runs: gpuos vs plain (medians) "
@@ -445,12 +446,20 @@ def markdown(r: dict[str, Any]) -> str:
 def cost_cells(w: dict[str, Any]) -> list[str]:
     x = w.get("across_processes") or {}
     if "overhead_pct" not in (x.get("total") or {}):
-        why = why_not(w) if "overhead_pct" not in w else "not measured (older results)"
-        return [why, "", "", "", "yes" if w.get("identical") else ("**NO**" if "identical" in w else "")]
+        rounds = (x.get("total") or {}).get("rounds")
+        why = (why_not(w) if "overhead_pct" not in w else
+               f"{rounds} round: no interval" if rounds == 1 else "not measured (older results)")
+        return [why, "", "", "", in_one_run(w), "yes" if w.get("identical") else ("**NO**" if "identical" in w else "")]
     ok = w["identical"]  # a number measured on a wrong result is not reported
     cells = [f"{x[k]['overhead_pct']:+.1f} ± {x[k]['ci95_pct']:.1f}%" if ok and "overhead_pct" in x[k]
              else "—" for k in ("passive", "recording", "total")]
-    return [*cells, str(x["total"]["rounds"]), "yes" if ok else "**NO**"]
+    return [*cells, str(x["total"]["rounds"]), in_one_run(w) if ok else "—", "yes" if ok else "**NO**"]
+
+
+def in_one_run(w: dict[str, Any]) -> str:
+    """The paired run's wall-time figure (recording against paused, neighbouring windows)."""
+    wall = (w.get("paired") or {}).get("wall") or {}
+    return f"{wall['overhead_pct']:+.1f} ± {wall['ci95_pct']:.1f}%" if "overhead_pct" in wall else "—"
 
 
 def why_not(w: dict[str, Any]) -> str:
@@ -518,10 +527,13 @@ def validation_cells(w: dict[str, Any]) -> list[str]:
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from the results of runs over parts of the suite (a device session may
-    limit one command's time): the first part's header, every part's workloads and notes."""
+    limit one command's time): the first part's header, every part's workloads and notes.
+    A workload in several parts is the later part's, with what only an earlier part
+    measured (the in-one-run pairing, say) kept."""
     out = {**parts[0], "workloads": {}, "notes": []}
     for part in parts:
-        out["workloads"].update(part["workloads"])
+        for name, w in part["workloads"].items():
+            out["workloads"][name] = {**out["workloads"].get(name, {}), **w}
         out["notes"] += part["notes"]
         for key in ("torch", "cuda_runtime"):
             if key in part:

@@ -166,10 +166,13 @@ def test_under_gpuos_run_memory_goes_through_gpuos(row, env, tmp_path):
     assert got == expected
 
 
-@pytest.mark.parametrize("row", ["torch-eager-train", "hold-16gib"])
+@pytest.mark.parametrize("row", ["torch-eager-train", "hf-generate", "hold-16gib"])
 def test_under_gpuos_run_leave_running_is_identical(row, env, tmp_path):
     """Two --leave-running checkpoints in a row (periodic checkpoints: the second must find
-    the process's memory as exportable as the first did); the run goes on identically."""
+    the process's memory as exportable as the first did); the run goes on identically.
+    Then, the run over, the second image restored goes on from its checkpoint exactly as
+    the uninterrupted run did: the training job wrote its weights, and the inference
+    server its caches, while gpuos copied the snapshot into the image."""
     expected, run, log = run_to_a_third(row, tmp_path, under_run=True)
     app = child_of(run.pid)
     for k in range(2):
@@ -181,6 +184,16 @@ def test_under_gpuos_run_leave_running_is_identical(row, env, tmp_path):
                           "stall_s": out.get("stall"), "timings": out["timings"], "size": out["size"]}))
     assert run.wait(timeout=600) == 0
     assert results(log) == expected
+    log.rename(log.with_name("run.first.log"))
+    log.touch()  # the restored process appends to it what it logs from its checkpoint on
+    res = gpuos(env, "restore", f"{row}-live-1", "--json", check=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    wait_gone(app)
+    got = results(log)
+    print(json.dumps({"row": row, "restored_later": True, "restore": json.loads(res.stdout)["timings"],
+                      "steps_after_restore": len(got)}))
+    assert got and got[-1] == "done" and len(got) < len(expected), got
+    assert got == expected[-len(got):]
 
 
 def test_jax_leave_running_is_identical(env, tmp_path):

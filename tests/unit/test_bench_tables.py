@@ -80,7 +80,7 @@ def test_rounds_give_passive_recording_and_total_costs_with_intervals():
     assert x["total"]["rounds"] == 6 and x["passive"]["ci95_pct"] < 0.5
     cells = icpt.cost_cells(icpt.summarize(runs))
     assert cells[0].startswith("+2.0 ± ") and cells[1].startswith("+3.0 ± ")
-    assert cells[3:] == ["6", "yes"]
+    assert cells[3:] == ["6", "—", "yes"]  # no paired run in this one
 
 
 def test_a_different_checksum_anywhere_hides_the_overhead():
@@ -131,3 +131,15 @@ def test_reestimate_uses_the_kept_step_times():
     assert p["wall"]["overhead_pct"] == pytest.approx(100 / 49, rel=1e-3)
     assert p["cpu"]["overhead_pct"] == pytest.approx(0.0, abs=1e-6)
     assert result["workloads"]["none"]["paired"]["wall"]["overhead_pct"] == 5.0  # nothing to estimate from
+
+
+def test_merged_parts_keep_what_only_an_earlier_part_measured():
+    """A workload measured in rounds by one run and in one run (paired) by another: the
+    merged table shows both, the later part's rounds and the earlier part's pairing."""
+    early = {"device": "X", "workloads": {"w": {"paired": {"wall": {"overhead_pct": 0.8, "ci95_pct": 0.4}},
+                                                "identical": True, "reps": 1}}, "notes": []}
+    late = {"device": "Y", "workloads": {"w": {"identical": True, "reps": 3}}, "notes": ["n"]}
+    merged = icpt.merge([early, late])
+    assert merged["device"] == "X" and merged["notes"] == ["n"]
+    assert merged["workloads"]["w"]["reps"] == 3
+    assert icpt.in_one_run(merged["workloads"]["w"]) == "+0.8 ± 0.4%"
