@@ -74,9 +74,31 @@ static const struct nla_policy gpuos_nl_set_prefetch_policy[GPUOS_A_MAX + 1] = {
 	[GPUOS_A_RANGES]	= NLA_POLICY_NESTED(gpuos_nl_pf_ranges_policy),
 };
 
+/*
+ * Events carry other users' pids, cgroups and fault addresses (CPU virtual
+ * addresses under UVM): only CAP_SYS_ADMIN may listen, as only it may change
+ * anything.  The netlink core checks it when a socket joins the group.
+ */
+#ifndef GENL_MCAST_CAP_SYS_ADMIN
+#error "gpuos.ko needs GENL_MCAST_CAP_SYS_ADMIN (Linux 6.7, or 6.1.66 / 6.6.5 and later stable kernels)"
+#endif
 static const struct genl_multicast_group gpuos_nl_mcgrps[] = {
-	[GPUOS_MCGRP_EVENTS_IDX] = { .name = GPUOS_MCGRP_EVENTS },
+	[GPUOS_MCGRP_EVENTS_IDX] = { .name = GPUOS_MCGRP_EVENTS, .flags = GENL_MCAST_CAP_SYS_ADMIN },
 };
+
+/*
+ * One rule for every change, through netlink or the ioctl (chardev.c):
+ * CAP_SYS_ADMIN in the initial user namespace, of the caller and of whoever
+ * opened the socket.  Checked first in each changing command (after the
+ * netlink core's stateless validation of the request's form).
+ */
+static int gpuos_nl_admin(struct sk_buff *skb, struct genl_info *info)
+{
+	if (netlink_capable(skb, CAP_SYS_ADMIN))
+		return 0;
+	NL_SET_ERR_MSG(info->extack, "needs CAP_SYS_ADMIN");
+	return -EPERM;
+}
 
 size_t gpuos_nl_policy_size(void)
 {
@@ -188,6 +210,9 @@ static int gpuos_nl_set_policy_doit(struct sk_buff *skb, struct genl_info *info)
 	u32 policy;
 	int err;
 
+	err = gpuos_nl_admin(skb, info);
+	if (err)
+		return err;
 	err = gpuos_nl_client(info, &c);
 	if (err)
 		return err;
@@ -240,6 +265,9 @@ static int gpuos_nl_del_policy_doit(struct sk_buff *skb, struct genl_info *info)
 	u32 old;
 	int err;
 
+	err = gpuos_nl_admin(skb, info);
+	if (err)
+		return err;
 	err = gpuos_nl_client(info, &c);
 	if (err)
 		return err;
@@ -346,6 +374,9 @@ static int gpuos_nl_migrate(struct sk_buff *skb, struct genl_info *info)
 	int rem, err;
 	u64 id;
 
+	err = gpuos_nl_admin(skb, info);
+	if (err)
+		return err;
 	if (GENL_REQ_ATTR_CHECK(info, GPUOS_A_AS_ID) ||
 	    GENL_REQ_ATTR_CHECK(info, GPUOS_A_OP) ||
 	    GENL_REQ_ATTR_CHECK(info, GPUOS_A_RANGES))
@@ -418,6 +449,9 @@ static int gpuos_nl_set_prefetch(struct sk_buff *skb, struct genl_info *info)
 	u32 nr = 0, i = 0;
 	int rem, err;
 
+	err = gpuos_nl_admin(skb, info);
+	if (err)
+		return err;
 	if (GENL_REQ_ATTR_CHECK(info, GPUOS_A_AS_ID))
 		return gpuos_reject(-EINVAL);
 	ranges = info->attrs[GPUOS_A_RANGES];
@@ -477,7 +511,6 @@ static const struct genl_ops gpuos_nl_ops[] = {
 		.doit = gpuos_nl_set_policy_doit,
 		.policy = gpuos_nl_set_policy,
 		.maxattr = GPUOS_A_MAX,
-		.flags = GENL_ADMIN_PERM,
 	},
 	{
 		.cmd = GPUOS_CMD_GET_POLICY,
@@ -490,7 +523,6 @@ static const struct genl_ops gpuos_nl_ops[] = {
 		.doit = gpuos_nl_del_policy_doit,
 		.policy = gpuos_nl_client_policy,
 		.maxattr = GPUOS_A_MAX,
-		.flags = GENL_ADMIN_PERM,
 	},
 	{
 		.cmd = GPUOS_CMD_LIST_POLICIES,
@@ -503,14 +535,12 @@ static const struct genl_ops gpuos_nl_ops[] = {
 		.doit = gpuos_nl_migrate,
 		.policy = gpuos_nl_migrate_policy,
 		.maxattr = GPUOS_A_MAX,
-		.flags = GENL_ADMIN_PERM,
 	},
 	{
 		.cmd = GPUOS_CMD_SET_PREFETCH,
 		.doit = gpuos_nl_set_prefetch,
 		.policy = gpuos_nl_set_prefetch_policy,
 		.maxattr = GPUOS_A_MAX,
-		.flags = GENL_ADMIN_PERM,
 	},
 	/* GPUOS_CMD_EVENT is multicast only: a request gets EOPNOTSUPP. */
 };

@@ -29,9 +29,9 @@ struct gpuos_policy {
 	u32 policy;
 	/*
 	 * For a pid client: the process the number named when the policy was
-	 * set (a reference is held, so the pointer cannot be reused), or NULL
-	 * if no process had that number then.  A policy set for a live
-	 * process never applies to a later process that reuses its number.
+	 * set (a reference is held, so the pointer cannot be reused; NULL for a
+	 * cgroup).  A pid policy needs a live process, and never applies to a
+	 * later process that reuses its number.
 	 */
 	struct pid *spid;
 };
@@ -116,6 +116,11 @@ int gpuos_policy_set(const struct gpuos_client *c, u32 policy)
 		rcu_read_lock();
 		p->spid = get_pid(find_pid_ns((pid_t)c->id, &init_pid_ns));
 		rcu_read_unlock();
+		if (!p->spid || !pid_has_task(p->spid, PIDTYPE_TGID)) {
+			/* No process: it would apply to whichever comes to have the number. */
+			gpuos_policy_free(p);
+			return -ESRCH;
+		}
 	}
 
 	spin_lock(&gpuos_policy_lock);
@@ -242,7 +247,7 @@ u32 gpuos_policy_lookup_rcu(u32 pid_nr, struct pid *spid,
 	if (pid_nr) {
 		p = gpuos_policy_find(&c);
 		/* A policy set for a process that has since exited is stale. */
-		if (p && (!p->spid || p->spid == spid)) {
+		if (p && p->spid == spid) {
 			*src = GPUOS_SRC_PID;
 			return p->policy;
 		}

@@ -119,6 +119,13 @@ int gpuos_prefetch_set(u64 as_id, struct gpuos_prefetch_range *r, u32 nr)
 	return 0;
 }
 
+void gpuos_address_space_gone(u64 as_id)
+{
+	might_sleep();
+	gpuos_prefetch_set(as_id, NULL, 0);	/* no list: nothing to drop */
+}
+EXPORT_SYMBOL_GPL(gpuos_address_space_gone);
+
 u32 gpuos_prefetch_lookup(u64 as_id, u64 addr, struct gpuos_prefetch_range *out,
 			  u32 max)
 {

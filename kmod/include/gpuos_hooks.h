@@ -187,5 +187,11 @@ void gpuos_batch_done(u64 batch_id, const s32 *status, u32 nr);
 void gpuos_report_fault_batch(const struct gpuos_fault_batch_report *report);
 u32 gpuos_prefetch_lookup(u64 as_id, u64 addr, struct gpuos_prefetch_range *out,
 			  u32 max);
+/*
+ * The driver destroyed address space as_id (its process closed the GPU or
+ * exited): what gpuos keeps for it, its prefetch ranges, goes, so that dead
+ * address spaces never use up GPUOS_MAX_PREFETCH_AS.  Process context.
+ */
+void gpuos_address_space_gone(u64 as_id);
 
 #endif /* _GPUOS_HOOKS_H */

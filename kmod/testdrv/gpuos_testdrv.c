@@ -31,6 +31,7 @@
  *                       at most, TESTDRV_MAX_PREFETCH) ->
  *                       gpuos_prefetch_lookup(); read: one line "base len"
  *                       (hex) per range the last lookup returned
+ *   as_gone        w    "as_id" -> gpuos_address_space_gone()
  *
  * Every write is one write(2) from offset 0, bounded, NUL-free, parsed with
  * kstrto*; anything else is -EINVAL.  Module parameters: caps (the caps it
@@ -434,6 +435,35 @@ static const struct file_operations testdrv_pf_fops = {
 	.release = single_release,
 };
 
+/* as_gone */
+
+static ssize_t testdrv_as_gone_write(struct file *file, const char __user *ubuf,
+				     size_t len, loff_t *ppos)
+{
+	char *buf, *s;
+	u64 as_id;
+	int err;
+
+	buf = testdrv_get_write(ubuf, len, ppos, TESTDRV_MAX_WRITE);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	s = buf;
+	err = testdrv_next_u64(&s, &as_id);
+	if (!err && testdrv_next_token(&s))
+		err = -EINVAL;
+	kvfree(buf);
+	if (err)
+		return -EINVAL;
+	gpuos_address_space_gone(as_id);
+	return len;
+}
+
+static const struct file_operations testdrv_as_gone_fops = {
+	.owner = THIS_MODULE,
+	.write = testdrv_as_gone_write,
+	.llseek = default_llseek,
+};
+
 /* mode */
 
 static ssize_t testdrv_mode_read(struct file *file, char __user *ubuf,
@@ -598,6 +628,7 @@ static int __init testdrv_init(void)
 	debugfs_create_file("inject_fault_batch", 0200, testdrv_dir, NULL,
 			    &testdrv_inject_batch_fops);
 	debugfs_create_file("mode", 0600, testdrv_dir, NULL, &testdrv_mode_fops);
+	debugfs_create_file("as_gone", 0200, testdrv_dir, NULL, &testdrv_as_gone_fops);
 	debugfs_create_file("pending", 0400, testdrv_dir, NULL,
 			    &testdrv_pending_fops);
 	debugfs_create_file("complete", 0200, testdrv_dir, NULL,

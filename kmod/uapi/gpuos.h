@@ -31,8 +31,14 @@
  * core with ERANGE, a flags attribute with unknown bits with EINVAL, before
  * gpuos sees the request; the extended ack names the attribute.
  *
- * Commands.  "admin" means the caller needs CAP_NET_ADMIN in the initial user
- * namespace (GENL_ADMIN_PERM); others fail with EPERM.
+ * Privileges, one rule for netlink and the ioctl: every change ("admin"
+ * below, and GPUOS_IOC_SUBMIT) needs CAP_SYS_ADMIN in the initial user
+ * namespace, of the caller (and, for netlink, of the socket's opener);
+ * others fail with EPERM, after the netlink core's stateless check of the
+ * request's form.  Joining the "events" group needs CAP_SYS_ADMIN too
+ * (EPERM): events carry other users' pids, cgroups and fault addresses.
+ * Reading (GET_INFO, GET_POLICY, LIST_POLICIES, GPUOS_IOC_ABI_VERSION) is
+ * open to anyone.
  *
  *   GPUOS_CMD_GET_INFO (doit; anyone)
  *     request:  no attributes
@@ -49,10 +55,10 @@
  *               GPUOS_A_FAULT_POLICY u32 (enum gpuos_fault_policy).
  *     Replaces the client's policy.  At most GPUOS_MAX_POLICIES policies
  *     (ENOSPC past that).  Emits GPUOS_EVENT_POLICY_SET.
- *     Pids are those of the initial pid namespace.  A pid policy set while
- *     that process exists applies to it alone: once it has exited, the
- *     policy no longer matches a new process that reuses the number (it
- *     stays listed until deleted).  Cgroups need not exist yet.
+ *     Pids are those of the initial pid namespace.  A pid policy needs a
+ *     live process (ESRCH otherwise) and applies to it alone: once it has
+ *     exited, the policy no longer matches a new process that reuses the
+ *     number (it stays listed until deleted).  Cgroups need not exist yet.
  *
  *   GPUOS_CMD_GET_POLICY (doit; anyone)
  *     request:  one client as above.
@@ -99,8 +105,9 @@
  *     (gpuos_prefetch_lookup in gpuos_hooks.h: the stored ranges that meet
  *     the GPUOS_PREFETCH_WINDOW-aligned window around the fault) and
  *     services them with the fault; a patched nvidia-uvm clips them to the
- *     faulting va_block.  They stay set until replaced, cleared or the
- *     module unloads; gpuos does not know when an address space goes away.
+ *     faulting va_block.  They stay set until replaced or cleared, until
+ *     the driver reports the address space destroyed
+ *     (gpuos_address_space_gone), or until the module unloads.
  *
  *   GPUOS_CMD_EVENT (multicast only, group "events")
  *     GPUOS_A_EVENT_TYPE u32 (enum gpuos_event_type), GPUOS_A_EVENT_SEQ u64,

@@ -8,7 +8,7 @@ import errno
 import pytest
 
 from gpuos.errors import (GpuosError, InvalidRequest, KmodNotLoaded, KmodVersionMismatch,
-                          LimitReached, NoDriverRegistered, NoSuchPolicy, NotPermitted,
+                          LimitReached, NoDriverRegistered, NoSuchPolicy, NoSuchProcess, NotPermitted,
                           NotSupported)
 from gpuos.kernel import chardev, uapi
 from gpuos.kernel.chardev import Chardev, build_batch
@@ -50,6 +50,7 @@ def test_a_device_without_the_ioctl_is_another_version():
 @pytest.mark.parametrize("code, cls, words", [
     (errno.EPERM, NotPermitted, "needs CAP_SYS_ADMIN"),
     (errno.ENOENT, NoSuchPolicy, "no such policy"),
+    (errno.ESRCH, NoSuchProcess, "no such process"),
     (errno.ENOSPC, LimitReached, "at most 4096 policies"),
     (errno.ENODEV, NoDriverRegistered, "no GPU driver registered with gpuos"),
     (errno.EOPNOTSUPP, NotSupported, "does not support"),
@@ -70,6 +71,11 @@ def test_errnos_become_one_line_errors(code, cls, words):
 def test_the_kernels_extended_ack_is_kept():
     err = kernel_error(errno.EINVAL, "setting a policy", detail="Unknown attribute type")
     assert err.message.endswith("(Unknown attribute type)")
+
+
+def test_an_extended_ack_that_only_repeats_the_privilege_is_not_said_twice():
+    err = kernel_error(errno.EPERM, "setting a policy", detail="needs CAP_SYS_ADMIN")
+    assert err.message == "setting a policy: not permitted (needs CAP_SYS_ADMIN)"
 
 
 def test_netlink_batches_have_their_own_limit():

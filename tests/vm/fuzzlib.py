@@ -25,6 +25,7 @@ import random
 import struct
 import sys
 import time
+from pathlib import Path
 
 import vmlib
 from vmlib import (F_ACK, F_DUMP, F_ECHO, F_REQUEST, NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLA_TYPE_MASK,
@@ -159,14 +160,13 @@ class Model:
             return refuse(errno.EOPNOTSUPP, f"unknown command {cmd}")
         rules, admin, kind = OPS[cmd]
         dump = flags & F_DUMP == F_DUMP
-        if admin and not self.priv:
-            return Expect((errno.EPERM,) if dump == (kind == "dump") else
-                          (errno.EPERM, errno.EOPNOTSUPP), what="admin command")
         if dump != (kind == "dump"):
             return refuse(errno.EOPNOTSUPP, "do/dump mismatch")
         err, tb, _ = nl_parse(data[20:n], rules)
         if err:
             return refuse(err, "policy")
+        if admin and not self.priv:  # CAP_SYS_ADMIN, first thing in the command
+            return refuse(errno.EPERM, "admin command")
         return self.command(Cmd(cmd), tb)
 
     def command(self, cmd: Cmd, tb: dict) -> Expect:
@@ -184,6 +184,8 @@ class Model:
             if A.FAULT_POLICY not in tb:
                 return refuse(errno.EINVAL, "no policy")
             pol = vmlib.get_u32(tb[A.FAULT_POLICY])
+            if key[0] == "pid" and not process_exists(key[1]):  # a pid policy needs a live process
+                return refuse(errno.ESRCH, "no such process")
             if key not in self.policies and len(self.policies) >= MAX_POLICIES:
                 return refuse(errno.ENOSPC, "too many policies")
             return Expect(effect=lambda: self.policies.__setitem__(key, pol), what="SET_POLICY")
@@ -307,6 +309,15 @@ class Model:
 
 
 # -- generating messages ----------------------------------------------------------------
+
+
+def process_exists(pid: int) -> bool:
+    """A live process (thread group) with this pid: PIDS are none, 1 is init."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, ValueError):
+        return False
+    return f"\nTgid:\t{pid}\n" in status
 
 
 def enc(t: int, payload: bytes, pad: bool = True) -> bytes:

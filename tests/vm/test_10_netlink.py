@@ -144,9 +144,26 @@ def test_policies_set_get_del_list(gpuos, nl, raw, sleepers):
     assert nl.list_policies() == []
 
 
+def test_a_pid_policy_needs_a_live_process(gpuos, nl, raw, sleepers):
+    """A policy for a pid no process has would apply to whichever process comes to have
+    that number (a KILL_CLIENT killing an unrelated program): refused (ESRCH), nothing
+    stored.  One set for a live process stays bound to it after it exits."""
+    from gpuos.errors import NoSuchProcess
+
+    p = sleepers()
+    gone = p.pid
+    p.kill()
+    assert not Path(f"/proc/{gone}").exists()
+    with pytest.raises(NoSuchProcess, match="no such process"):
+        nl.set_policy(Client(pid=gone), FaultPolicy.KILL_CLIENT)
+    assert raw.set_policy("pid", 3_999_999, 2) == errno.ESRCH
+    assert nl.list_policies() == []
+    assert nl.get_info().counters["policies"] == 0
+
+
 def test_list_dump_of_many_and_enospc_at_the_limit(gpuos, nl, raw):
-    def policy(i):  # pids that cannot be live processes (pid_max is lower), and cgroups
-        return ("pid", 100_000 + i, i % 3) if i % 2 else ("cgroup", 5_000_000 + i, i % 3)
+    def policy(i):  # cgroups need not exist (a pid policy needs a live process)
+        return ("cgroup", 5_000_000 + i, i % 3)
     t0 = time.monotonic()
     want = {policy(i) for i in range(1500)}
     for kind, cid, pol in want:
@@ -170,7 +187,7 @@ def test_list_dump_of_many_and_enospc_at_the_limit(gpuos, nl, raw):
     assert err == 0 and sum(map(len, grams)) == MAX_POLICIES
     assert raw.set_policy("cgroup", 999, 1) == errno.ENOSPC
     with pytest.raises(LimitReached):
-        nl.set_policy(Client(pid=4000), FaultPolicy.ISOLATE)
+        nl.set_policy(Client(pid=1), FaultPolicy.ISOLATE)
     assert raw.set_policy("cgroup", 5_000_000, 2) == 0  # replacing is fine at the limit
     assert raw.del_all_policies() == MAX_POLICIES
     c = nl.get_info().counters

@@ -360,6 +360,27 @@ def test_prefetch_ranges(testdrv, nl, raw):
     assert nl.get_info().counters["objects"] == base_objects
 
 
+def test_prefetch_ranges_go_with_their_address_space(testdrv, nl, raw):
+    """The driver reports an address space destroyed (gpuos_address_space_gone, through
+    the test driver): its prefetch ranges go, so address spaces of processes long gone
+    never use up MAX_PREFETCH_AS (before this, the 257th process could not store any)."""
+    from gpuos.kernel.uapi import MAX_PREFETCH_AS
+
+    base_objects = nl.get_info().counters["objects"]
+    for round_ in range(2):  # twice the limit's worth of address spaces, one after another
+        for i in range(MAX_PREFETCH_AS):
+            as_id = 0x5000 + round_ * MAX_PREFETCH_AS + i
+            nl.set_prefetch(as_id, [(0x1000, 0x1000)])
+            assert lookup(as_id, 0x1000) == [(0x1000, 0x1000)]
+        for i in range(MAX_PREFETCH_AS):
+            as_id = 0x5000 + round_ * MAX_PREFETCH_AS + i
+            assert vmlib.dbg_write("as_gone", f"{as_id:#x}\n") == 0
+            assert lookup(as_id, 0x1000) == []
+        assert nl.get_info().counters["objects"] == base_objects
+    assert vmlib.dbg_write("as_gone", "0x77777\n") == 0  # one that had none: nothing happens
+    assert vmlib.dbg_write("as_gone", "x\n") != 0
+
+
 def test_faults_watch_names_the_faulting_client_from_gpuos_ko(testdrv, nl, sleepers):
     """`gpuos faults watch`, as a user runs it with gpuos.ko loaded: a fault the driver
     reports through gpuos.ko comes out with the pid of the process that faulted (the one

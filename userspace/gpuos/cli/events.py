@@ -78,7 +78,7 @@ def events(count: int | None, timeout: float | None, as_json: bool) -> None:
     With --json each line is one JSON object (JSON lines). Every event has the
     next sequence number; when some never reached gpuos (its socket
     overflowed), a line "gpuos: missed N events (seq A..B)" goes to stderr.
-    Anyone may listen.
+    Needs CAP_SYS_ADMIN: events name other users' processes and addresses.
     """
     seen = 0
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -57,7 +57,7 @@ def policy() -> None:
     gpuos.ko looks up the faulting process's policy, then its cgroup's and
     each ancestor cgroup's; without any, `default`. Needs a registered,
     patched GPU driver to have any effect; setting and deleting need
-    CAP_NET_ADMIN.
+    CAP_SYS_ADMIN.
     """
 
 

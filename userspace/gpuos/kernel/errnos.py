@@ -6,11 +6,11 @@ import errno
 import os
 
 from ..errors import (GpuosError, InvalidRequest, KmodVersionMismatch, LimitReached,
-                      NoDriverRegistered, NoSuchPolicy, NotPermitted, NotSupported)
+                      NoDriverRegistered, NoSuchPolicy, NoSuchProcess, NotPermitted, NotSupported)
 from .uapi import MAX_PENDING, MAX_POLICIES, MAX_RANGES
 
 
-def kernel_error(code: int, what: str, *, needs: str = "CAP_NET_ADMIN",
+def kernel_error(code: int, what: str, *, needs: str = "CAP_SYS_ADMIN",
                  detail: str | None = None, max_ranges: int = MAX_RANGES) -> GpuosError:
     """The error for errno ``code`` from gpuos.ko while doing ``what`` (e.g. "setting a policy").
 
@@ -21,9 +21,12 @@ def kernel_error(code: int, what: str, *, needs: str = "CAP_NET_ADMIN",
     code = abs(code)
     tail = f" ({detail})" if detail else ""
     if code in (errno.EPERM, errno.EACCES):
-        return NotPermitted(f"{what}: not permitted (needs {needs}){tail}")
+        said = "" if detail == f"needs {needs}" else tail  # gpuos.ko's own extended ack says as much
+        return NotPermitted(f"{what}: not permitted (needs {needs}){said}")
     if code == errno.ENOENT:
         return NoSuchPolicy(f"{what}: no such policy{tail}")
+    if code == errno.ESRCH:  # a pid policy is bound to a live process
+        return NoSuchProcess(f"{what}: no such process{tail}")
     if code == errno.ENOSPC:
         return LimitReached(f"{what}: gpuos.ko's limit is reached (at most {MAX_POLICIES} "
                             f"policies){tail}")

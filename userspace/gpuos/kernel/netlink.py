@@ -332,7 +332,7 @@ class GpuosNetlink:
     """A connection to the "gpuos" family; a context manager.
 
     Raises KmodNotLoaded when the family does not exist.  Commands marked admin
-    in the header need CAP_NET_ADMIN (NotPermitted otherwise).
+    in the header, and listening to events, need CAP_SYS_ADMIN (NotPermitted otherwise).
     """
 
     def __init__(self) -> None:
@@ -358,7 +358,7 @@ class GpuosNetlink:
     # -- raw requests -----------------------------------------------------------------
 
     def request(self, cmd: Cmd | int, attrs: Iterable[tuple[Attr, Any]] = (), *,
-                dump: bool = False, what: str | None = None, needs: str = "CAP_NET_ADMIN",
+                dump: bool = False, what: str | None = None, needs: str = "CAP_SYS_ADMIN",
                 version: int = GENL_VERSION, reserved: int = 0) -> list[GpuosMsg]:
         """Send one request; return the family's reply messages (none for an ack alone).
 
@@ -479,7 +479,10 @@ class EventSubscription:
             if group is None:
                 raise KmodVersionMismatch(f'gpuos.ko has no multicast group "{MCGRP_EVENTS}" '
                                           f'(another version of the module?)')
-            self._sock.add_membership(MCGRP_EVENTS)
+            try:
+                self._sock.add_membership(MCGRP_EVENTS)
+            except OSError as exc:  # events name other users' processes and addresses
+                raise kernel_error(exc.errno or errno.EPERM, "listening to gpuos.ko's events") from None
             # nlctrl's "notify" group (its id is GENL_ID_CTRL): CTRL_CMD_DELFAMILY says the
             # family, and with it this subscription, is gone.  Anyone may join it.
             self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, GENL_ID_CTRL)
