@@ -32,6 +32,12 @@
  *                       gpuos_prefetch_lookup(); read: one line "base len"
  *                       (hex) per range the last lookup returned
  *   as_gone        w    "as_id" -> gpuos_address_space_gone()
+ *   fault_storm    r/w  write "count interval_us pid veid as_id addr access
+ *                       type gpu": an hrtimer reports that fault count times,
+ *                       from hard interrupt context as the real driver's
+ *                       bottom half is atomic (addr + 4 KiB each time), one
+ *                       every interval_us; "0" stops it.  read: "left N
+ *                       fired N"
  *
  * Every write is one write(2) from offset 0, bounded, NUL-free, parsed with
  * kstrto*; anything else is -EINVAL.  Module parameters: caps (the caps it
@@ -40,6 +46,7 @@
 #include <linux/debugfs.h>
 #include <linux/err.h>
 #include <linux/fs.h>
+#include <linux/hrtimer.h>
 #include <linux/kernel.h>
 #include <linux/list.h>
 #include <linux/mm.h>
@@ -287,6 +294,18 @@ static const struct file_operations testdrv_register_fops = {
 
 /* inject_fault */
 
+/* "pid veid as_id addr access type gpu" */
+static int testdrv_next_report(char **s, struct gpuos_fault_report *r)
+{
+	return testdrv_next_u32(s, &r->pid) ?:
+	       testdrv_next_u32(s, &r->veid) ?:
+	       testdrv_next_u64(s, &r->as_id) ?:
+	       testdrv_next_u64(s, &r->addr) ?:
+	       testdrv_next_u32(s, &r->access) ?:
+	       testdrv_next_u32(s, &r->type) ?:
+	       testdrv_next_u32(s, &r->gpu);
+}
+
 static ssize_t testdrv_inject_write(struct file *file, const char __user *ubuf,
 				    size_t len, loff_t *ppos)
 {
@@ -298,13 +317,7 @@ static ssize_t testdrv_inject_write(struct file *file, const char __user *ubuf,
 	if (IS_ERR(buf))
 		return PTR_ERR(buf);
 	s = buf;
-	err = testdrv_next_u32(&s, &r.pid) ?:
-	      testdrv_next_u32(&s, &r.veid) ?:
-	      testdrv_next_u64(&s, &r.as_id) ?:
-	      testdrv_next_u64(&s, &r.addr) ?:
-	      testdrv_next_u32(&s, &r.access) ?:
-	      testdrv_next_u32(&s, &r.type) ?:
-	      testdrv_next_u32(&s, &r.gpu);
+	err = testdrv_next_report(&s, &r);
 	if (!err && testdrv_next_token(&s))
 		err = -EINVAL;		/* trailing garbage */
 	kvfree(buf);
@@ -433,6 +446,82 @@ static const struct file_operations testdrv_pf_fops = {
 	.write = testdrv_pf_write,
 	.llseek = seq_lseek,
 	.release = single_release,
+};
+
+/* fault_storm */
+
+static struct hrtimer testdrv_storm_timer;
+static struct gpuos_fault_report testdrv_storm_report;	/* written only while stopped */
+static ktime_t testdrv_storm_interval;
+static atomic_t testdrv_storm_left = ATOMIC_INIT(0);
+static atomic_t testdrv_storm_fired = ATOMIC_INIT(0);
+static DEFINE_MUTEX(testdrv_storm_mutex);	/* writers of the file */
+
+static enum hrtimer_restart testdrv_storm_fn(struct hrtimer *t)
+{
+	struct gpuos_fault_report r = testdrv_storm_report;
+	int fired = atomic_read(&testdrv_storm_fired);
+
+	if (atomic_dec_if_positive(&testdrv_storm_left) < 0)
+		return HRTIMER_NORESTART;
+	r.addr += (u64)fired * 4096;
+	gpuos_report_fault(&r);		/* in hard interrupt context */
+	atomic_inc(&testdrv_storm_fired);
+	if (!atomic_read(&testdrv_storm_left))
+		return HRTIMER_NORESTART;
+	hrtimer_forward_now(t, testdrv_storm_interval);
+	return HRTIMER_RESTART;
+}
+
+static ssize_t testdrv_storm_write(struct file *file, const char __user *ubuf,
+				   size_t len, loff_t *ppos)
+{
+	struct gpuos_fault_report r = {};
+	u32 count, interval_us = 0;
+	char *buf, *s;
+	int err;
+
+	buf = testdrv_get_write(ubuf, len, ppos, TESTDRV_MAX_WRITE);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	s = buf;
+	err = testdrv_next_u32(&s, &count);
+	if (!err && count)
+		err = testdrv_next_u32(&s, &interval_us) ?: testdrv_next_report(&s, &r);
+	if (!err && (testdrv_next_token(&s) || (count && !interval_us)))
+		err = -EINVAL;
+	kvfree(buf);
+	if (err)
+		return -EINVAL;
+
+	mutex_lock(&testdrv_storm_mutex);
+	hrtimer_cancel(&testdrv_storm_timer);	/* a storm running stops first */
+	atomic_set(&testdrv_storm_left, count);
+	atomic_set(&testdrv_storm_fired, 0);
+	if (count) {
+		testdrv_storm_report = r;
+		testdrv_storm_interval = ns_to_ktime((u64)interval_us * NSEC_PER_USEC);
+		hrtimer_start(&testdrv_storm_timer, testdrv_storm_interval, HRTIMER_MODE_REL_HARD);
+	}
+	mutex_unlock(&testdrv_storm_mutex);
+	return len;
+}
+
+static ssize_t testdrv_storm_read(struct file *file, char __user *ubuf,
+				  size_t len, loff_t *ppos)
+{
+	char out[48];
+	int n = scnprintf(out, sizeof(out), "left %d fired %d\n",
+			  atomic_read(&testdrv_storm_left), atomic_read(&testdrv_storm_fired));
+
+	return simple_read_from_buffer(ubuf, len, ppos, out, n);
+}
+
+static const struct file_operations testdrv_storm_fops = {
+	.owner = THIS_MODULE,
+	.read = testdrv_storm_read,
+	.write = testdrv_storm_write,
+	.llseek = default_llseek,
 };
 
 /* as_gone */
@@ -616,6 +705,8 @@ static int __init testdrv_init(void)
 	int err;
 
 	testdrv_ops.caps = caps;
+	hrtimer_init(&testdrv_storm_timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL_HARD);
+	testdrv_storm_timer.function = testdrv_storm_fn;
 
 	/* debugfs errors are not checked, by convention: tests will notice. */
 	testdrv_dir = debugfs_create_dir("gpuos_testdrv", NULL);
@@ -629,6 +720,7 @@ static int __init testdrv_init(void)
 			    &testdrv_inject_batch_fops);
 	debugfs_create_file("mode", 0600, testdrv_dir, NULL, &testdrv_mode_fops);
 	debugfs_create_file("as_gone", 0200, testdrv_dir, NULL, &testdrv_as_gone_fops);
+	debugfs_create_file("fault_storm", 0600, testdrv_dir, NULL, &testdrv_storm_fops);
 	debugfs_create_file("pending", 0400, testdrv_dir, NULL,
 			    &testdrv_pending_fops);
 	debugfs_create_file("complete", 0200, testdrv_dir, NULL,
@@ -653,6 +745,7 @@ static void __exit testdrv_exit(void)
 {
 	/* Removal waits for debugfs reads and writes in flight. */
 	debugfs_remove_recursive(testdrv_dir);
+	hrtimer_cancel(&testdrv_storm_timer);	/* a storm may still be reporting */
 	testdrv_set_registered(false);
 	testdrv_forget_pending();
 	testdrv_free_stopped();

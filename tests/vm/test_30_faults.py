@@ -411,3 +411,51 @@ def test_faults_watch_names_the_faulting_client_from_gpuos_ko(testdrv, nl, sleep
     assert ev["mmu"]["fault_type"] == "invalid-pde"
     assert (ev["extra"]["veid"], ev["extra"]["as_id"], ev["extra"]["decision"]) == (5, 0xA7, "isolate")
     assert "isolated" in ev["action"] and victim.pid != ev["pid"]
+
+
+def storm() -> tuple[int, int]:
+    """The test driver's hrtimer fault storm: (reports left, reports made)."""
+    left, fired = vmlib.dbg_read("fault_storm").split()[1::2]
+    return int(left), int(fired)
+
+
+def test_faults_from_interrupt_context_race_unregister_and_unload(testdrv, nl, sleepers, kmsg):
+    """The real driver reports faults from its bottom half, in atomic context. An hrtimer
+    (hard interrupt context) reports them by the thousand: while the driver unregisters
+    and registers again and again; with a KILL_CLIENT decision whose kill races an
+    unregister; and while the test driver's module is removed mid-storm.  Every report is
+    counted, the client to kill is killed (or stopped by the driver), the isolated one
+    lives, and the kernel log stays clean."""
+    kmsg.new()
+    iso, victim = sleepers(), sleepers()
+    nl.set_policy(Client(pid=iso.pid), FaultPolicy.ISOLATE)
+    nl.set_policy(Client(pid=victim.pid), FaultPolicy.KILL_CLIENT)
+    faults0 = nl.get_info().counters["faults"]
+
+    assert vmlib.dbg_write("fault_storm", f"20000 20 {iso.pid} 1 0x10 0x100000 0 0 0\n") == 0
+    flips = 0
+    deadline = time.monotonic() + 60
+    while storm()[0] > 0:
+        assert time.monotonic() < deadline, storm()
+        assert vmlib.dbg_write("register", "0\n") == 0
+        assert vmlib.dbg_write("register", "1\n") == 0
+        flips += 1
+    assert storm() == (0, 20000) and flips > 0
+
+    stopped_before = vmlib.stopped()
+    assert vmlib.dbg_write("fault_storm", f"50 10 {victim.pid} 1 0x11 0x200000 0 0 0\n") == 0
+    assert vmlib.dbg_write("register", "0\n") == 0  # the kill's work item may find no driver
+    assert wait_for(lambda: storm() == (0, 50)), storm()
+    assert wait_for(lambda: not victim.alive() or (0x11, victim.pid) in vmlib.stopped()[len(stopped_before):])
+    assert vmlib.dbg_write("register", "1\n") == 0
+
+    assert vmlib.dbg_write("fault_storm", f"1000000 50 {iso.pid} 1 0x12 0x300000 0 0 0\n") == 0
+    assert wait_for(lambda: storm()[1] > 100)
+    testdrv.unload_testdrv()  # its exit cancels the timer mid-storm
+    counted = nl.get_info().counters["faults"] - faults0
+    time.sleep(0.2)
+    assert nl.get_info().counters["faults"] - faults0 == counted  # nothing reports any more
+    assert counted > 20000 + 50 + 100
+    assert iso.alive()
+    assert kmsg.bad(kmsg.new()) == []
+    testdrv.load_testdrv()
