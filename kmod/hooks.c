@@ -180,7 +180,7 @@ static bool gpuos_kill_schedule(const struct gpuos_fault_report *r,
 	if (!kw) {
 		atomic_dec(&gpuos_kill_pending);
 		put_pid(pid);
-		pr_warn_ratelimited("gpuos: cannot schedule the kill of client %u; isolating it only\n",
+		pr_warn_ratelimited("gpuos: cannot schedule the kill of client %u; the driver's default instead\n",
 				    r->pid);
 		return false;
 	}
@@ -228,8 +228,13 @@ u32 gpuos_report_fault(const struct gpuos_fault_report *r)
 	rcu_read_unlock();
 
 	trace_fault(r, cgroup);
+	/*
+	 * A kill that cannot be scheduled must not leave the client isolated for
+	 * good (parked, its channels unpreemptible): the driver's default, never
+	 * worse than a driver without gpuos.
+	 */
 	if (decision == GPUOS_DECISION_KILL_CLIENT && !gpuos_kill_schedule(r, kpid))
-		decision = GPUOS_DECISION_ISOLATE;
+		decision = GPUOS_DECISION_DEFAULT;
 	trace_decision(r->pid, cgroup, src, decision, ktime_get_ns() - t0);
 
 	switch (decision) {

@@ -26,6 +26,7 @@
  *                       (it must ignore it) and the batch stays pending.
  *   stopped        r    one line "as_id pid" per stop_client call (the
  *                       last TESTDRV_MAX_STOPPED)
+ *   stop_delay_ms  r/w  how long stop_client takes (default 0): kills pile up
  *   prefetch_lookup
  *                  r/w  write "as_id addr [max]" (max defaults to, and is
  *                       at most, TESTDRV_MAX_PREFETCH) ->
@@ -46,6 +47,7 @@
 #include <linux/debugfs.h>
 #include <linux/err.h>
 #include <linux/fs.h>
+#include <linux/delay.h>
 #include <linux/hrtimer.h>
 #include <linux/kernel.h>
 #include <linux/list.h>
@@ -150,9 +152,15 @@ static int testdrv_submit(const struct gpuos_batch_req *req)
 	return 0;
 }
 
+static u32 testdrv_stop_delay_ms;
+
 static int testdrv_stop_client(u64 as_id, u32 pid)
 {
 	struct testdrv_stop *st, *old = NULL;
+	u32 delay = READ_ONCE(testdrv_stop_delay_ms);
+
+	if (delay)
+		msleep(min(delay, 1000u));
 
 	st = kmalloc(sizeof(*st), GFP_KERNEL);
 	if (!st)
@@ -721,6 +729,7 @@ static int __init testdrv_init(void)
 	debugfs_create_file("mode", 0600, testdrv_dir, NULL, &testdrv_mode_fops);
 	debugfs_create_file("as_gone", 0200, testdrv_dir, NULL, &testdrv_as_gone_fops);
 	debugfs_create_file("fault_storm", 0600, testdrv_dir, NULL, &testdrv_storm_fops);
+	debugfs_create_u32("stop_delay_ms", 0600, testdrv_dir, &testdrv_stop_delay_ms);
 	debugfs_create_file("pending", 0400, testdrv_dir, NULL,
 			    &testdrv_pending_fops);
 	debugfs_create_file("complete", 0200, testdrv_dir, NULL,

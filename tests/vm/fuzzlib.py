@@ -31,7 +31,7 @@ import vmlib
 from vmlib import (F_ACK, F_DUMP, F_ECHO, F_REQUEST, NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLA_TYPE_MASK,
                    NLMSG_HDR, Genl)
 from gpuos.kernel.uapi import (ATTR_MAX, IOC_ABI_VERSION, IOC_SUBMIT, MAX_NL_RANGES, MAX_PENDING,
-                               MAX_POLICIES, MAX_RANGES, Attr, Cmd)
+                               MAX_POLICIES, MAX_PREFETCH_AS, MAX_RANGES, Attr, Cmd)
 
 A = Attr
 MAX32, MAX64 = 2**32 - 1, 2**64 - 1
@@ -47,10 +47,14 @@ RANGE = {A.RANGE_BASE: ("u64", 0, MAX64), A.RANGE_LEN: ("u64", 1, MAX64),
          A.RANGE_DEST: ("u32", 0, 32), A.RANGE_PRIO: ("u32", 0, 7), A.RANGE_FLAGS: ("mask", 3)}
 RANGES = {A.RANGE: ("nest", RANGE)}
 MIGRATE = {A.AS_ID: ("u64", 0, MAX64), A.OP: ("u32", 0, 1), A.RANGES: ("nest", RANGES)}
+PF_RANGE = {A.RANGE_BASE: ("u64", 0, MAX64), A.RANGE_LEN: ("u64", 1, MAX64)}
+PF_RANGES = {A.RANGE: ("nest", PF_RANGE)}
+PREFETCH = {A.AS_ID: ("u64", 0, MAX64), A.RANGES: ("nest", PF_RANGES)}
 # cmd -> (rules, admin, "do"|"dump")
 OPS = {Cmd.GET_INFO: ({}, False, "do"), Cmd.SET_POLICY: (SET, True, "do"),
        Cmd.GET_POLICY: (CLIENT, False, "do"), Cmd.DEL_POLICY: (CLIENT, True, "do"),
-       Cmd.LIST_POLICIES: ({}, False, "dump"), Cmd.MIGRATE: (MIGRATE, True, "do")}
+       Cmd.LIST_POLICIES: ({}, False, "dump"), Cmd.MIGRATE: (MIGRATE, True, "do"),
+       Cmd.SET_PREFETCH: (PREFETCH, True, "do")}
 WIDTH = {"u32": 4, "mask": 4, "u64": 8}
 
 
@@ -131,6 +135,7 @@ class Model:
         self.mode = "sync"
         self.pending = 0  # batches gpuos holds for the driver
         self.next_id: int | None = None  # the next batch id, once known
+        self.prefetch: dict[int, list[tuple[int, int]]] = {}  # as_id -> its ranges, sorted
 
     # -- netlink ----------------------------------------------------------------
 
@@ -176,6 +181,8 @@ class Model:
             return Expect(verify=self.verify_list, what="LIST_POLICIES")
         if cmd == Cmd.MIGRATE:
             return self.migrate(tb)
+        if cmd == Cmd.SET_PREFETCH:
+            return self.set_prefetch(tb)
         pid, cg = tb.get(A.CLIENT_PID), tb.get(A.CLIENT_CGROUP)
         if (pid is None) == (cg is None):
             return refuse(errno.EINVAL, "not exactly one client")
@@ -226,6 +233,36 @@ class Model:
         if any(range_check(op, *r) for r in ranges):
             return refuse(errno.EINVAL, "bad range")
         return self.submit("MIGRATE")
+
+    def set_prefetch(self, tb: dict) -> Expect:
+        """SET_PREFETCH in the kernel's order: AS_ID, E2BIG, each range's fields, the ranges
+        (aligned, not overflowing, disjoint), then ENOSPC for one address space too many."""
+        if A.AS_ID not in tb:
+            return refuse(errno.EINVAL, "no AS_ID")
+        as_id = vmlib.get_u64(tb[A.AS_ID])
+        entries = nl_parse(tb[A.RANGES], PF_RANGES, 1)[2] if A.RANGES in tb else []
+        if len(entries) > MAX_NL_RANGES:
+            return refuse(errno.E2BIG, "too many prefetch ranges")
+        ranges = []
+        for _, data in entries:
+            _, r, _ = nl_parse(data, PF_RANGE, 2)
+            if A.RANGE_BASE not in r or A.RANGE_LEN not in r:
+                return refuse(errno.EINVAL, "prefetch range field missing")
+            ranges.append((vmlib.get_u64(r[A.RANGE_BASE]), vmlib.get_u64(r[A.RANGE_LEN])))
+        if any(n == 0 or b % PAGE or n % PAGE or b + n > MAX64 for b, n in ranges):
+            return refuse(errno.EINVAL, "bad prefetch range")
+        ranges.sort()
+        if any(a[0] + a[1] > b[0] for a, b in zip(ranges, ranges[1:])):
+            return refuse(errno.EINVAL, "overlapping prefetch ranges")
+        if ranges and as_id not in self.prefetch and len(self.prefetch) >= MAX_PREFETCH_AS:
+            return refuse(errno.ENOSPC, "too many address spaces with prefetch ranges")
+
+        def effect():
+            if ranges:
+                self.prefetch[as_id] = ranges
+            else:
+                self.prefetch.pop(as_id, None)
+        return Expect(effect=effect, what="SET_PREFETCH")
 
     def submit(self, what: str) -> Expect:
         """A valid batch meets the driver: ENODEV, EAGAIN, EIO (an id spent) or a new id."""
@@ -329,6 +366,7 @@ class Gen:
 
     PIDS = [3_900_000 + i for i in range(12)]  # never a live process (pid_max is lower)
     CGROUPS = [7_000_000 + i for i in range(12)]
+    AS_IDS = [0xA5000 + i for i in range(MAX_PREFETCH_AS + 40)]  # more than may have ranges
 
     def __init__(self, rng: random.Random, family: int):
         self.r, self.family = rng, family
@@ -392,6 +430,28 @@ class Gen:
             if self.r.random() < 0.03:
                 body += self.garbage_attr(2)
             out.append(self.nest(A.RANGE, body))
+        return b"".join(out)
+
+    def prefetch_nest(self) -> bytes:
+        """Prefetch ranges: mostly valid and disjoint, sometimes unaligned, overlapping,
+        overflowing, empty, or too many."""
+        r = self.r
+        if r.random() < 0.04:
+            return b"".join(self.garbage_attr(1) for _ in range(r.randrange(1, 4)))
+        count = r.choice([1023, 1024, 1025]) if r.random() < 0.01 else r.randrange(0, 6)
+        start = PAGE * r.randrange(1 << 30)
+        out = []
+        for i in range(count):
+            base, length = start + i * 64 * PAGE, PAGE * r.randrange(1, 64)
+            m = r.random()
+            if m < 0.05:
+                base += r.randrange(1, PAGE)  # unaligned
+            elif m < 0.08:
+                length = MAX64 - PAGE + 1  # overflows
+            elif m < 0.11:
+                base = start  # overlaps the first
+            items = [(A.RANGE_BASE, self.scalar(8, base)), (A.RANGE_LEN, self.scalar(8, length))]
+            out.append(self.nest(A.RANGE, self.encode_list(self.mutate_list(items, 0.1))))
         return b"".join(out)
 
     def valid_range(self, op: int) -> list[tuple[int, bytes]]:
@@ -465,13 +525,19 @@ class Gen:
     def structured(self, seq: int) -> bytes:
         r = self.r
         cmd = r.choices([Cmd.GET_INFO, Cmd.SET_POLICY, Cmd.GET_POLICY, Cmd.DEL_POLICY,
-                         Cmd.LIST_POLICIES, Cmd.MIGRATE], [6, 26, 14, 14, 5, 35])[0]
+                         Cmd.LIST_POLICIES, Cmd.MIGRATE, Cmd.SET_PREFETCH],
+                        [6, 24, 13, 13, 5, 30, 9])[0]
         items: list[tuple[int, bytes]] = []
         if cmd in (Cmd.SET_POLICY, Cmd.GET_POLICY, Cmd.DEL_POLICY):
             items = self.client_attrs()
             if cmd == Cmd.SET_POLICY and r.random() < 0.97:
                 items.append((A.FAULT_POLICY, self.scalar(4, r.choice([0, 1, 2, 1, 2, 3,
                                                                        self.u(32)]))))
+        elif cmd == Cmd.SET_PREFETCH:
+            as_id = r.choice(self.AS_IDS) if r.random() < 0.9 else self.u(64)
+            items = [(A.AS_ID, self.scalar(8, as_id))]
+            if r.random() < 0.85:  # else none: clears
+                items.append((A.RANGES, self.prefetch_nest()))
         elif cmd == Cmd.MIGRATE:
             op = r.choice([0, 1, 0, 1, 2]) if r.random() > 0.02 else self.u(32)
             items = [(A.AS_ID, self.scalar(8, self.u(64))), (A.OP, self.scalar(4, op))]

@@ -459,3 +459,28 @@ def test_faults_from_interrupt_context_race_unregister_and_unload(testdrv, nl, s
     assert iso.alive()
     assert kmsg.bad(kmsg.new()) == []
     testdrv.load_testdrv()
+
+
+def test_kills_that_cannot_be_scheduled_get_the_drivers_default(testdrv, nl, sleepers):
+    """More KILL_CLIENT decisions than gpuos keeps waiting (256; here the driver's
+    stop_client takes 20 ms each, and 400 faults come from interrupt context within a few
+    ms): those past the limit get the driver's default, never an isolation without end
+    (on the real driver, a client parked for good).  The waiting kills all run."""
+    p = sleepers()
+    nl.set_policy(Client(pid=p.pid), FaultPolicy.KILL_CLIENT)
+    before = nl.get_info().counters
+    stopped_before = len(vmlib.stopped())
+    assert vmlib.dbg_write("stop_delay_ms", "20\n") == 0
+    try:
+        assert vmlib.dbg_write("fault_storm", f"400 10 {p.pid} 1 0x13 0x400000 0 0 0\n") == 0
+        assert wait_for(lambda: storm() == (0, 400)), storm()
+        c = nl.get_info().counters
+        kills, defaults, isolates = (c[k] - before[k] for k in
+                                     ("decisions_kill", "decisions_default", "decisions_isolate"))
+        assert (kills + defaults, isolates) == (400, 0), (kills, defaults, isolates)
+        assert kills >= 256 and defaults > 0, (kills, defaults)
+        assert wait_for(lambda: len(vmlib.stopped()) - stopped_before == kills, timeout=60)
+    finally:
+        assert vmlib.dbg_write("stop_delay_ms", "0\n") == 0
+    assert wait_for(lambda: nl.get_info().counters["objects"] == 1)  # the policy; no work item left
+    assert p.alive()  # stopped by the driver, not signalled

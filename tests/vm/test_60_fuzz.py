@@ -22,6 +22,7 @@ import pytest
 import fuzzlib
 import vmlib
 from vmlib import UNPRIV, Genl
+from gpuos.kernel.uapi import PREFETCH_WINDOW, Attr, Cmd
 
 pytestmark = pytest.mark.vm
 
@@ -50,6 +51,7 @@ def test_fuzz_netlink_and_ioctls(testdrv, kmsg):
     try:
         root = fz.run(MESSAGES, IOCTLS, SCHEDULE)
         model_policies = dict(fz.model.policies)
+        model_prefetch = dict(fz.model.prefetch)
     finally:
         fz.close()
         if child.poll() is None:
@@ -71,7 +73,7 @@ def test_fuzz_netlink_and_ioctls(testdrv, kmsg):
     assert root["netlink"] >= 10_000 and nobody["netlink"] == CHILD_MESSAGES
     # the fuzzer got deep: every command accepted some time, every door refused often
     for what in ("GET_INFO", "SET_POLICY", "GET_POLICY", "DEL_POLICY", "LIST_POLICIES",
-                 "MIGRATE", "SUBMIT", "ABI_VERSION", "not processed"):
+                 "MIGRATE", "SET_PREFETCH", "SUBMIT", "ABI_VERSION", "not processed"):
         assert root["accepted"].get(what), (what, root["accepted"])
     for door, errs in (("netlink", ("EINVAL", "ERANGE", "ENOENT", "EOPNOTSUPP", "ENODEV", "EIO")),
                        ("ioctl", ("EINVAL", "EFAULT", "E2BIG", "ENOTTY", "ENODEV", "EIO"))):
@@ -87,6 +89,17 @@ def test_fuzz_netlink_and_ioctls(testdrv, kmsg):
     with Genl() as nl:
         assert {(k, c): p for k, c, p in nl.policies()} == model_policies
         nl.del_all_policies()
+        # the prefetch ranges are the model's (the driver's lookup at each address space's
+        # first range finds it), then cleared
+        assert model_prefetch, "no prefetch ranges were ever stored"
+        for as_id, ranges in model_prefetch.items():
+            (base, length), start = ranges[0], ranges[0][0] // PREFETCH_WINDOW * PREFETCH_WINDOW
+            want = (base, min(base + length, start + PREFETCH_WINDOW) - base)  # clipped to the window
+            assert vmlib.dbg_write("prefetch_lookup", f"{as_id:#x} {base:#x}\n") == 0
+            found = [tuple(int(x, 16) for x in line.split())
+                     for line in vmlib.dbg_read("prefetch_lookup").splitlines()]
+            assert want in found, (hex(as_id), ranges[:3], found)
+            assert nl.request(Cmd.SET_PREFETCH, vmlib.u64(Attr.AS_ID, as_id))[0] == 0
     testdrv.unload_testdrv()  # completes what was pending, with -ENODEV
     with Genl() as nl:
         c = nl.counters()
