@@ -27,6 +27,9 @@
  *   stopped        r    one line "as_id pid" per stop_client call (the
  *                       last TESTDRV_MAX_STOPPED)
  *   stop_delay_ms  r/w  how long stop_client takes (default 0): kills pile up
+ *   plant          w    "uaf", "sleep_in_atomic" or "lock_inversion": commits that
+ *                       bug once, so that a test can show a debug kernel's KASAN,
+ *                       DEBUG_ATOMIC_SLEEP and lockdep report it
  *   prefetch_lookup
  *                  r/w  write "as_id addr [max]" (max defaults to, and is
  *                       at most, TESTDRV_MAX_PREFETCH) ->
@@ -532,6 +535,58 @@ static const struct file_operations testdrv_storm_fops = {
 	.llseek = default_llseek,
 };
 
+/* plant */
+
+static DEFINE_MUTEX(testdrv_plant_a);
+static DEFINE_MUTEX(testdrv_plant_b);
+static DEFINE_SPINLOCK(testdrv_plant_lock);
+
+static ssize_t testdrv_plant_write(struct file *file, const char __user *ubuf,
+				   size_t len, loff_t *ppos)
+{
+	char *buf, *s, *what;
+	int err = 0;
+
+	buf = testdrv_get_write(ubuf, len, ppos, TESTDRV_MAX_WRITE);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	s = buf;
+	what = testdrv_next_token(&s);
+	if (!what || testdrv_next_token(&s)) {
+		err = -EINVAL;
+	} else if (!strcmp(what, "uaf")) {
+		volatile char *p = kmalloc(64, GFP_KERNEL);
+
+		if (p) {
+			kfree((void *)p);
+			(void)p[8];	/* read after free: KASAN */
+		}
+	} else if (!strcmp(what, "sleep_in_atomic")) {
+		spin_lock(&testdrv_plant_lock);
+		might_sleep();	/* DEBUG_ATOMIC_SLEEP; nothing sleeps */
+		spin_unlock(&testdrv_plant_lock);
+	} else if (!strcmp(what, "lock_inversion")) {
+		mutex_lock(&testdrv_plant_a);	/* a then b, then b then a: lockdep */
+		mutex_lock(&testdrv_plant_b);
+		mutex_unlock(&testdrv_plant_b);
+		mutex_unlock(&testdrv_plant_a);
+		mutex_lock(&testdrv_plant_b);
+		mutex_lock(&testdrv_plant_a);
+		mutex_unlock(&testdrv_plant_a);
+		mutex_unlock(&testdrv_plant_b);
+	} else {
+		err = -EINVAL;
+	}
+	kvfree(buf);
+	return err ?: len;
+}
+
+static const struct file_operations testdrv_plant_fops = {
+	.owner = THIS_MODULE,
+	.write = testdrv_plant_write,
+	.llseek = default_llseek,
+};
+
 /* as_gone */
 
 static ssize_t testdrv_as_gone_write(struct file *file, const char __user *ubuf,
@@ -730,6 +785,7 @@ static int __init testdrv_init(void)
 	debugfs_create_file("as_gone", 0200, testdrv_dir, NULL, &testdrv_as_gone_fops);
 	debugfs_create_file("fault_storm", 0600, testdrv_dir, NULL, &testdrv_storm_fops);
 	debugfs_create_u32("stop_delay_ms", 0600, testdrv_dir, &testdrv_stop_delay_ms);
+	debugfs_create_file("plant", 0200, testdrv_dir, NULL, &testdrv_plant_fops);
 	debugfs_create_file("pending", 0400, testdrv_dir, NULL,
 			    &testdrv_pending_fops);
 	debugfs_create_file("complete", 0200, testdrv_dir, NULL,

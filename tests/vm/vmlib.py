@@ -539,6 +539,22 @@ class Kmsg:
         self.new()
         return list(self.seen)
 
+    def settled(self, quiet: float = 0.5, timeout: float = 10.0) -> list[str]:
+        """The records logged since the last call, once none has come for ``quiet`` s."""
+        out, last, deadline = [], time.monotonic(), time.monotonic() + timeout
+        while time.monotonic() - last < quiet and time.monotonic() < deadline:
+            got = self.new()
+            if got:
+                out += got
+                last = time.monotonic()
+            time.sleep(0.05)
+        return out
+
+    def forget(self, records: list[str]) -> None:
+        """Leave these records out of ``all()`` (a test's own planted reports)."""
+        drop = set(records)
+        self.seen = [r for r in self.seen if r not in drop]
+
     @staticmethod
     def bad(lines: list[str]) -> list[str]:
         return [ln for ln in lines if KMSG_BAD.search(ln)]

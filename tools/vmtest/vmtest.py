@@ -11,6 +11,11 @@ at its host path, and a writable 9p share /out for results. See docs/vm-testing.
   modules   build the repo's out-of-tree modules (Kbuild, kmod/) for the guest kernel
   run       boot the VM, run one command as root in the guest, exit with its status
   test      modules, then run the vm tests (pytest -m vm tests/vm) in the guest
+
+`--kernel-tree DIR` (run, test, modules) boots a kernel of your own instead, built in DIR
+(bzImage and modules_prepare, with virtio-pci, 9p and overlayfs built in): a debug kernel
+with KASAN and lockdep, say (tools/vmtest/debug-kernel.sh builds one). The same root
+filesystem; the modules are built against DIR.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("GPUOS_VM_CACHE", "/var/cache/gpuos-vm"))
 PACKAGES = ["mount", "python3", "python3-pyroute2", "python3-pytest", "python3-click",
-            "python3-bpfcc", "bpftrace", "kmod", "util-linux", "procps"]
+            "python3-bpfcc", "bpftrace", "kmod", "util-linux", "procps",
+            "xz-utils"]  # bcc unpacks a debug kernel's built-in headers (CONFIG_IKHEADERS)
 EXCLUDES = ["/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*", "/usr/share/info/*"]
 NINEP = "trans=virtio,version=9p2000.L,msize=262144"
 # Statuses of our own, outside what a test command normally returns.
@@ -73,6 +79,7 @@ mount -t tmpfs tmp /tmp && mount -t tmpfs run /run
 mkdir -p {repo} && mount -t 9p -o {ninep},ro,cache=loose repo {repo}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 export GPUOS_IN_VM=1 GPUOS_VM_KVER={kver} GPUOS_KMOD_DIR=/out/kmod
+[ -f /out/kconfig ] && export GPUOS_VM_KCONFIG=/out/kconfig
 export PYTHONPATH={repo}/userspace PYTHONDONTWRITEBYTECODE=1
 echo "gpuos-vm: the command starts $(cut -d' ' -f1 /proc/uptime) s after boot"
 cd {repo} && {cmd} >/out/output 2>&1 </dev/null
@@ -249,8 +256,9 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-def build_modules(kver: str, dest: Path):
-    """Build Kbuild + kmod/ for KVER in a private copy; the .ko files go into DEST."""
+def build_modules(kver: str, dest: Path, tree: Path | None = None):
+    """Build Kbuild + kmod/ for KVER (or for the kernel built in TREE) in a private copy;
+    the .ko files go into DEST."""
     if not (REPO / "Kbuild").exists():
         print(f"vmtest: no kernel modules to build ({REPO}/Kbuild does not exist yet)")
         return
@@ -265,13 +273,16 @@ def build_modules(kver: str, dest: Path):
                 (build / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / f, build / f)
         # GPUOS_TESTDRV=y: also the stand-in GPU driver that the vm tests load (see Kbuild).
-        p = subprocess.run(["make", "-C", f"/usr/src/linux-headers-{kver}", f"M={build}",
-                            f"-j{os.cpu_count()}", "GPUOS_TESTDRV=y", "modules"],
+        # A tree built without its modules has no Module.symvers; its vmlinux's exports
+        # (vmlinux.symvers) are all there is to link against.
+        extra = [] if tree is None else [f"KBUILD_EXTRA_SYMBOLS={tree / 'vmlinux.symvers'}"]
+        p = subprocess.run(["make", "-C", str(tree or f"/usr/src/linux-headers-{kver}"), f"M={build}",
+                            f"-j{os.cpu_count()}", "GPUOS_TESTDRV=y", *extra, "modules"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(p.stdout.replace(f"{build}/", f"{REPO}/"), end="")  # messages name the real sources
         if p.returncode:
             die(f"the module build failed (exit {p.returncode})")
-        if re.search(r"warning:", p.stdout, re.I):
+        if re.search(r"warning:", p.stdout.replace("WARNING: Module.symvers is missing.", ""), re.I):
             die("the module build printed warnings; they count as errors")
         kos = sorted(build.rglob("*.ko"))
         for ko in kos:
@@ -283,8 +294,36 @@ def cmd_modules(args) -> int:
     c = Cache()
     shutil.rmtree(c.kmod, ignore_errors=True)
     c.kmod.mkdir(parents=True)
-    build_modules(c.kver, c.kmod)
+    build_modules(c.kver, c.kmod, args.kernel_tree)
     return 0
+
+
+def own_kernel(c: Cache, tree: Path) -> tuple[Path, Path, str]:
+    """(bzImage, initramfs, release) of the kernel built in TREE; its initramfs loads no
+    module (what the Debian kernel's loads must be built in)."""
+    image = tree / "arch/x86/boot/bzImage"
+    if not image.is_file():
+        die(f"no {image}: build the kernel first (tools/vmtest/debug-kernel.sh)")
+    release = (tree / "include/config/kernel.release").read_text().strip()
+    initramfs = c.dir / "initramfs-builtin.cpio"
+    key = digest([INIT, NINEP])
+    stamp = initramfs.with_suffix(".key")
+    if not initramfs.exists() or not stamp.exists() or stamp.read_text() != key:
+        with tempfile.TemporaryDirectory() as tmp:
+            stage = Path(tmp)
+            for d in ("bin", "dev", "lower", "rw", "root"):
+                (stage / d).mkdir()
+            shutil.copy2("/bin/busybox", stage / "bin")
+            for applet in sh("/bin/busybox", "--list").split():
+                if applet != "busybox":
+                    (stage / "bin" / applet).symlink_to("busybox")
+            (stage / "init").write_text(INIT.format(insmods="", ninep=NINEP))
+            (stage / "init").chmod(0o755)
+            with open(initramfs, "wb") as f:
+                subprocess.run("find . | cpio -o -H newc -R 0:0 --quiet", shell=True, cwd=stage,
+                               stdout=f, check=True)
+        stamp.write_text(key)
+    return image, initramfs, release
 
 
 def cmd_run(args) -> int:
@@ -301,12 +340,16 @@ def cmd_run(args) -> int:
         die(f"{out} holds an earlier run: give --out an empty directory")
     if not (out / "kmod").exists():  # `test` builds its own; else those of the last `modules`
         shutil.copytree(c.kmod, out / "kmod") if c.kmod.is_dir() else (out / "kmod").mkdir()
+    image, initramfs, kver = f"{c.rootfs}/boot/vmlinuz-{c.kver}", c.initramfs, c.kver
+    if args.kernel_tree:
+        image, initramfs, kver = own_kernel(c, args.kernel_tree)
+        shutil.copyfile(args.kernel_tree / ".config", out / "kconfig")  # what the tests may rely on
     (out / "guest.sh").write_text(GUEST.format(repo=shlex.quote(str(REPO)), ninep=NINEP,
-                                               kver=c.kver, cmd=shlex.join(args.cmd)))
+                                               kver=kver, cmd=shlex.join(args.cmd)))
     append = "console=ttyS0 panic=-1 oops=panic" + ("" if args.verbose else " quiet")
     qemu = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", args.mem,
             "-smp", str(args.smp), "-nographic", "-no-reboot", "-nic", "none",
-            "-kernel", f"{c.rootfs}/boot/vmlinuz-{c.kver}", "-initrd", str(c.initramfs),
+            "-kernel", str(image), "-initrd", str(initramfs),
             "-append", f"{append} {args.append}".strip(),
             "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]
     for tag, path, ro in (("root", c.rootfs, True), ("out", out, False), ("repo", REPO, True)):
@@ -346,7 +389,7 @@ def cmd_run(args) -> int:
 def cmd_test(args) -> int:
     args.out = args.out or tempfile.mkdtemp(prefix="gpuos-vm-")
     (Path(args.out) / "kmod").mkdir(parents=True)
-    build_modules(Cache().kver, Path(args.out) / "kmod")
+    build_modules(Cache().kver, Path(args.out) / "kmod", args.kernel_tree)
     pytest_args = args.pytest_args
     if not any(a.startswith("tests/vm") for a in pytest_args):
         pytest_args = ["tests/vm", *pytest_args]
@@ -371,6 +414,7 @@ def main(argv=None) -> int:
                        "against /usr/src/linux-headers-KVER; any compiler or modpost warning fails. "
                        "The .ko files go where `run` gives them to the guest ($GPUOS_KMOD_DIR).")
     p.set_defaults(func=cmd_modules)
+    modules = p
     run = sub.add_parser("run", help="boot the VM and run one command in it",
                          description="Boot the VM, run CMD as root in the guest (cwd: the repo, "
                          "read-only; PYTHONPATH=REPO/userspace, GPUOS_IN_VM=1, GPUOS_KMOD_DIR; /out is "
@@ -385,6 +429,11 @@ def main(argv=None) -> int:
     test.add_argument("--junit", metavar="PATH", help="copy the guest's JUnit XML here")
     test.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARGS", help="after --, e.g. -- -k smoke -x")
     test.set_defaults(func=cmd_test)
+    for p in (modules, run, test):
+        p.add_argument("--kernel-tree", type=Path, metavar="DIR",
+                       default=Path(os.environ["GPUOS_VM_KERNEL_TREE"]) if os.environ.get("GPUOS_VM_KERNEL_TREE") else None,
+                       help="boot the kernel built in DIR instead of Debian's, modules built against it "
+                            "($GPUOS_VM_KERNEL_TREE)")
     for p in (run, test):
         p.add_argument("--timeout", type=float, default=600, help="seconds before the VM is killed (600)")
         p.add_argument("--mem", default="2G", help="guest memory (2G)")
