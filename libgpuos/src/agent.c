@@ -670,11 +670,10 @@ static void do_fill(uint64_t flags, struct gpuos_agent_reply *r)
 		return say(r, EINVAL, "unknown FILL flags %#llx", (unsigned long long)flags);
 	if (!H.depth || !H.released)
 		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
-	if (from_shadows ? (!SH || sh_released) : !staged_enough(r)) {
-		if (from_shadows)
-			say(r, EINVAL, SH ? "the snapshot is handed out: MAP it back first" : "no snapshot");
+	if (from_shadows && (!SH || sh_released))
+		return say(r, EINVAL, SH ? "the snapshot is handed out: MAP it back first" : "no snapshot");
+	if (!from_shadows && !staged_enough(r))
 		return;
-	}
 	uint64_t t0 = gpuos_now_ns();
 	for (size_t i = map_next; i < H.n; i++) {
 		CUresult c = remap_one(i, -1);

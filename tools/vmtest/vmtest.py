@@ -207,7 +207,11 @@ def build_initramfs(c: Cache):
     print("vmtest: building the initramfs")
     deps = sh("modprobe", "-d", c.rootfs, "-S", c.kver, "-a", "--show-depends",
               "virtio_pci", "9pnet_virtio", "9p", "overlay")
-    mods = list(dict.fromkeys(re.findall(r"^insmod (\S+)", deps, re.M)))
+    write_initramfs(c.initramfs, list(dict.fromkeys(re.findall(r"^insmod (\S+)", deps, re.M))))
+
+
+def write_initramfs(path: Path, mods: list[str]):
+    """busybox-static, these modules (loaded first) and INIT, as a cpio archive at PATH."""
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp)
         for d in ("bin", "dev", "lower", "rw", "root", "mod"):
@@ -221,11 +225,11 @@ def build_initramfs(c: Cache):
         insmods = "\n".join(f"insmod /mod/{Path(m).name}" for m in mods)
         (stage / "init").write_text(INIT.format(insmods=insmods, ninep=NINEP))
         (stage / "init").chmod(0o755)
-        tmpfile = c.initramfs.with_suffix(".tmp")
+        tmpfile = path.with_suffix(".tmp")
         with open(tmpfile, "wb") as f:
             subprocess.run("find . | cpio -o -H newc -R 0:0 --quiet", shell=True, cwd=stage,
                            stdout=f, check=True)
-        tmpfile.replace(c.initramfs)
+        tmpfile.replace(path)
 
 
 def cmd_prepare(args) -> int:
@@ -309,19 +313,7 @@ def own_kernel(c: Cache, tree: Path) -> tuple[Path, Path, str]:
     key = digest([INIT, NINEP])
     stamp = initramfs.with_suffix(".key")
     if not initramfs.exists() or not stamp.exists() or stamp.read_text() != key:
-        with tempfile.TemporaryDirectory() as tmp:
-            stage = Path(tmp)
-            for d in ("bin", "dev", "lower", "rw", "root"):
-                (stage / d).mkdir()
-            shutil.copy2("/bin/busybox", stage / "bin")
-            for applet in sh("/bin/busybox", "--list").split():
-                if applet != "busybox":
-                    (stage / "bin" / applet).symlink_to("busybox")
-            (stage / "init").write_text(INIT.format(insmods="", ninep=NINEP))
-            (stage / "init").chmod(0o755)
-            with open(initramfs, "wb") as f:
-                subprocess.run("find . | cpio -o -H newc -R 0:0 --quiet", shell=True, cwd=stage,
-                               stdout=f, check=True)
+        write_initramfs(initramfs, [])
         stamp.write_text(key)
     return image, initramfs, release
 

@@ -195,11 +195,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         except handout.SnapshotLost as exc:
                             lost.append(exc.message)
                     if lost:  # the processes run on; nothing consistent is left to save
-                        for h in handouts:
-                            handout.discard(h)
-                        shutil.rmtree(staging, ignore_errors=True)
-                        op.finish()
-                        raise CheckpointFailed(f"{'; '.join(lost)}; no image was published, {final} is as it was")
+                        raise _abandon(op, handouts, staging, final, "; ".join(lost))
         if req.leave_running and not left_stopped:
             stall = time.monotonic() - stall_start
         snapshots = [h for h in handouts if h.snapshot and not h.released]
@@ -211,14 +207,9 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         _journal_capture(op, h)
                 except (GpuosError, OSError) as exc:
                     # The process runs on (or ended by itself): only the image is lost.
-                    for h in handouts:
-                        handout.discard(h)
-                    shutil.rmtree(staging, ignore_errors=True)
-                    op.finish()
                     why = exc.message if isinstance(exc, GpuosError) else str(exc)
-                    raise CheckpointFailed(
-                        f"copying pid {h.pid}'s GPU memory after it resumed failed ({why}); no image was "
-                        f"published, {final} is as it was") from None
+                    raise _abandon(op, handouts, staging, final,
+                                   f"copying pid {h.pid}'s GPU memory after it resumed failed ({why})") from None
         hashed: dict = {}  # files hashed as they were written
         if handouts:
             with phase("movable-save"):  # what the copier did not write into the image
@@ -259,6 +250,17 @@ def _room_for_snapshots(driver: GpuDriver | None, processes: list[ProcessInfo], 
                 need[uuid] = need.get(uuid, 0) + handout.movable_bytes(p.pid)
     # a tenth to spare, and 1 GiB for the context gpuos copies the snapshot out from
     return all(free.get(u, 0) >= n * 11 // 10 + (1 << 30) for u, n in need.items())
+
+
+def _abandon(op: Operation, handouts: list[handout.Handout], staging: Path, final: Path,
+             why: str) -> CheckpointFailed:
+    """After the stop, the processes running: drop their handouts and the staging image;
+    the error to raise."""
+    for h in handouts:
+        handout.discard(h)
+    shutil.rmtree(staging, ignore_errors=True)
+    op.finish()
+    return CheckpointFailed(f"{why}; no image was published, {final} is as it was")
 
 
 def _journal_capture(op: Operation, h: handout.Handout) -> None:

@@ -10,11 +10,12 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
     hand_out()   the stop: HOLD (detached from `gpuos run`); with --leave-running a
                  SNAPSHOT (device-to-device copies, TB/s) if the GPU has room, else CAPTURE
                  into the staging file (registered before the hold) at PCIe speed; LIST,
-                 EXPORT the physical memory (and snapshot) as fds that gpuos keeps, RELEASE
-                 it in the process.  The driver then checkpoints a process that holds
-                 almost no device memory.
-    give_back()  --leave-running, or a failure after hand_out(): MAP the same memory back
-                 at the same addresses, RESUME (no copy)
+                 EXPORT the snapshot (or, after a capture, the memory itself) as fds that
+                 gpuos and the keeper hold, RELEASE it all in the process.  The driver then
+                 checkpoints a process that holds almost no device memory.
+    give_back()  --leave-running, or a failure after hand_out(): new memory of the
+                 process's own FILLed from the snapshot on the device (or the handed-out
+                 memory MAPped back, or FILLed from the staging file), RESUME
     capture_snapshot()  after the stop, the process running: the snapshot straight into
                  the image, hashed as written (the copier), or into the staging file (agent)
     save()       the staging file into the image (`gpu-memory-<pid>.bin`), off the stop
@@ -70,7 +71,7 @@ class Handout:
     copier: Copier | None = None  # gpuos's own context to copy a snapshot out (copier.py)
     saved: FileEntry | None = None  # the copier wrote it into the image: its file entry
     prepared: int = 0  # bytes of the staging file the agent has registered
-    keeper: str = ""  # the name of the keeper that holds copies of `fds` (keeper.py)
+    keeper: str = ""  # the keeper that holds copies of `shadow_fds` or `fds` (keeper.py)
     keeper_inbox: socket.socket | None = None  # until the keeper has them
 
 
@@ -143,7 +144,7 @@ def hand_out(h: Handout, snapshot: bool) -> None:
                     ag.snapshot()
                     h.snapshot = True
                 except AgentError as exc:
-                    if "ENOMEM" not in exc.message and "OUT_OF_MEMORY" not in exc.message:
+                    if not _out_of_memory(exc):
                         raise
             if h.snapshot and h.copier is None and nbytes > h.size:
                 os.close(_staging_file(h, nbytes))  # it grew past the margin since stage()
@@ -172,6 +173,11 @@ def hand_out(h: Handout, snapshot: bool) -> None:
             os.close(fd)
 
 
+def _out_of_memory(exc: AgentError) -> bool:
+    """The agent had no device memory for it (its ENOMEM, or the driver's own words)."""
+    return "ENOMEM" in exc.message or "OUT_OF_MEMORY" in exc.message
+
+
 class SnapshotLost(GpuosError):
     """The process runs on its snapshot's memory: there was no room to copy it back."""
 
@@ -193,7 +199,7 @@ def give_back(h: Handout) -> None:
                 try:
                     ag.fill(from_shadows=True)
                 except AgentError as exc:
-                    if "ENOMEM" not in exc.message and "OUT_OF_MEMORY" not in exc.message:
+                    if not _out_of_memory(exc):
                         raise
                     ag.map(h.shadow_fds)  # the process goes on, on the snapshot's memory
                     lost = True
