@@ -117,7 +117,11 @@ def run_to_a_third(row: str, tmp_path: Path, under_run: bool = False
 
 @pytest.fixture
 def env(tmp_path):
-    return dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    """A private GPUOS_HOME. Its images go when the test ends, passed or not: the hold-16gib
+    rows write up to 19 GB each, and the GPU hosts have 64 GiB of disk (a whole run once
+    filled it, and the next checkpoint failed on ENOSPC)."""
+    yield dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    shutil.rmtree(tmp_path / "home" / "images", ignore_errors=True)
 
 
 @pytest.mark.parametrize("row", list(ROWS))

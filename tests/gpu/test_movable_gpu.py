@@ -62,7 +62,9 @@ def memfd(size: int) -> int:
 
 def cycle_fill(ag: Agent, what: str) -> None:
     """PREPARE a staging memfd (while it runs), HOLD, CAPTURE, RELEASE (nobody holds the
-    memory), FILL new memory, RESUME, UNPREPARE."""
+    memory), FILL new memory, RESUME, UNPREPARE. A program still growing may outgrow the
+    staging area between PREPARE and HOLD: then, as handout.py does, a larger one is
+    prepared while it is held."""
     n, nbytes = ag.hold()  # the size now; the staging area gets room to grow
     ag.resume()
     size = nbytes * 2 + (256 << 20)
@@ -75,6 +77,11 @@ def cycle_fill(ag: Agent, what: str) -> None:
         t0 = time.perf_counter()
         n, nbytes = ag.hold()
         t_hold = time.perf_counter() - t0
+        if nbytes > size:
+            os.close(fd)
+            size = nbytes
+            fd = memfd(size)
+            prep = ag.prepare(fd, size)
         cap = ag.capture()
         ag.release()
         fill = ag.fill()

@@ -7,6 +7,7 @@ dump fail or succeed on demand; tests/unit/test_criu_e2e.py uses the real one.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import subprocess
@@ -114,6 +115,30 @@ def test_dump_failure_puts_every_gpu_process_back(home, store, driver, target):
     for pid in (root, child):
         assert driver.states[pid] == RUNNING
         assert driver.calls_for(pid) == ["state", "lock", "checkpoint", "state", "restore", "unlock"]
+    assert shell.poll() is None and os.path.exists(f"/proc/{child}")
+    assert_untouched(home, store, prev)
+
+
+def test_dump_failure_on_a_full_disk_still_puts_back_and_keeps_the_log(home, store, driver, target,
+                                                                      monkeypatch):
+    """Found on H200 with a full disk: keeping CRIU's log by copying it raised ENOSPC out of
+    the undo (a traceback instead of the error; the copy needs space the disk no longer has)."""
+    root, child, shell = target
+    prev = tree_digest(build_image(store, "job", seed=b"previous"))
+
+    def disk_full(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(gpuos.checkpoint.shutil, "copyfile", disk_full)
+    monkeypatch.setattr(gpuos.checkpoint.shutil, "copy2", disk_full)
+    with pytest.raises(CheckpointFailed) as exc:
+        run(home, store, driver, FakeCriu(dump_error=CRIU_FAILED), root)
+
+    assert "left running" in exc.value.message
+    kept = list(home.run.glob("checkpoint-*-dump.log"))
+    assert len(kept) == 1 and f"(log: {kept[0]})" in exc.value.message
+    assert "Error (criu/cr-dump.c:1)" in kept[0].read_text()
+    for pid in (root, child):
+        assert driver.states[pid] == RUNNING
     assert shell.poll() is None and os.path.exists(f"/proc/{child}")
     assert_untouched(home, store, prev)
 

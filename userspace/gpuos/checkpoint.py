@@ -385,8 +385,11 @@ def _undo(op: Operation, driver: GpuDriver | None, gpu_pids: list[int], staging:
     kept = ""
     if log.is_file():  # the one thing of the failed image worth keeping
         dest = op.run_dir / f"checkpoint-{op.op_id}-{DUMP_LOG}"
-        shutil.copyfile(log, dest)
-        kept = f" (log: {dest})"
+        try:  # moved, not copied: a checkpoint that failed on a full disk must still undo
+            shutil.move(log, dest)
+            kept = f" (log: {dest})"
+        except OSError as exc:
+            kept = f" (CRIU's log could not be kept: {exc.strerror})"
     shutil.rmtree(staging, ignore_errors=True)
     op.finish()
     # Specific errors (lock timeout, not permitted, ...) keep their exit code.
