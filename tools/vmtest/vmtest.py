@@ -271,7 +271,8 @@ def build_modules(kver: str, dest: Path, tree: Path | None = None):
     # compiled and a warning from a file that did not change still fails the build.
     with tempfile.TemporaryDirectory(prefix="gpuos-kbuild-") as tmp:
         build = Path(tmp)
-        sources = sh("git", "-C", REPO, "ls-files", "-zco", "--exclude-standard", "Kbuild", "kmod")
+        sources = sh("git", "-C", REPO, "ls-files", "-zco", "--exclude-standard", "Kbuild", "kmod",
+                     "patches/nvidia-uvm")
         for f in sources.split("\0"):
             if f and (REPO / f).is_file():
                 (build / f).parent.mkdir(parents=True, exist_ok=True)
