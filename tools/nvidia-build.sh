@@ -51,9 +51,9 @@ set -euo pipefail
 EXPECT_FUNCTIONS=(      # defined functions
     uvm_gpuos_init uvm_gpuos_exit uvm_gpuos_va_space_init uvm_gpuos_va_space_destroy
     gpuos_bind_init gpuos_bind_exit gpuos_bind_report_fault
-    uvm_gpuos_fault_batch_serviced
+    uvm_gpuos_fault_batch_serviced gpuos_report_add_fault
     uvm_api_gpuos_migrate_ranges uvm_migrate_gpuos uvm_pmm_gpu_mark_root_chunk_evict_first
-    uvm_gpuos_prefetch_pages
+    uvm_gpuos_prefetch_pages gpuos_prefetch_clip
     uvm_gpuos_contain_fatal_faults uvm_parent_gpu_fault_entry_shares_tsg
     uvm_va_range_create_gpuos_scratch gpuos_iso_check
 )

@@ -280,12 +280,18 @@ pristine_dir() {
 # Files copied into the patched tree next to the patches: the gpuos interface the
 # patches compile against (one source of truth: kmod/), and gpuos's own files of
 # nvidia-uvm that touch no UVM state, which gpuos's tests compile unchanged
-# (patches/nvidia-uvm/: the binding to gpuos.ko, the fault-isolation rules).
+# (patches/nvidia-uvm/: the binding to gpuos.ko, the fault batch report builder,
+# the prefetch clipping, the fault-isolation rules).
 GPUOS_HEADERS=(
     "kmod/include/gpuos_hooks.h:nvidia-uvm/gpuos/include/gpuos_hooks.h"
     "kmod/uapi/gpuos.h:nvidia-uvm/gpuos/uapi/gpuos.h"
+    "patches/nvidia-uvm/uvm_gpuos_types.h:nvidia-uvm/gpuos/uvm_gpuos_types.h"
     "patches/nvidia-uvm/uvm_gpuos_bind.h:nvidia-uvm/gpuos/uvm_gpuos_bind.h"
     "patches/nvidia-uvm/uvm_gpuos_bind.c:nvidia-uvm/gpuos/uvm_gpuos_bind.c"
+    "patches/nvidia-uvm/uvm_gpuos_report.h:nvidia-uvm/gpuos/uvm_gpuos_report.h"
+    "patches/nvidia-uvm/uvm_gpuos_report.c:nvidia-uvm/gpuos/uvm_gpuos_report.c"
+    "patches/nvidia-uvm/uvm_gpuos_prefetch.h:nvidia-uvm/gpuos/uvm_gpuos_prefetch.h"
+    "patches/nvidia-uvm/uvm_gpuos_prefetch.c:nvidia-uvm/gpuos/uvm_gpuos_prefetch.c"
     "patches/nvidia-uvm/uvm_gpuos_isolate.h:nvidia-uvm/gpuos/uvm_gpuos_isolate.h"
     "patches/nvidia-uvm/uvm_gpuos_isolate.c:nvidia-uvm/gpuos/uvm_gpuos_isolate.c"
 )

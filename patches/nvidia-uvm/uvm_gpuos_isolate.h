@@ -28,14 +28,7 @@
 #ifndef __UVM_GPUOS_ISOLATE_H__
 #define __UVM_GPUOS_ISOLATE_H__
 
-#ifdef __KERNEL__
-#include <linux/types.h>
-#else
-#include <stdbool.h>
-#include <stdint.h>
-typedef uint32_t u32;
-typedef uint64_t u64;
-#endif
+#include "uvm_gpuos_types.h"
 
 // A scratch region covers the 64 KiB-aligned block of a faulting page (a warp
 // walking a wild pointer faults page after page: one region serves 16 of them);

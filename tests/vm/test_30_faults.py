@@ -381,10 +381,15 @@ def test_prefetch_ranges_go_with_their_address_space(testdrv, nl, raw):
     assert vmlib.dbg_write("as_gone", "x\n") != 0
 
 
-def test_faults_watch_names_the_faulting_client_from_gpuos_ko(testdrv, nl, sleepers):
+def test_faults_watch_shows_what_the_driver_reports_through_gpuos_ko(testdrv, nl, sleepers):
     """`gpuos faults watch`, as a user runs it with gpuos.ko loaded: a fault the driver
-    reports through gpuos.ko comes out with the pid of the process that faulted (the one
-    thing the kernel log's Xid cannot give under MPS), its address, VEID and decision."""
+    reports through gpuos.ko comes out with the pid the driver named, unaltered, and what
+    gpuos adds to it: the process's name (read from /proc, not reported), the decision of
+    the policy set for that pid, the address, VEID and types.  That the pid is the client
+    that faulted (the one thing the kernel log's Xid cannot give under MPS) is the
+    driver's part: the patched nvidia-uvm reports the process that created the faulting
+    VA space (patches/README.md), which has never run on a GPU; the test driver reports
+    what it is told, so this test cannot show it."""
     victim, faulter = sleepers(), sleepers()
     nl.set_policy(Client(pid=faulter.pid), FaultPolicy.ISOLATE)
     watch = gpuos_cli("faults", "watch", "--json", "--no-nvml", "--no-journal", "--duration", "60",

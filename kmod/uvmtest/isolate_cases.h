@@ -1,30 +1,13 @@
 /* SPDX-License-Identifier: GPL-2.0 OR MIT */
 /*
  * isolate_cases.h - the tests of nvidia-uvm's fault-isolation rules
- * (patches/nvidia-uvm/uvm_gpuos_isolate.c), for two harnesses that compile
- * the rules file unchanged: tests/nvidia/isolate_user.c (user space, ASan and
- * UBSan) and kmod/isotest/isotest.c (a module the VM tests load on a debug
- * kernel).  The harness defines, before including this file:
- *
- *   ISO_FAIL(fmt, ...)   report one failed check (printf-like)
- *
- * and calls iso_run_all(seed, rounds), which returns the number of failed
- * checks.  No allocation, no libc: both harnesses run it as is.
+ * (patches/nvidia-uvm/uvm_gpuos_isolate.c); see uvm_cases.h.
  */
 #ifndef ISOLATE_CASES_H
 #define ISOLATE_CASES_H
 
 #define ISO_REGION GPUOS_ISO_REGION_SIZE
 #define ISO_MS 1000000ull
-
-static u32 iso_failures;
-
-#define CHECK(cond) do {						\
-	if (!(cond)) {							\
-		iso_failures++;						\
-		ISO_FAIL("%s:%d: %s", __func__, __LINE__, #cond);	\
-	}								\
-} while (0)
 
 static const struct gpuos_iso_limits iso_on = {
 	.enabled = true, .window_ns = 2000 * ISO_MS, .max_bytes = 16 * ISO_REGION,
@@ -219,15 +202,6 @@ static void iso_case_give_up_is_final(void)
 	CHECK(gpuos_iso_decided(&iso, &iso_on, 0, true, 1) == GPUOS_ISO_STOCK);
 }
 
-/* xorshift64*: the same sequence in both harnesses. */
-static u64 iso_rand(u64 *s)
-{
-	*s ^= *s >> 12;
-	*s ^= *s << 25;
-	*s ^= *s >> 27;
-	return *s * 0x2545F4914F6CDD1Dull;
-}
-
 /*
  * Random runs of one client: batches of 1..40 faults (some on mapped memory),
  * time moving on, gpuos answering either way, mappings failing now and then,
@@ -244,25 +218,25 @@ static void iso_case_random(u64 seed, u32 rounds)
 	for (r = 0; r < rounds; r++) {
 		struct gpuos_iso iso = { 0 };
 		struct gpuos_iso_limits lim = iso_on;
-		u64 s = seed + r + 1, now = iso_rand(&s) % (1000 * ISO_MS), mapped = 0;
+		u64 s = seed + r + 1, now = uvm_rand(&s) % (1000 * ISO_MS), mapped = 0;
 		u32 step;
 
-		lim.window_ns = iso_rand(&s) % (3000 * ISO_MS);
-		lim.max_bytes = (iso_rand(&s) % 40) * ISO_REGION / 2;
+		lim.window_ns = uvm_rand(&s) % (3000 * ISO_MS);
+		lim.max_bytes = (uvm_rand(&s) % 40) * ISO_REGION / 2;
 		for (step = 0; step < 50; step++) {
 			struct gpuos_iso_fault f[40];
-			u32 n = 1 + iso_rand(&s) % 40, nr = 0, i, j;
-			bool shares = iso_rand(&s) % 8 != 0, any_mapped = false;
+			u32 n = 1 + uvm_rand(&s) % 40, nr = 0, i, j;
+			bool shares = uvm_rand(&s) % 8 != 0, any_mapped = false;
 			u32 before = iso.state;
 			enum gpuos_iso_verdict v;
 
-			lim.enabled = iso_rand(&s) % 16 != 0;
+			lim.enabled = uvm_rand(&s) % 16 != 0;
 			for (i = 0; i < n; i++) {
-				f[i].addr = 0x7f0000000000ull + (iso_rand(&s) % (1u << 26));
-				f[i].unmapped = iso_rand(&s) % 32 != 0;
+				f[i].addr = 0x7f0000000000ull + (uvm_rand(&s) % (1u << 26));
+				f[i].unmapped = uvm_rand(&s) % 32 != 0;
 				any_mapped |= !f[i].unmapped;
 			}
-			now += iso_rand(&s) % (200 * ISO_MS);
+			now += uvm_rand(&s) % (200 * ISO_MS);
 			v = gpuos_iso_check(&iso, &lim, now, shares, f, n, iso_regions, &nr);
 
 			if (!lim.enabled || !shares || any_mapped || before == GPUOS_ISO_GAVE_UP)
@@ -288,20 +262,20 @@ static void iso_case_random(u64 seed, u32 rounds)
 				}
 			}
 			if (v == GPUOS_ISO_ASK)
-				v = gpuos_iso_decided(&iso, &lim, now, iso_rand(&s) % 4 != 0, nr);
+				v = gpuos_iso_decided(&iso, &lim, now, uvm_rand(&s) % 4 != 0, nr);
 			if (v == GPUOS_ISO_MAP) {
 				CHECK(iso.state == GPUOS_ISO_ACTIVE);
 				CHECK(now <= iso.deadline_ns);
 				CHECK(iso.mapped_bytes + (u64)nr * ISO_REGION <= lim.max_bytes);
-				if (iso_rand(&s) % 10 == 0) {
+				if (uvm_rand(&s) % 10 == 0) {
 					gpuos_iso_give_up(&iso);
 				} else {
 					/* Some regions shrink to their page, some are in use. */
 					u64 bytes = 0;
 
 					for (i = 0; i < nr; i++)
-						bytes += iso_rand(&s) % 3 == 0 ? GPUOS_ISO_PAGE_SIZE :
-							 iso_rand(&s) % 5 == 0 ? 0 : ISO_REGION;
+						bytes += uvm_rand(&s) % 3 == 0 ? GPUOS_ISO_PAGE_SIZE :
+							 uvm_rand(&s) % 5 == 0 ? 0 : ISO_REGION;
 					gpuos_iso_mapped(&iso, bytes);
 					mapped += bytes;
 				}
@@ -310,15 +284,14 @@ static void iso_case_random(u64 seed, u32 rounds)
 				CHECK(iso.state == GPUOS_ISO_GAVE_UP);
 			CHECK(iso.mapped_bytes == mapped);
 			/* The limit may have been lowered after mapping; raise it never changes this. */
-			if (iso_rand(&s) % 20 == 0)
-				lim.max_bytes = (iso_rand(&s) % 40) * ISO_REGION / 2;
+			if (uvm_rand(&s) % 20 == 0)
+				lim.max_bytes = (uvm_rand(&s) % 40) * ISO_REGION / 2;
 		}
 	}
 }
 
-static u32 iso_run_all(u64 seed, u32 rounds)
+static void iso_run_all(u64 seed, u32 rounds)
 {
-	iso_failures = 0;
 	iso_case_not_asked_when_off_or_alone();
 	iso_case_first_fault_asks_then_maps();
 	iso_case_default_decision_is_stock();
@@ -330,7 +303,6 @@ static u32 iso_run_all(u64 seed, u32 rounds)
 	iso_case_regions_dedup_and_bound();
 	iso_case_give_up_is_final();
 	iso_case_random(seed, rounds);
-	return iso_failures;
 }
 
 #endif /* ISOLATE_CASES_H */
