@@ -92,15 +92,36 @@ Designs (``design``):
     the faulting page in the same pass, before any cancel, then the normal
     replay; KILL_CLIENT also sends SIGKILL.  Anything else, or a failed
     scratch allocation (nondeterministic when ``alloc_can_fail``), gets the
-    stock cancel (RC).  ``scratch_lock`` is the VA-space lock mode the
-    mapping needs: ``read`` (the lock the bottom half already holds while
-    servicing; the default, and a requirement the model found) or ``write``
-    (what creating a new VA range takes: uvm_va_range.c:uvm_va_range_initialize
-    asserts it).  With ``write`` the step blocks while a teardown of that
-    client sits in uvm_va_space_stop_all_user_channels holding the lock
+    stock cancel (RC).  ``scratch_lock`` is how the scratch step gets the
+    VA space lock.  Creating a new VA range needs it in write mode
+    (uvm_va_range.c:uvm_va_range_initialize asserts it), and a teardown of
+    that client sitting in uvm_va_space_stop_all_user_channels holds it
     (uvm_va_space_down_read_rm, with serialize_writers_lock, which
-    uvm_va_space_down_write also takes) waiting for its StopChannel preempt,
-    which waits for the very fault the bottom half is trying to fix.
+    uvm_va_space_down_write also takes) while its StopChannel preempt waits
+    for the very fault the bottom half is trying to fix ("busy" below: a
+    fault that would be mapped, of a client draining or stopping).
+
+    ``try`` (the default: what patches/0005 does): gpuos_map_scratch TRIES
+        the write lock (gpuos_va_space_trylock_write: uvm_mutex_trylock of
+        serialize_writers_lock and read_acquire_write_release_lock,
+        uvm_down_write_trylock of the lock).  Busy: nothing mapped, nothing
+        cancelled; uvm_gpuos_contain_fatal_faults clears fatal_va_space and
+        the batch is replayed like one without fatal faults; the fault
+        re-faults and comes back in a later batch, where containment is
+        tried again.  The rules' decision stands (the client is ACTIVE from
+        that first decision: its deadline runs, KILL_CLIENT sends SIGKILL);
+        after the deadline its fatal faults get the stock cancel (RC) for
+        good (GAVE_UP).  The model finds that this keeps every property, but
+        only because P1 counts an RC at the deadline as a fallback the
+        design names: a client whose exit races its first fatal fault (it
+        faults once) is retried until its deadline and then RC'd with its
+        co-runners, where ``read`` contains it with no RC at all.
+    ``read``: the mapping is made under the lock the bottom half already
+        holds while servicing (read mode): never busy.  The design the
+        README names as the real fix (PTEs outside any VA range); not done.
+    ``write``: the step WAITS for the write lock: the bottom half blocks
+        while the lock is busy (a deadlock with the teardown until RM's
+        preempt timeout: P1 and P2 fail).
 
 ``policy`` is gpuos's decision for A: ``kill`` (KILL_CLIENT), ``isolate``
 (ISOLATE) or ``default`` (stock behaviour).
@@ -155,9 +176,14 @@ service            uvm_gpu_replayable_faults.c:service_fault_batch ->
                    (fatal, batch_context->fatal_va_space); park: 0003's skip
                    of parked VA spaces and the gpuos report
                    (uvm_gpuos.c:uvm_gpuos_fatal_faults)
-map_scratch        scratch design, new code between service_fault_batch and
+map_scratch        scratch design: uvm_gpuos.c:uvm_gpuos_contain_fatal_faults,
+                   called between service_fault_batch and
                    ``if (batch_context->fatal_va_space)`` in
-                   uvm_parent_gpu_service_replayable_faults
+                   uvm_parent_gpu_service_replayable_faults: the rules
+                   (uvm_gpuos_isolate.c:gpuos_iso_check / gpuos_iso_decided),
+                   then gpuos_map_scratch (uvm_va_range_create_gpuos_scratch);
+                   ``try`` busy: gpuos_va_space_trylock_write fails,
+                   NV_ERR_BUSY_RETRY, fatal_va_space/fatal_gpu cleared
 cancel             uvm_gpu_replayable_faults.c:cancel_faults_precise ->
                    service_fault_batch_for_cancel -> cancel_fault_precise_va,
                    closing fault_buffer_flush_locked (replay); then GSP-RM RC
@@ -287,7 +313,7 @@ DEFAULTS = dict(
     preempt_requests=True,
     preempt_timeout="auto",   # ticks; None: no RM preempt timeout
     teardown="evict",         # evict | drain | run_on
-    scratch_lock="read",      # read | write: VA-space lock mode the scratch mapping needs
+    scratch_lock="try",       # try | read | write: how the scratch step gets the VA space lock
     max_batches=2,
     K=None,
     p2_bound=None,
@@ -345,8 +371,8 @@ class Model:
                 raise ValueError(f"unknown mutation {m!r}")
         if p["teardown"] not in ("evict", "drain", "run_on"):
             raise ValueError("teardown must be evict, drain or run_on")
-        if p["scratch_lock"] not in ("read", "write"):
-            raise ValueError("scratch_lock must be read or write")
+        if p["scratch_lock"] not in ("try", "read", "write"):
+            raise ValueError("scratch_lock must be try, read or write")
         if p["policy"] not in ("kill", "isolate", "default"):
             raise ValueError("policy must be kill, isolate or default")
         self.mut = frozenset(p["mutations"])
@@ -488,7 +514,10 @@ class Model:
             outs = [o for _, o in batch]
             if "?" in outs:
                 if self.map_blocked(s):
-                    bh_blocked = True
+                    if p["scratch_lock"] == "try":
+                        out.append(self.step_map_busy(s))
+                    else:
+                        bh_blocked = True
                 else:
                     out.extend(self.step_map_scratch(s))
             elif any(o.startswith("F:") for o in outs):
@@ -560,11 +589,14 @@ class Model:
         return out
 
     def map_blocked(self, s):
-        """scratch_lock=write: the scratch step takes the VA space lock for write
-        (uvm_va_range_initialize asserts it); a teardown in
+        """scratch_lock=write/try: the scratch step needs the VA space lock for
+        write (uvm_va_range_initialize asserts it); a teardown in
         uvm_va_space_stop_all_user_channels holds it (down_read_rm, with
-        serialize_writers_lock) until its StopChannel (a preempt) returns."""
-        if self.p["scratch_lock"] != "write":
+        serialize_writers_lock) until its StopChannel (a preempt) returns.
+        True when a fault of the batch would be mapped while that lock is
+        busy: ``write`` then waits (the bottom half blocks), ``try`` fails the
+        trylock (step_map_busy)."""
+        if self.p["scratch_lock"] not in ("write", "try"):
             return False
         warps, mapped, clients = s[0], s[1], s[2]
         for i, o in s[4][1]:
@@ -658,6 +690,7 @@ class Model:
     @staticmethod
     def oname(o):
         return {"S": "serviced", "K": "parked (skipped)", "M": "scratch-mapped",
+                "B": "lock busy, replayed unmapped",
                 "?": "fatal (gpuos decides)", "P": "fetched"}.get(o, "fatal/" + o[2:])
 
     def step_map_scratch(self, s):
@@ -715,6 +748,48 @@ class Model:
         for x, labs in partial:
             res.append((f"BH gpuos scratch step (before any cancel): {'; '.join(labs)}", x.freeze(), x.ev))
         return res
+
+    def step_map_busy(self, s):
+        """scratch_lock=try, lock busy (map_blocked): gpuos_map_scratch's
+        gpuos_va_space_trylock_write fails -> NV_ERR_BUSY_RETRY:
+        uvm_gpuos_contain_fatal_faults maps nothing, cancels nothing, clears
+        fatal_va_space; the loop replays the batch as one without fatal
+        faults, and the fault re-faults and comes back in a later batch.  The
+        rules already decided (gpuos_iso_decided): the client is ACTIVE, its
+        deadline runs from this first decision, KILL_CLIENT sends SIGKILL.
+        Faults the rules send to the stock cancel keep that outcome.  Only A
+        faults fatally, so every fault it would map is of the one client whose
+        teardown holds the lock."""
+        x = Mut(self, s)
+        pol = self.p["policy"]
+        labs = []
+        for k, (i, o) in enumerate(x.batch):
+            if o != "?":
+                continue
+            c = self.wclient[i]
+            page = x.W[i][1]
+            cl = x.C[c]
+            if x.mapped >> page & 1:
+                x.batch[k] = (i, "S")
+                labs.append(f"{self.wdesc(i, page)} already scratch-mapped")
+                continue
+            reason = self.fallback_reason(x.C, c, page)[0]
+            if reason:
+                x.batch[k] = (i, "F:" + reason)
+                labs.append(f"{self.wdesc(i, page)}: stock cancel ({reason})")
+                continue
+            if cl[2] < 0:
+                cl[2] = 0
+            if pol == "kill" and cl[1] < 0 and cl[0] == ALIVE and "no_sigkill" not in self.mut:
+                cl[1] = self.p["kill_delay"]
+            x.batch[k] = (i, "B")
+            x.ev.append((f"info:scratch lock busy, {self.cname[c]} replayed unmapped",
+                         f"{self.wdesc(i, page)}: VA space write lock busy ({self.cname[c]} "
+                         f"{TD_NAME[cl[0]]}), replayed without mapping or cancelling"))
+            labs.append(f"{self.wdesc(i, page)}: VA space lock busy ({self.cname[c]}'s teardown "
+                        f"holds it) -> not mapped, not cancelled, fatal_va_space cleared")
+        return (f"BH gpuos scratch step, gpuos_va_space_trylock_write fails (NV_ERR_BUSY_RETRY): "
+                f"{'; '.join(labs)}", x.freeze(), x.ev)
 
     def fallback_reason(self, clients, c, page):
         """The scratch design's rule: (reason for the stock cancel or None, shared, unmapped)."""
@@ -1057,14 +1132,18 @@ def check(design: str, **params) -> Result:
 SCENARIOS = [
     ("stock", "stock", {}),
     ("park", "park", {}),
-    ("scratch", "scratch", {}),
+    ("scratch (scratch_lock=try)", "scratch", {}),
+    ("scratch scratch_lock=read", "scratch", dict(scratch_lock="read")),
+    ("scratch scratch_lock=write", "scratch", dict(scratch_lock="write")),
+    ("scratch try, A faults once, no alloc fail", "scratch", dict(bad_accesses=1, alloc_can_fail=False)),
+    ("scratch read, A faults once, no alloc fail", "scratch", dict(bad_accesses=1, alloc_can_fail=False,
+                                                                   scratch_lock="read")),
     ("scratch isolate, 2 uTLBs x2", "scratch", dict(policy="isolate", same_utlb=False, utlb_slots=2,
                                                     bad_warps=2, bad_accesses=2)),
     ("scratch perm+managed pages", "scratch", dict(perm_page=True, bad_managed_page=True)),
     ("scratch sole TSG", "scratch", dict(shared_tsg=False, same_utlb=False)),
     ("scratch teardown=drain", "scratch", dict(teardown="drain")),
     ("scratch teardown=run_on, SIGKILL only", "scratch", dict(teardown="run_on", client_exit=False)),
-    ("scratch scratch_lock=write", "scratch", dict(scratch_lock="write")),
     ("park teardown=run_on, B on uTLB1", "park", dict(teardown="run_on", client_exit=False,
                                                        same_utlb=False)),
     ("stock teardown=run_on", "stock", dict(teardown="run_on")),

@@ -1,7 +1,9 @@
 """The explicit-state model of nvidia-uvm's replayable-fault loop with gpuos's
 fault isolation (patches/model/replay_model.py): the new scratch design holds
-P1, P2, P3 and SAFETY; the old park design and stock do not, with the
-counterexamples naming the step; mutations of scratch are caught."""
+P1, P2, P3 and SAFETY, with the VA space lock tried (the patch, default) or
+taken in read mode, not when waited for in write mode; the old park design and
+stock do not, with the counterexamples naming the step; mutations of scratch
+are caught."""
 
 from __future__ import annotations
 
@@ -51,9 +53,13 @@ SCRATCH_OK = {
 }
 
 
+@pytest.mark.parametrize("lock", ["try", "read"])
 @pytest.mark.parametrize("params", list(SCRATCH_OK.values()), ids=list(SCRATCH_OK))
-def test_scratch_satisfies_every_property(params):
-    r = rm.check("scratch", **params)
+def test_scratch_satisfies_every_property(params, lock):
+    """Both the try-lock of patches/0005 (the default) and mapping under the read
+    lock keep P1, P2, P3, SAFETY and RULES (P1 counting an RC at the deadline
+    as justified: see the try tests below)."""
+    r = rm.check("scratch", scratch_lock=lock, **params)
     assert r.complete and r.states > 100
     assert failing(r) == set(), {n: r.properties[n].message for n in failing(r)}
 
@@ -128,10 +134,64 @@ def test_scratch_is_unsafe_if_a_killed_clients_work_outlives_its_teardown():
 
 
 def test_scratch_with_the_va_space_write_lock_deadlocks_against_teardown():
+    """Waiting for the write lock: the bottom half blocks while the teardown holds
+    the VA space waiting for its preempt, which waits for the pending fault."""
     r = rm.check("scratch", scratch_lock="write")
-    assert {"P1", "P2"} <= failing(r)
+    assert failing(r) == {"P1", "P2"}
     assert "blocked in uvm_va_space_down_write" in trace_text(r, "P2")
     assert any("preempt_timeout" in k for k in r.info)
+
+
+ONCE = dict(bad_accesses=1, alloc_can_fail=False)     # A faults once; scratch never fails
+
+
+def test_scratch_default_is_the_try_lock_of_the_patch():
+    assert rm.check("scratch", max_states=10).params["scratch_lock"] == "try"
+    with pytest.raises(ValueError):
+        rm.check("scratch", scratch_lock="nonsense")
+
+
+def test_scratch_try_lock_never_blocks_the_bottom_half():
+    """try: the busy lock is hit (a teardown racing the fault), the batch is
+    replayed without mapping or cancelling, and nothing waits: no blocked bottom
+    half, no preempt timeout; the write variant's P1/P2 failures are gone."""
+    r = rm.check("scratch")
+    assert failing(r) == set()
+    busy = "\n".join(r.info["scratch lock busy, A replayed unmapped"])
+    assert "teardown starts" in busy
+    assert busy.index("teardown starts") < busy.index("gpuos_va_space_trylock_write fails")
+    assert not any("preempt_timeout" in k for k in r.info)
+    assert "scratch lock busy, A replayed unmapped" not in rm.check("scratch", scratch_lock="read").info
+
+
+def test_scratch_try_lock_rcs_the_co_runner_at_the_deadline_where_read_does_not():
+    """The price of try, found by the model: a client whose exit races its one
+    fatal fault is retried (busy lock) pass after pass until its deadline, then
+    cancelled: RC of the TSG, co-runner included.  P1 holds only because an RC at
+    the deadline is a fallback the design names; mapping under the read lock
+    contains the same client with no RC at all."""
+    r = rm.check("scratch", **ONCE)
+    assert failing(r) == set()
+    tr = "\n".join(r.info["co-runner RC (deadline)"])
+    assert tr.index("A exits: teardown starts") < tr.index("gpuos_va_space_trylock_write fails") \
+        < tr.index("stock cancel (deadline)") < tr.index("co-runner B killed by RC of TSG0")
+    assert "scratch region #" not in tr
+    assert tr.count("gpuos_va_space_trylock_write fails") >= 2
+    rd = rm.check("scratch", scratch_lock="read", **ONCE)
+    assert failing(rd) == set()
+    assert not any(k.startswith("co-runner RC") for k in rd.info)
+
+
+def test_scratch_try_lock_keeps_p1_only_through_the_deadline_fallback(monkeypatch):
+    """Without the deadline among the justified fallbacks, try violates P1 (the
+    co-runner's RC above) and read does not: P1's pass for try rests on it."""
+    allowed = rm.ALLOWED_FALLBACK["scratch"] - {"deadline"}
+    monkeypatch.setitem(rm.ALLOWED_FALLBACK, "scratch", allowed)
+    r = rm.check("scratch", **ONCE)
+    assert failing(r) == {"P1"}
+    assert "co-runner B killed by RC of TSG0 (deadline)" in r.properties["P1"].message
+    assert "gpuos_va_space_trylock_write fails" in trace_text(r, "P1")
+    assert failing(rm.check("scratch", scratch_lock="read", **ONCE)) == set()
 
 
 def test_scratch_with_draining_teardown_never_stops_a_spinning_client():
@@ -173,12 +233,25 @@ def test_scratch_mutation_is_caught(mutation):
 
 
 def test_no_deadline_counterexample_is_a_client_faulting_on_new_addresses():
+    """(read lock: with the try lock the shorter counterexample is the one below.)"""
     params, _ = MUTANTS["no_deadline"]
-    r = rm.check("scratch", mutations=("no_deadline",), **params)
+    r = rm.check("scratch", mutations=("no_deadline",), scratch_lock="read", **params)
     tr = trace_text(r, "P2")
     assert "SIGKILL delivered to A" in tr
     for k in (1, 2, 3):
         assert f"scratch region #{k} mapped" in tr
+
+
+def test_no_deadline_with_the_try_lock_retries_a_busy_fault_for_ever():
+    """With the try lock the deadline is what ends the busy retries: without it a
+    client whose teardown holds its VA space re-faults pass after pass (P2, and
+    the co-runner starves: P1); with the read lock the same mutant keeps P1/P2."""
+    r = rm.check("scratch", mutations=("no_deadline",))
+    assert {"P1", "P2"} <= failing(r)
+    tr = trace_text(r, "P2")
+    assert "scratch region #" not in tr
+    assert tr.count("gpuos_va_space_trylock_write fails") >= 3
+    assert not {"P1", "P2"} & failing(rm.check("scratch", mutations=("no_deadline",), scratch_lock="read"))
 
 
 def test_no_replay_after_map_names_the_skipped_replay():
