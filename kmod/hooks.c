@@ -230,8 +230,8 @@ u32 gpuos_report_fault(const struct gpuos_fault_report *r)
 	trace_fault(r, cgroup);
 	/*
 	 * A kill that cannot be scheduled must not leave the client isolated for
-	 * good (parked, its channels unpreemptible): the driver's default, never
-	 * worse than a driver without gpuos.
+	 * good (running on scratch, stopped by nobody): the driver's default,
+	 * never worse than a driver without gpuos.
 	 */
 	if (decision == GPUOS_DECISION_KILL_CLIENT && !gpuos_kill_schedule(r, kpid))
 		decision = GPUOS_DECISION_DEFAULT;

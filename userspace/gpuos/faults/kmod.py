@@ -28,7 +28,7 @@ NAME = "GPU memory fault (reported through gpuos.ko)"
 ACTIONS = {
     Decision.DEFAULT: "no policy for this client: the driver cancels the fault as it would "
                       "without gpuos (its context is torn down; MPS: every client)",
-    Decision.ISOLATE: "isolated: gpuos.ko parked the client's faults, the other clients run on",
+    Decision.ISOLATE: "isolated: the driver contained the client's fault, the other clients run on",
     Decision.KILL_CLIENT: "gpuos.ko killed the faulting client, the other clients run on",
 }
 
