@@ -186,7 +186,7 @@ static ssize_t bt_storm_write(struct file *file, const char __user *ubuf, size_t
 		for (i = 0; i < BT_DECISIONS; i++)
 			atomic_set(&bt_decisions[i], 0);
 		atomic_set(&bt_left, count);
-		hrtimer_start(&bt_timer, bt_interval, HRTIMER_MODE_REL);
+		hrtimer_start(&bt_timer, bt_interval, HRTIMER_MODE_REL_HARD);
 	}
 	mutex_unlock(&bt_storm_mutex);
 	return len;
@@ -246,7 +246,7 @@ static int __init bt_init(void)
 	bt_wq = alloc_ordered_workqueue("gpuos-bindtest", 0);
 	if (!bt_wq)
 		return -ENOMEM;
-	hrtimer_init(&bt_timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
+	hrtimer_init(&bt_timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL_HARD);
 	bt_timer.function = bt_storm_fn;
 	bt_dir = debugfs_create_dir("gpuos_bindtest", NULL);
 	debugfs_create_file("storm", 0600, bt_dir, NULL, &bt_storm_fops);

@@ -13,21 +13,44 @@ static const struct gpuos_iso_limits iso_on = {
 	.enabled = true, .window_ns = 2000 * ISO_MS, .max_bytes = 16 * ISO_REGION,
 };
 
-static struct gpuos_iso_region iso_regions[GPUOS_ISO_MAX_REGIONS];
+/* One fatal fault, as the driver has it. */
+struct iso_fault {
+	u64 addr;
+	bool unmapped;
+};
 
-/* Check an unmapped fault at each of addrs (n of them). */
+static struct gpuos_iso_batch iso_batch;
+#define iso_regions iso_batch.regions
+
+/* Check faults f[0..n): the batch built, then the verdict; *nr_regions after it. */
+static enum gpuos_iso_verdict iso_check_faults(struct gpuos_iso *iso, const struct gpuos_iso_limits *lim,
+					       u64 now, bool shares, const struct iso_fault *f, u32 n,
+					       u32 *nr_regions)
+{
+	enum gpuos_iso_verdict v;
+	u32 i;
+
+	iso_batch = (struct gpuos_iso_batch){ 0 };
+	for (i = 0; i < n; i++)
+		gpuos_iso_add_fault(&iso_batch, f[i].addr, f[i].unmapped);
+	v = gpuos_iso_check(iso, lim, now, shares, &iso_batch);
+	*nr_regions = iso_batch.nr_regions;
+	return v;
+}
+
+/* Check an unmapped (or mapped) fault at each of addrs (n of them). */
 static enum gpuos_iso_verdict iso_check(struct gpuos_iso *iso, const struct gpuos_iso_limits *lim,
 					u64 now, bool shares, const u64 *addrs, u32 n,
 					bool unmapped, u32 *nr_regions)
 {
-	struct gpuos_iso_fault f[GPUOS_ISO_MAX_REGIONS + 2];
+	struct iso_fault f[GPUOS_ISO_MAX_REGIONS + 2];
 	u32 i;
 
 	for (i = 0; i < n; i++) {
 		f[i].addr = addrs[i];
 		f[i].unmapped = unmapped;
 	}
-	return gpuos_iso_check(iso, lim, now, shares, f, n, iso_regions, nr_regions);
+	return iso_check_faults(iso, lim, now, shares, f, n, nr_regions);
 }
 
 static void iso_case_not_asked_when_off_or_alone(void)
@@ -105,10 +128,10 @@ static void iso_case_permission_fault_is_stock(void)
 static void iso_case_mixed_batch_is_stock(void)
 {
 	struct gpuos_iso iso = { 0 };
-	struct gpuos_iso_fault f[2] = { { 0x10000, true }, { 0x30000, false } };
+	struct iso_fault f[2] = { { 0x10000, true }, { 0x30000, false } };
 	u32 nr;
 
-	CHECK(gpuos_iso_check(&iso, &iso_on, 0, true, f, 2, iso_regions, &nr) == GPUOS_ISO_STOCK);
+	CHECK(iso_check_faults(&iso, &iso_on, 0, true, f, 2, &nr) == GPUOS_ISO_STOCK);
 	CHECK(nr == 0);
 }
 
@@ -189,6 +212,20 @@ static void iso_case_regions_dedup_and_bound(void)
 	CHECK(nr == 0 && iso.state == GPUOS_ISO_NONE);
 }
 
+/* The bound is on regions, not faults: a warp sweeping three blocks page by page. */
+static void iso_case_many_faults_few_regions(void)
+{
+	struct gpuos_iso iso = { 0 };
+	u32 i;
+
+	iso_batch = (struct gpuos_iso_batch){ 0 };
+	for (i = 0; i < 48; i++)
+		gpuos_iso_add_fault(&iso_batch, 0x7000000000ull + (u64)i * GPUOS_ISO_PAGE_SIZE, true);
+	CHECK(!iso_batch.uncontainable && iso_batch.nr_regions == 3);
+	CHECK(gpuos_iso_check(&iso, &iso_on, 0, true, &iso_batch) == GPUOS_ISO_ASK);
+	CHECK(iso_batch.nr_regions == 3 && iso_regions[2].base == 0x7000020000ull);
+}
+
 static void iso_case_give_up_is_final(void)
 {
 	struct gpuos_iso iso = { 0 };
@@ -224,7 +261,7 @@ static void iso_case_random(u64 seed, u32 rounds)
 		lim.window_ns = uvm_rand(&s) % (3000 * ISO_MS);
 		lim.max_bytes = (uvm_rand(&s) % 40) * ISO_REGION / 2;
 		for (step = 0; step < 50; step++) {
-			struct gpuos_iso_fault f[40];
+			struct iso_fault f[40];
 			u32 n = 1 + uvm_rand(&s) % 40, nr = 0, i, j;
 			bool shares = uvm_rand(&s) % 8 != 0, any_mapped = false;
 			u32 before = iso.state;
@@ -237,7 +274,7 @@ static void iso_case_random(u64 seed, u32 rounds)
 				any_mapped |= !f[i].unmapped;
 			}
 			now += uvm_rand(&s) % (200 * ISO_MS);
-			v = gpuos_iso_check(&iso, &lim, now, shares, f, n, iso_regions, &nr);
+			v = iso_check_faults(&iso, &lim, now, shares, f, n, &nr);
 
 			if (!lim.enabled || !shares || any_mapped || before == GPUOS_ISO_GAVE_UP)
 				CHECK(v == GPUOS_ISO_STOCK);
@@ -301,6 +338,7 @@ static void iso_run_all(u64 seed, u32 rounds)
 	iso_case_deadline_saturates();
 	iso_case_budget();
 	iso_case_regions_dedup_and_bound();
+	iso_case_many_faults_few_regions();
 	iso_case_give_up_is_final();
 	iso_case_random(seed, rounds);
 }

@@ -14,48 +14,48 @@ static bool within_budget(const struct gpuos_iso *iso, const struct gpuos_iso_li
     return iso->mapped_bytes <= limits->max_bytes && want <= limits->max_bytes - iso->mapped_bytes;
 }
 
+void gpuos_iso_add_fault(struct gpuos_iso_batch *batch, u64 addr, bool unmapped)
+{
+    u64 base = addr & ~(GPUOS_ISO_REGION_SIZE - 1);
+    u32 j;
+
+    // A fault on memory that is mapped (a permission fault) cannot be backed
+    // by scratch without replacing the application's mapping.
+    if (!unmapped) {
+        batch->uncontainable = true;
+        return;
+    }
+
+    for (j = 0; j < batch->nr_regions; j++) {
+        if (batch->regions[j].base == base)
+            return;
+    }
+    if (batch->nr_regions == GPUOS_ISO_MAX_REGIONS) {
+        batch->uncontainable = true;
+        return;
+    }
+
+    batch->regions[j].base = base;
+    batch->regions[j].page = addr & ~(GPUOS_ISO_PAGE_SIZE - 1);
+    batch->nr_regions++;
+}
+
 enum gpuos_iso_verdict gpuos_iso_check(struct gpuos_iso *iso,
                                        const struct gpuos_iso_limits *limits,
                                        u64 now_ns,
                                        bool shares_tsg,
-                                       const struct gpuos_iso_fault *faults,
-                                       u32 nr,
-                                       struct gpuos_iso_region *regions,
-                                       u32 *nr_regions)
+                                       struct gpuos_iso_batch *batch)
 {
-    u32 i, j;
-
-    *nr_regions = 0;
-
     // Nothing to protect, or not asked to: the driver's own behaviour, and the
     // client's state is left as it is.
-    if (!limits->enabled || !shares_tsg || nr == 0)
-        return GPUOS_ISO_STOCK;
+    if (!limits->enabled || !shares_tsg || (batch->nr_regions == 0 && !batch->uncontainable))
+        goto stock;
 
     if (iso->state == GPUOS_ISO_GAVE_UP)
-        return GPUOS_ISO_STOCK;
+        goto stock;
 
-    for (i = 0; i < nr; i++) {
-        u64 base = faults[i].addr & ~(GPUOS_ISO_REGION_SIZE - 1);
-
-        // A fault on memory that is mapped (a permission fault) cannot be
-        // backed by scratch without replacing the application's mapping.
-        if (!faults[i].unmapped)
-            goto give_up;
-
-        for (j = 0; j < *nr_regions; j++) {
-            if (regions[j].base == base)
-                break;
-        }
-        if (j < *nr_regions)
-            continue;
-        if (*nr_regions == GPUOS_ISO_MAX_REGIONS)
-            goto give_up;
-
-        regions[j].base = base;
-        regions[j].page = faults[i].addr & ~(GPUOS_ISO_PAGE_SIZE - 1);
-        (*nr_regions)++;
-    }
+    if (batch->uncontainable)
+        goto give_up;
 
     if (iso->state == GPUOS_ISO_NONE)
         return GPUOS_ISO_ASK;
@@ -63,7 +63,7 @@ enum gpuos_iso_verdict gpuos_iso_check(struct gpuos_iso *iso,
     // ACTIVE: the client was contained before and faults again.  Past the
     // deadline it has had its time to be stopped; past the budget it is
     // walking through memory.  Either way: the stock cancel.
-    if (now_ns > iso->deadline_ns || !within_budget(iso, limits, *nr_regions))
+    if (now_ns > iso->deadline_ns || !within_budget(iso, limits, batch->nr_regions))
         goto give_up;
 
     return GPUOS_ISO_MAP;
@@ -73,7 +73,8 @@ give_up:
     // cannot be contained is just cancelled, as stock.
     if (iso->state == GPUOS_ISO_ACTIVE)
         iso->state = GPUOS_ISO_GAVE_UP;
-    *nr_regions = 0;
+stock:
+    batch->nr_regions = 0;
     return GPUOS_ISO_STOCK;
 }
 

@@ -16,7 +16,8 @@
 
     The glue (uvm_gpuos.c) calls, for the fatal faults of one VA space in one
     batch:
-      gpuos_iso_check()        STOCK, ASK or MAP, and the regions;
+      gpuos_iso_add_fault()    for each fatal fault: the regions;
+      gpuos_iso_check()        STOCK, ASK or MAP;
       gpuos_iso_decided()      after ASK, with gpuos.ko's answer: STOCK or MAP;
       gpuos_iso_mapped()       after mapping, what was mapped;
       gpuos_iso_give_up()      when mapping failed: STOCK from then on.
@@ -37,7 +38,7 @@
 #define GPUOS_ISO_REGION_SIZE   (64ull * 1024)
 
 // At most this many distinct regions in one batch; more gives up (the bound
-// keeps the caller's arrays on its stack).
+// keeps the caller's batch on its stack).
 #define GPUOS_ISO_MAX_REGIONS   32
 
 enum gpuos_iso_state
@@ -62,18 +63,19 @@ struct gpuos_iso_limits
     u64 max_bytes;          // uvm_gpuos_isolate_max_kb: scratch per VA space
 };
 
-// One fatal fault of the client in the batch.
-struct gpuos_iso_fault
-{
-    u64 addr;               // faulting GPU virtual address
-    bool unmapped;          // fatal because nothing is mapped there (and nothing
-                            // else: a permission fault on a mapping is not)
-};
-
 struct gpuos_iso_region
 {
     u64 base;               // GPUOS_ISO_REGION_SIZE-aligned
     u64 page;               // a faulting page within it (the fallback mapping)
+};
+
+// The fatal faults of one client in one batch, as the regions to map, built
+// fault by fault (gpuos_iso_add_fault).  Zero is the empty batch.
+struct gpuos_iso_batch
+{
+    u32 nr_regions;
+    bool uncontainable;     // a fault on mapped memory, or regions past the bound
+    struct gpuos_iso_region regions[GPUOS_ISO_MAX_REGIONS];
 };
 
 enum gpuos_iso_verdict
@@ -83,19 +85,20 @@ enum gpuos_iso_verdict
     GPUOS_ISO_MAP,          // map the regions, then replay like serviced faults
 };
 
+// Adds one fatal fault: its address, and whether it is fatal because nothing
+// is mapped there (and nothing else: a permission fault on a mapping is not).
+void gpuos_iso_add_fault(struct gpuos_iso_batch *batch, u64 addr, bool unmapped);
+
 // shares_tsg: the client is a subcontext of a channel group that another
 // address space also uses (an MPS server's clients).  Alone in its channel
-// group, the stock cancel harms nobody else: no isolation.  Writes the
-// distinct regions of faults[0..nr) to regions (GPUOS_ISO_MAX_REGIONS
-// entries) and their number to *nr_regions for ASK and MAP.
+// group, the stock cancel harms nobody else: no isolation.  For ASK and MAP,
+// batch->regions[0..nr_regions) are the regions to map; for STOCK,
+// batch->nr_regions is 0.
 enum gpuos_iso_verdict gpuos_iso_check(struct gpuos_iso *iso,
                                        const struct gpuos_iso_limits *limits,
                                        u64 now_ns,
                                        bool shares_tsg,
-                                       const struct gpuos_iso_fault *faults,
-                                       u32 nr,
-                                       struct gpuos_iso_region *regions,
-                                       u32 *nr_regions);
+                                       struct gpuos_iso_batch *batch);
 
 // After GPUOS_ISO_ASK: isolates is gpuos.ko's decision (ISOLATE or
 // KILL_CLIENT: true; DEFAULT: false).

@@ -47,11 +47,11 @@ def test_logic_holds_under_sanitizers(uvm_logic_user, seed):
 
 MUTANTS = {  # file, what it says -> a plausible mistake
     "isolate: no deadline": ("isolate", "now_ns > iso->deadline_ns || ", ""),
-    "isolate: permission faults contained": ("isolate", "if (!faults[i].unmapped)", "if (0)"),
-    "isolate: giving up is not final": ("isolate", "if (iso->state == GPUOS_ISO_GAVE_UP)\n        return GPUOS_ISO_STOCK;", ""),
+    "isolate: permission faults contained": ("isolate", "if (!unmapped) {", "if (0) {"),
+    "isolate: giving up is not final": ("isolate", "if (iso->state == GPUOS_ISO_GAVE_UP)\n        goto stock;", ""),
     "isolate: no budget": ("isolate", "want <= limits->max_bytes - iso->mapped_bytes", "1"),
     "isolate: deadline wraps around": ("isolate", "iso->deadline_ns = ~0ull;", ";"),
-    "isolate: regions not deduplicated": ("isolate", "if (j < *nr_regions)\n            continue;", ""),
+    "isolate: regions not deduplicated": ("isolate", "if (batch->regions[j].base == base)\n            return;", ""),
     "report: pages not deduplicated": ("report", "(i > 0 && r->addrs[i - 1] == addr) || ", ""),
     "report: shift off by one": ("report", "j > i; j--", "j > i + 1; j--"),
     "report: unknown access counted anywhere": ("report", "access < __GPUOS_ACCESS_MAX ? access : GPUOS_ACCESS_ATOMIC", "access % 3"),
