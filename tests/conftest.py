@@ -22,6 +22,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
     for var in ("GPUOS_STORE", "GPUOS_CRIU", "GPUOS_TEST_HOLD_AT", "GPUOS_TEST_HOLD_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GPUOS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUOS_HOT", str(tmp_path / "home" / "hot"))
     paths = Paths.from_env()
     assert paths.home == tmp_path / "home"
     return paths
@@ -29,7 +30,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
 
 @pytest.fixture
 def store(home: Paths) -> ImageStore:
-    return ImageStore(home.store)
+    return ImageStore(home.store, home.hot)
 
 
 @pytest.fixture

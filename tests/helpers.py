@@ -16,7 +16,9 @@ from gpuos import procs
 from gpuos.errors import NoSuchProcess
 from gpuos.criu import DUMP_LOG, DUMP_OK
 from gpuos.manifest import CRIU_DIR, DriverInfo, GpuInfo, Manifest, ProcessInfo
-from gpuos.store import ImageStore, checksum_tree
+from gpuos.manifest import FileEntry
+from gpuos.store import ImageStore, hash_files
+from gpuos.store.content import ingest, staged_files
 
 import pytest
 
@@ -51,6 +53,18 @@ def write_criu_files(criu_dir: Path, seed: bytes = b"a", complete: bool = True) 
     (criu_dir / DUMP_LOG).write_text(log)
 
 
+def store_staged(store: ImageStore, staging: Path, final: Path, m: Manifest) -> None:
+    """A staged image's files into chunks, its manifest written and published, the way
+    checkpoint() does it."""
+    m.chunk_dir = store.chunk_dir_for(final)
+    chunks = store.chunks_of(staging, m)
+    with chunks.shared():
+        m.files, _ = ingest(staged_files(staging, skip=("chunks",)), chunks)
+        ImageStore.write_manifest(staging, m)
+        ImageStore.drop_files(staging)
+        ImageStore.publish(staging, final)
+
+
 def build_image(store: ImageStore, name: str, seed: bytes = b"a",
                 manifest: Manifest | None = None) -> Path:
     """A complete image in the store, built and published the way checkpoint() does."""
@@ -58,7 +72,27 @@ def build_image(store: ImageStore, name: str, seed: bytes = b"a",
     staging = store.staging_for(final, "build")
     write_criu_files(staging / CRIU_DIR, seed)
     m = manifest or make_manifest(name)
-    m.files = checksum_tree(staging)
+    m.timings = {"criu-dump": 0.1}
+    store_staged(store, staging, final, m)
+    return final
+
+
+def legacy_entries(root: Path) -> list[FileEntry]:
+    """The files under root (but the manifest) as a format-4 manifest lists them."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
+    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=sha, pieces=pc)
+            for p, (sha, pc) in zip(files, hash_files(files))]
+
+
+def build_v4_image(store: ImageStore, name: str, seed: bytes = b"a",
+                   manifest: Manifest | None = None) -> Path:
+    """An image as gpuos wrote them before the chunk store (format 4: whole files)."""
+    final = store.resolve(name)
+    staging = store.staging_for(final, "build")
+    write_criu_files(staging / CRIU_DIR, seed)
+    m = manifest or make_manifest(name)
+    m.format_version = 4
+    m.files = legacy_entries(staging)
     m.timings = {"criu-dump": 0.1}
     ImageStore.write_manifest(staging, m)
     ImageStore.publish(staging, final)
@@ -79,8 +113,13 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 def hidden_entries(store_root: Path) -> list[str]:
-    return sorted(p.name for p in store_root.iterdir() if p.name.startswith(".")) \
-        if store_root.is_dir() else []
+    """Leftovers in a store: hidden directories (staging) but the chunk store, and chunks
+    half written."""
+    if not store_root.is_dir():
+        return []
+    tmp = store_root / ".chunks" / "tmp"
+    return sorted([p.name for p in store_root.iterdir() if p.name.startswith(".") and p.name != ".chunks"]
+                  + [f".chunks/tmp/{p.name}" for p in (tmp.iterdir() if tmp.is_dir() else [])])
 
 
 def journals(run_dir: Path) -> list[Path]:
@@ -218,6 +257,7 @@ def gpuos_env(home: Path, criu: Path | str | None = None, **extra: str) -> dict[
     env = {k: v for k, v in os.environ.items()
            if k not in ("GPUOS_STORE", "GPUOS_CRIU", "GPUOS_TEST_HOLD_AT", "GPUOS_TEST_HOLD_FILE")}
     env["GPUOS_HOME"] = str(home)
+    env["GPUOS_HOT"] = str(Path(home) / "hot")  # never the host's /dev/shm/gpuos
     if criu is not None:
         env["GPUOS_CRIU"] = str(criu)
     env.update(extra)

@@ -45,10 +45,11 @@ def one_error_line(res, code: int, progress: bool = False) -> str:
 def test_images_list_on_empty_store(env, home):
     res = gpuos(env, "images", "list")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["NAME", "CREATED", "SIZE", "PID", "GPU", "COMMAND"]
+    assert res.stdout.split() == ["NAME", "CREATED", "SIZE", "OWN", "SHARED", "PID", "GPU", "COMMAND"]
     assert str(home.store) in res.stderr
     code, data = gpuos_json(env, "images", "list")
-    assert code == 0 and data == {"ok": True, "store": str(home.store), "images": []}
+    assert code == 0 and data == {"ok": True, "store": str(home.store), "images": [], "chunk_bytes": 0,
+                                  "chunks": 0, "hot_bytes": 0}
 
 
 def test_images_list_shows_good_and_broken_images(env, store):
@@ -97,25 +98,28 @@ def _human(n: int) -> str:
     return human_bytes(n)
 
 
-def _corrupt(img: Path) -> None:
-    pages = img / "criu" / "pages-1.img"
-    data = bytearray(pages.read_bytes())
+def _corrupt(store: ImageStore, img: Path) -> None:
+    """Flip a byte of the chunk that holds the start of criu/pages-1.img."""
+    entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
+    chunk = store.chunks().path(entry.chunks[0].id)
+    data = bytearray(chunk.read_bytes())
     data[100] ^= 0xFF
-    pages.write_bytes(bytes(data))
+    chunk.chmod(0o644)
+    chunk.write_bytes(bytes(data))
 
 
 def test_images_verify_corrupt_exits_10_with_one_line(env, store):
-    _corrupt(build_image(store, "job"))
+    _corrupt(store, build_image(store, "job"))
     line = one_error_line(gpuos(env, "images", "verify", "job"), 10)
-    assert "criu/pages-1.img: checksum mismatch" in line
+    assert "(criu/pages-1.img at byte 0) is corrupt" in line
 
 
 def test_json_error_object(env, store):
-    _corrupt(build_image(store, "job"))
+    _corrupt(store, build_image(store, "job"))
     code, data = gpuos_json(env, "images", "verify", "job")
     assert code == 10
     assert data["ok"] is False and data["exit_code"] == 10 and data["error"] == "image-corrupt"
-    assert "checksum mismatch" in data["message"]
+    assert "is corrupt" in data["message"]
 
 
 def test_incomplete_and_unknown_format(env, store):
@@ -183,7 +187,11 @@ def test_images_rm(env, store):
     digest = tree_digest(b)
     res = gpuos(env, "images", "rm", "a")
     assert res.returncode == 0 and res.stdout.strip() == f"removed {store.root / 'a'}"
-    assert sorted(os.listdir(store.root)) == ["b"] and tree_digest(b) == digest
+    assert sorted(os.listdir(store.root)) == [".chunks", "b"] and tree_digest(b) == digest
+    # a's chunks (those b does not share) went with it; b's are all there
+    assert set(store.chunks().present()) == set(ImageStore.load(b).chunk_set())
+    assert "freed" in res.stderr
+    store.verify(b, ImageStore.load(b))
     one_error_line(gpuos(env, "images", "rm", "a"), 9)
 
 

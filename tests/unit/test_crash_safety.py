@@ -2,7 +2,7 @@
 
 gpuos stops at the named phase when GPUOS_TEST_HOLD_AT is set (journal.py),
 after journaling it and before starting it.  For a process without CUDA the
-phases are criu-dump, checksum and publish.  After the kill the previous image
+phases are criu-dump, store and publish.  After the kill the previous image
 of that name must be intact; after `gpuos recover` either the process still
 runs (killed before the dump) or, once the dump had completed (and the dump
 killed the process), the new image is published, verifies, and restores.
@@ -26,7 +26,7 @@ from helpers import (GPUOS, assert_consecutive, counted, gpuos, gpuos_env, gpuos
 pytestmark = pytest.mark.criu
 
 
-@pytest.mark.parametrize("phase", ["criu-dump", "checksum", "publish"])
+@pytest.mark.parametrize("phase", ["criu-dump", "store", "publish"])
 def test_kill_at_phase_then_recover(phase, criu_bin, home, store, processes, tmp_path):
     env = gpuos_env(home.home, criu=criu_bin)
     log = tmp_path / "count.log"

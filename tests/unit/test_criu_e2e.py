@@ -109,7 +109,7 @@ def test_leave_running_keeps_the_process_and_restore_while_taken_exits_14(cr: CR
     assert proc.poll() is None
     keeps_counting(log)
     m = ImageStore.load(cr.store.root / "live")
-    ImageStore.verify(cr.store.root / "live", m)
+    cr.store.verify(cr.store.root / "live", m)
     assert m.leave_running is True and m.root_pid == proc.pid
 
     line = error_line(gpuos(cr.env, "restore", "live"), 14)

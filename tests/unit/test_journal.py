@@ -9,6 +9,7 @@ side is a FakeDriver.
 from __future__ import annotations
 
 import json
+import hashlib
 import os
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from gpuos.cudadrv import CHECKPOINTED, LOCKED, RUNNING
 from gpuos.errors import Busy, GpuosError
 from gpuos.journal import JournalRecord, Operation, pid_lock, recover
 from gpuos.manifest import CRIU_DIR, MANIFEST_NAME
-from gpuos.store import ImageStore, checksum_tree
+from gpuos.store import ImageStore
+from gpuos.store.content import ingest, staged_files
 
 from fakes import FakeDriver
 from helpers import (Processes, build_image, dead_operation, draft_of, hidden_entries, journals,
@@ -163,24 +165,31 @@ def test_recover_publishes_a_completed_dump(home, store, driver, manifest_writte
     old_digest = tree_digest(old)
     staging, final = _checkpoint_journal(home, store, "job", "publish" if manifest_written else "checksum")
     write_criu_files(staging / CRIU_DIR, seed=b"new")
-    if manifest_written:  # killed in publish, after the manifest was written
-        (staging / MANIFEST_NAME).write_text(make_manifest("job").to_json())
     new_files = {k: v for k, v in tree_digest(staging).items() if k != MANIFEST_NAME}
+    if manifest_written:  # killed in publish: chunks stored, the manifest written, files not yet dropped
+        written = make_manifest("job", pids=(4242, 4243), chunk_dir="../.chunks")
+        with store.chunks().shared():
+            written.files, _ = ingest(staged_files(staging), store.chunks())
+        written.timings = {"criu-dump": 0.5}
+        ImageStore.write_manifest(staging, written)
 
     actions = recover(home.run, store, lambda: driver)
 
     assert all(a.ok for a in actions), actions
     assert any("published" in a.action for a in actions)
     m = ImageStore.load(final)
-    ImageStore.verify(final, m)
+    store.verify(final, m)
     assert {f.path for f in m.files} == set(new_files)
-    got = tree_digest(final)
-    assert {k: v for k, v in got.items() if k != MANIFEST_NAME} == new_files != \
-        {k: v for k, v in old_digest.items() if k != MANIFEST_NAME}
+    content = store.content(final, m)
+    for f in m.files:
+        got = b"".join(store.chunks().path(c.id).read_bytes() for c in f.chunks)
+        assert hashlib.sha256(got).hexdigest() == new_files[f.path]
+    assert sorted(p.name for p in final.iterdir()) == [MANIFEST_NAME]  # the files dropped
+    assert new_files != {k: v for k, v in old_digest.items() if k != MANIFEST_NAME}
     assert [p.pid for p in m.processes] == [4242, 4243]  # the journal's draft, not a guess
     assert m.name == "job" and m.leave_running is False
-    assert "recovered" in m.timings
-    assert sorted(os.listdir(store.root)) == ["job"]
+    assert m.timings == ({"criu-dump": 0.5} if manifest_written else {"recovered": 1.0})
+    assert sorted(os.listdir(store.root)) == [".chunks", "job"]
     assert journals(home.run) == [] and lock_files(home.run) == []
     assert driver.calls == []
 
@@ -204,7 +213,7 @@ def test_recover_deletes_an_incomplete_image_and_keeps_the_previous(home, store,
     assert any("deleted incomplete image" in a.action for a in actions)
     assert not staging.exists()
     assert tree_digest(final) == old_digest
-    assert sorted(os.listdir(store.root)) == ["job"]
+    assert sorted(os.listdir(store.root)) == [".chunks", "job"]
     assert journals(home.run) == []
 
 
@@ -237,7 +246,7 @@ def test_recover_leaves_a_live_operation_alone(home, store, driver, processes):
     actions = recover(home.run, store, lambda: driver)
     assert all(a.ok for a in actions)
     assert driver.states[pid] == RUNNING
-    ImageStore.verify(final, ImageStore.load(final))
+    store.verify(final, ImageStore.load(final))
     assert journals(home.run) == []
 
 
@@ -285,9 +294,11 @@ def test_crash_after_publish_exchange_keeps_the_new_image(home, store, driver):
     build_image(store, "job", seed=b"old")
     staging, final = _checkpoint_journal(home, store, "job", "publish")
     write_criu_files(staging / CRIU_DIR, seed=b"new")
-    new = make_manifest("job", pids=(4242, 4243))
-    new.files = checksum_tree(staging)
+    new = make_manifest("job", pids=(4242, 4243), chunk_dir="../.chunks")
+    with store.chunks().shared():
+        new.files, _ = ingest(staged_files(staging), store.chunks())
     ImageStore.write_manifest(staging, new)
+    ImageStore.drop_files(staging)
     # The exchange happened; the kill came before the old image was deleted.
     os.rename(final, staging.with_name("swap"))
     os.rename(staging, final)

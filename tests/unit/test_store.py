@@ -1,4 +1,5 @@
-"""The image store: names, checksums, atomic publishing, verification, removal."""
+"""The image store: names, ingest into chunks, atomic publishing, verification, removal;
+images of format 4 (whole files) still verify.  The chunk store itself: test_chunks.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 
 from gpuos.errors import GpuosError, ImageCorrupt, ImageFormatUnsupported, ImageNotFound
 from gpuos.manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME
-from gpuos.store import ImageStore, checksum_tree, tree_size
+from gpuos.store import ImageStore
+from gpuos.store.content import ingest, staged_files
 
-from helpers import build_image, hidden_entries, make_manifest, tree_digest, write_criu_files
+from helpers import (build_image, build_v4_image, hidden_entries, legacy_entries, make_manifest,
+                     tree_digest, write_criu_files)
 
 
 # -- resolve ---------------------------------------------------------------------
@@ -50,43 +53,43 @@ def test_staging_is_hidden_sibling(store: ImageStore):
     assert ImageStore.staging_dirs(store.root) == []  # naming only; nothing created
 
 
-# -- checksum_tree -------------------------------------------------------------------
+# -- ingest ------------------------------------------------------------------------
 
-def test_checksum_tree_lists_every_file_but_the_manifest(tmp_path: Path):
+def test_ingest_lists_every_file_but_the_manifest_as_chunks(store: ImageStore, tmp_path: Path):
     root = tmp_path / "img"
     write_criu_files(root / CRIU_DIR)
     (root / "criu" / "sub").mkdir()
     (root / "criu" / "sub" / "deep.img").write_bytes(b"deep")
     (root / "criu" / "empty.img").write_bytes(b"")
     (root / MANIFEST_NAME).write_text("{}")
-    entries = checksum_tree(root)
+    seen: list[int] = []
+    with store.chunks().shared():
+        entries, stats = ingest(staged_files(root), store.chunks(), progress=seen.append)
     by_path = {e.path: e for e in entries}
     assert set(by_path) == {"criu/pages-1.img", "criu/core-4242.img", "criu/dump.log",
                             "criu/sub/deep.img", "criu/empty.img"}
     for rel, e in by_path.items():
         data = (root / rel).read_bytes()
         assert e.size == len(data)
-        assert e.sha256 == hashlib.sha256(data).hexdigest()
-    assert by_path["criu/empty.img"].sha256 == hashlib.sha256(b"").hexdigest()
-    assert tree_size(root) == sum(e.size for e in entries) + 2  # + manifest
-
-
-def test_checksum_tree_reports_progress(tmp_path: Path):
-    root = tmp_path / "img"
-    write_criu_files(root / CRIU_DIR)
-    seen: list[int] = []
-    checksum_tree(root, progress=seen.append)
-    assert sum(seen) == tree_size(root)
+        assert b"".join(store.chunks().path(c.id).read_bytes() for c in e.chunks) == data
+        assert e.mode == (root / rel).stat().st_mode & 0o7777
+    assert by_path["criu/empty.img"].chunks == []
+    assert sum(seen) == stats.bytes == sum(e.size for e in entries)
+    assert stats.new_bytes == stats.bytes  # an empty store: everything is new
 
 
 # -- publish -------------------------------------------------------------------------
 
 def _staged(store: ImageStore, name: str, seed: bytes, op: str = "op1") -> Path:
-    staging = store.staging_for(store.root / name, op)
+    """A staged image as checkpoint() leaves it just before publishing."""
+    final = store.root / name
+    staging = store.staging_for(final, op)
     write_criu_files(staging / CRIU_DIR, seed)
-    m = make_manifest(name)
-    m.files = checksum_tree(staging)
+    m = make_manifest(name, chunk_dir=store.chunk_dir_for(final))
+    with store.chunks().shared():
+        m.files, _ = ingest(staged_files(staging), store.chunks())
     ImageStore.write_manifest(staging, m)
+    ImageStore.drop_files(staging)
     return staging
 
 
@@ -97,9 +100,8 @@ def test_publish_onto_nothing(store: ImageStore):
     ImageStore.publish(staging, final)
     assert not staging.exists()
     assert tree_digest(final) == before
-    assert sorted(os.listdir(store.root)) == ["job"]
-    m = ImageStore.load(final)
-    ImageStore.verify(final, m)
+    assert sorted(os.listdir(store.root)) == [".chunks", "job"]
+    store.verify(final, ImageStore.load(final))
 
 
 def test_publish_creates_the_store(tmp_path: Path):
@@ -119,13 +121,25 @@ def test_publish_replaces_existing_image_and_leaves_nothing_behind(store: ImageS
     ImageStore.publish(staging, old)
     assert tree_digest(store.root / "job") == new_digest
     assert not staging.exists()
-    assert sorted(os.listdir(store.root)) == ["job"]
+    assert sorted(os.listdir(store.root)) == [".chunks", "job"]
     assert hidden_entries(store.root) == []
 
 
-def test_write_manifest_leaves_no_tmp(store: ImageStore):
+def test_a_published_image_holds_only_its_manifest(store: ImageStore):
     staging = _staged(store, "job", b"x")
-    assert sorted(p.name for p in staging.iterdir()) == [CRIU_DIR, MANIFEST_NAME]
+    assert sorted(p.name for p in staging.iterdir()) == [MANIFEST_NAME]
+
+
+def test_an_image_outside_the_store_has_its_own_chunks(store: ImageStore, tmp_path: Path):
+    from helpers import store_staged
+    final = tmp_path / "elsewhere" / "img"
+    staging = store.staging_for(final, "op")
+    write_criu_files(staging / CRIU_DIR)
+    store_staged(store, staging, final, make_manifest("img"))
+    m = ImageStore.load(final)
+    assert m.chunk_dir == "chunks" and (final / "chunks").is_dir()
+    assert not (store.root / ".chunks").exists()
+    store.verify(final, m)
 
 
 # -- load / verify -------------------------------------------------------------------
@@ -152,52 +166,97 @@ def test_load_reports_format_version(store: ImageStore):
 
 def test_verify_accepts_intact_image(store: ImageStore):
     img = build_image(store, "job")
-    ImageStore.verify(img, ImageStore.load(img))
+    store.verify(img, ImageStore.load(img))
 
 
-def _verify_problem(img: Path) -> str:
+def _verify_problem(store: ImageStore, img: Path) -> str:
     with pytest.raises(ImageCorrupt) as exc:
-        ImageStore.verify(img, ImageStore.load(img))
+        store.verify(img, ImageStore.load(img))
     assert exc.value.exit_code == 10
     return exc.value.message
 
 
-def test_verify_detects_missing_file(store: ImageStore):
+def _chunk_of(store: ImageStore, img: Path, rel: str) -> Path:
+    entry = next(f for f in ImageStore.load(img).files if f.path == rel)
+    return store.chunks().path(entry.chunks[0].id)
+
+
+def test_verify_names_a_missing_chunk(store: ImageStore):
     img = build_image(store, "job")
-    (img / "criu" / "core-4242.img").unlink()
-    assert "missing criu/core-4242.img" in _verify_problem(img)
+    chunk = _chunk_of(store, img, "criu/core-4242.img")
+    chunk.unlink()
+    msg = _verify_problem(store, img)
+    assert f"chunk {chunk.parent.name}{chunk.name} (criu/core-4242.img at byte 0) is missing" in msg
 
 
-def test_verify_detects_extra_file(store: ImageStore):
+def test_verify_names_a_corrupt_chunk(store: ImageStore):
     img = build_image(store, "job")
-    (img / "criu" / "stats-restore").write_bytes(b"x")
-    assert "unexpected file criu/stats-restore" in _verify_problem(img)
-
-
-def test_verify_detects_size_change(store: ImageStore):
-    img = build_image(store, "job")
-    with open(img / "criu" / "pages-1.img", "ab") as f:
-        f.write(b"\0")
-    assert "criu/pages-1.img: size" in _verify_problem(img)
-
-
-def test_verify_detects_same_size_content_change(store: ImageStore):
-    img = build_image(store, "job")
-    pages = img / "criu" / "pages-1.img"
-    data = bytearray(pages.read_bytes())
+    chunk = _chunk_of(store, img, "criu/pages-1.img")
+    data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x01
-    size = pages.stat().st_size
-    pages.write_bytes(bytes(data))
-    assert pages.stat().st_size == size
-    assert "criu/pages-1.img: checksum mismatch" in _verify_problem(img)
+    chunk.chmod(0o644)
+    chunk.write_bytes(bytes(data))
+    assert "(criu/pages-1.img at byte 0) is corrupt" in _verify_problem(store, img)
+
+
+def test_verify_names_a_short_chunk(store: ImageStore):
+    img = build_image(store, "job")
+    chunk = _chunk_of(store, img, "criu/pages-1.img")
+    chunk.chmod(0o644)
+    chunk.write_bytes(chunk.read_bytes()[:-1])
+    assert "is short" in _verify_problem(store, img)
 
 
 def test_verify_counts_every_problem(store: ImageStore):
     img = build_image(store, "job")
+    for rel in ("criu/core-4242.img", "criu/dump.log", "criu/pages-1.img"):
+        _chunk_of(store, img, rel).unlink()
+    assert "(and 2 more)" in _verify_problem(store, img)
+
+
+# -- format 4 (whole files in the image) -------------------------------------------------
+
+def test_v4_verify_accepts_intact_image(store: ImageStore):
+    img = build_v4_image(store, "job")
+    m = ImageStore.load(img)
+    assert m.format_version == 4 and not m.chunked
+    store.verify(img, m)
+
+
+def test_v4_verify_detects_missing_file(store: ImageStore):
+    img = build_v4_image(store, "job")
+    (img / "criu" / "core-4242.img").unlink()
+    assert "missing criu/core-4242.img" in _verify_problem(store, img)
+
+
+def test_v4_verify_detects_extra_file(store: ImageStore):
+    img = build_v4_image(store, "job")
+    (img / "criu" / "stats-restore").write_bytes(b"x")
+    assert "unexpected file criu/stats-restore" in _verify_problem(store, img)
+
+
+def test_v4_verify_detects_size_change(store: ImageStore):
+    img = build_v4_image(store, "job")
+    with open(img / "criu" / "pages-1.img", "ab") as f:
+        f.write(b"\0")
+    assert "criu/pages-1.img: size" in _verify_problem(store, img)
+
+
+def test_v4_verify_detects_same_size_content_change(store: ImageStore):
+    img = build_v4_image(store, "job")
+    pages = img / "criu" / "pages-1.img"
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    pages.write_bytes(bytes(data))
+    assert "criu/pages-1.img: checksum mismatch" in _verify_problem(store, img)
+
+
+def test_v4_verify_counts_every_problem(store: ImageStore):
+    img = build_v4_image(store, "job")
     (img / "criu" / "core-4242.img").unlink()
     (img / "criu" / "extra").write_bytes(b"x")
     (img / "criu" / "dump.log").write_text("changed")
-    assert "(and 2 more)" in _verify_problem(img)
+    assert "(and 2 more)" in _verify_problem(store, img)
 
 
 # -- entries / remove ----------------------------------------------------------------
@@ -222,7 +281,7 @@ def test_remove(store: ImageStore):
     b = build_image(store, "b", seed=b"b")
     b_digest = tree_digest(b)
     store.remove(store.root / "a")
-    assert sorted(os.listdir(store.root)) == ["b"]
+    assert sorted(os.listdir(store.root)) == [".chunks", "b"]
     assert tree_digest(b) == b_digest
 
 
@@ -243,7 +302,7 @@ def test_staging_dirs(store: ImageStore):
 def test_large_files_are_hashed_in_pieces_and_a_bad_piece_is_named(tmp_path: Path, monkeypatch):
     """A file larger than a piece gets a digest per piece (hashed in parallel) and a root
     digest over them; verify names the piece that changed."""
-    import gpuos.store as S
+    import gpuos.store.images as S
 
     monkeypatch.setattr(S, "PIECE", 4096)
     monkeypatch.setattr(S, "CHUNK", 1000)  # reads smaller than a piece, not dividing it
@@ -252,24 +311,24 @@ def test_large_files_are_hashed_in_pieces_and_a_bad_piece_is_named(tmp_path: Pat
     data = os.urandom(3 * 4096 + 17)
     (root / "big.bin").write_bytes(data)
     (root / "small.bin").write_bytes(b"x" * 100)
-    entries = {e.path: e for e in checksum_tree(root)}
+    entries = {e.path: e for e in legacy_entries(root)}
     big, small = entries["big.bin"], entries["small.bin"]
     pieces = [hashlib.sha256(data[k:k + 4096]).hexdigest() for k in range(0, len(data), 4096)]
     assert big.pieces == pieces and len(pieces) == 4
     assert big.sha256 == hashlib.sha256(b"".join(bytes.fromhex(p) for p in pieces)).hexdigest()
     assert small.pieces == [] and small.sha256 == hashlib.sha256(b"x" * 100).hexdigest()
-    m = make_manifest()
+    m = make_manifest(format_version=4)
     m.files = list(entries.values())
-    ImageStore.verify(root, m)
+    ImageStore(tmp_path).verify(root, m)
     with open(root / "big.bin", "r+b") as f:
         f.seek(2 * 4096 + 5)
         f.write(bytes([data[2 * 4096 + 5] ^ 1]))
     with pytest.raises(ImageCorrupt, match=r"big.bin: checksum mismatch \(bytes 8192-12287\)"):
-        ImageStore.verify(root, m)
+        ImageStore(tmp_path).verify(root, m)
 
 
 def test_a_large_file_of_an_older_image_verifies_by_its_whole_sha256(tmp_path: Path, monkeypatch):
-    import gpuos.store as S
+    import gpuos.store.images as S
     from gpuos.manifest import FileEntry
 
     monkeypatch.setattr(S, "PIECE", 4096)
@@ -277,9 +336,9 @@ def test_a_large_file_of_an_older_image_verifies_by_its_whole_sha256(tmp_path: P
     root.mkdir()
     data = os.urandom(5 * 4096)
     (root / "pages.img").write_bytes(data)
-    m = make_manifest()
-    m.files = [FileEntry("pages.img", len(data), hashlib.sha256(data).hexdigest())]
-    ImageStore.verify(root, m)
+    m = make_manifest(format_version=3)
+    m.files = [FileEntry("pages.img", len(data), sha256=hashlib.sha256(data).hexdigest())]
+    ImageStore(tmp_path).verify(root, m)
     (root / "pages.img").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(ImageCorrupt, match="pages.img: checksum mismatch"):
-        ImageStore.verify(root, m)
+        ImageStore(tmp_path).verify(root, m)

@@ -8,8 +8,8 @@ Phases (each timed, each recorded in the operation's journal first):
                     whose own threads are held still (hold.py) and then stopped
     criu-dump       criu dump of the whole tree into the staging directory
     gpu-restore     (--leave-running) cuCheckpointProcessRestore and Unlock, threads held
-    checksum        sha256 + fsync of every file
-    publish         manifest written, staging renamed into place
+    store           every file cut into chunks, the new ones stored (store/content.py)
+    publish         manifest written, the files dropped, staging renamed into place
 
 Any failure before the dump completed puts every CUDA process back on its GPU
 and leaves it running; the previous image of that name is never touched. With
@@ -40,7 +40,9 @@ from .journal import Operation, put_back, pid_lock
 from .movable import handout
 from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo, TerminalInfo
 from .observe import Observer, Silent
-from .store import ImageStore, checksum_tree, tree_size
+from .store import ImageStore
+from .store.images import OWN_CHUNKS
+from .store.content import ingest, staged_files
 
 
 @dataclass
@@ -123,7 +125,8 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
             hostname=socket.gethostname(), kernel=platform.release(), root_pid=req.pid,
             leave_running=req.leave_running, processes=processes, gpus=gpus,
             driver=driver.driver_info() if driver else None, criu_version=criu_version,
-            criu_options=options, files=[], timings={}, terminals=terminals)
+            criu_options=options, files=[], timings={}, terminals=terminals,
+            chunk_dir=store.chunk_dir_for(final))
         op.record.gpu_pids, op.record.staging, op.record.final = gpu_pids, str(staging), str(final)
         op.record.draft = asdict(draft)
         op.timings["prepare"] = time.monotonic() - t_prepare
@@ -210,23 +213,24 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                     why = exc.message if isinstance(exc, GpuosError) else str(exc)
                     raise _abandon(op, handouts, staging, final,
                                    f"copying pid {h.pid}'s GPU memory after it resumed failed ({why})") from None
-        hashed: dict = {}  # files hashed as they were written
-        if handouts:
-            with phase("movable-save"):  # what the copier did not write into the image
-                saved = [handout.save(h, staging) for h in handouts]
-                draft.movable = [mem for mem, _ in saved]
-                hashed = {f.path: f for _, f in saved}
-                for h in handouts:
-                    if not h.released or not req.leave_running:
-                        handout.discard(h)  # else the staging file is the process's memory
-        with phase("checksum"):
-            draft.files = checksum_tree(
-                staging, observer.bytes_progress("checksum", tree_size(staging) - sum(f.size for f in hashed.values())),
-                known=hashed)
-        draft.timings = dict(op.timings)
-        with phase("publish"):
-            ImageStore.write_manifest(staging, draft)
-            ImageStore.publish(staging, final)
+        sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
+        for h in handouts:
+            mem, src = handout.source(h, staging)
+            draft.movable.append(mem)
+            sources[src.path] = src
+        chunks = store.chunks_of(staging, draft)
+        with chunks.shared():  # no gc until the image that uses the new chunks is published
+            with phase("store"):
+                draft.files, _ = ingest(list(sources.values()), chunks, observer.bytes_progress(
+                    "store", sum(f.size for f in sources.values())))
+            for h in handouts:
+                if not h.released or not req.leave_running:
+                    handout.discard(h)  # else the staging file is the process's memory
+            draft.timings = dict(op.timings)
+            with phase("publish"):
+                ImageStore.write_manifest(staging, draft)
+                ImageStore.drop_files(staging)
+                ImageStore.publish(staging, final)
         if left_stopped:  # the journal stays: `gpuos recover` tries to resume them again
             raise ProcessLeftStopped(
                 f"image {final} is published, but {'; '.join(left_stopped)}, after "
@@ -268,7 +272,7 @@ def _journal_capture(op: Operation, h: handout.Handout) -> None:
     wrote it there: `saved`), or into the process."""
     entry = next(m for m in op.record.movable if m["pid"] == h.pid)
     entry["memory"] = asdict(handout.memory_entry(h))
-    entry["saved"] = h.saved is not None
+    entry["saved"] = h.saved
     op.save()
 
 

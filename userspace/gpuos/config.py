@@ -4,7 +4,10 @@ Everything is derived from one ``Paths`` value built from the command line and
 the environment; nothing is global.
 
     GPUOS_HOME (default /var/lib/gpuos)
-      images/       the default image store (``--store`` / GPUOS_STORE override)
+      images/       the default image store (``--store`` / GPUOS_STORE override);
+                    its chunks in images/.chunks/
+    GPUOS_HOT (default /dev/shm/gpuos)
+                    the stores' hot tiers: chunks kept in memory (``gpuos images warm``)
       run/          journals of operations in flight, per-process lock files
       faults/       the fault journal (gpuos faults watch|log; faults/journal.py)
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 from .errors import CriuUnavailable
 
 DEFAULT_HOME = Path("/var/lib/gpuos")
+DEFAULT_HOT = Path("/dev/shm/gpuos")
 # Where tools/install-bundle.sh puts its private criu by default.
 BUNDLED_CRIU = Path("/opt/gpuos/bin/criu")
 
@@ -27,6 +31,7 @@ BUNDLED_CRIU = Path("/opt/gpuos/bin/criu")
 class Paths:
     home: Path
     store: Path
+    hot: Path = DEFAULT_HOT
 
     @property
     def run(self) -> Path:
@@ -43,7 +48,7 @@ class Paths:
         home = Path(env.get("GPUOS_HOME") or DEFAULT_HOME)
         if store is None:
             store = env.get("GPUOS_STORE") or home / "images"
-        return cls(home=home, store=Path(store))
+        return cls(home=home, store=Path(store), hot=Path(env.get("GPUOS_HOT") or DEFAULT_HOT))
 
 
 def find_criu(explicit: str | None = None, env: dict[str, str] | None = None) -> Path:

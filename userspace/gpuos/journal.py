@@ -31,8 +31,10 @@ from .criu import dump_completed
 from .cudadrv import GpuDriver
 from .errors import Busy, GpuosError
 from .hold import resume_gpu
-from .manifest import CRIU_DIR, Manifest, MovableMemory
-from .store import STAGING_MARK, ImageStore, checksum_tree
+from .manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME, Manifest, MovableMemory
+from .store import STAGING_MARK, ChunkStore, ImageStore
+from .store.content import ingest, staged_files
+from .store.images import OWN_CHUNKS
 
 # Tests set this to a phase name: gpuos then writes GPUOS_TEST_HOLD_FILE and
 # waits there, so a test can SIGKILL it at a known point of an operation.
@@ -47,7 +49,7 @@ class JournalRecord:
     started: float
     phase: str = "prepare"
     gpu_pids: list[int] = field(default_factory=list)
-    staging: str | None = None  # checkpoint: the image being built
+    staging: str | None = None  # checkpoint: the image being built; restore: its files read out
     final: str | None = None  # checkpoint: where it will be published
     draft: dict | None = None  # checkpoint: the manifest, less files and timings
     gpu_pairs: dict = field(default_factory=dict)  # restore: image GPU -> GPU here
@@ -150,36 +152,52 @@ def put_back(driver: GpuDriver, pid: int, pairs: dict[str, str] | None = None) -
     return resume_gpu(driver, pid, pairs or {})
 
 
-def _finish_image(rec: JournalRecord) -> str:
+_NOT_IN_DRAFT = dict(files=[], timings={}, movable=[], chunk_dir="", format_version=0)
+
+
+def _finish_image(rec: JournalRecord, store: ImageStore) -> str:
     staging = Path(rec.staging) if rec.staging else None
     if staging is None or not staging.is_dir():
         return "no staged image"
-    if rec.draft is None or not dump_completed(staging / CRIU_DIR):
+    final = Path(rec.final)
+    if rec.draft is None:
         shutil.rmtree(staging)
         return f"deleted incomplete image {staging}"
-    draft = dict(rec.draft, files=[], timings={})
-    final = Path(rec.final)
+    draft = dict(rec.draft, **_NOT_IN_DRAFT)
     try:
         published = asdict(ImageStore.load(final))
-        if dict(published, files=[], timings={}) == draft:
+        if dict(published, **_NOT_IN_DRAFT) == draft:
             shutil.rmtree(staging)  # killed after the exchange: staging holds the old image
             return f"finished publishing {final}"
     except GpuosError:
         pass
+    if (staging / MANIFEST_NAME).is_file():  # chunks stored, manifest written: the rename is left
+        ImageStore.drop_files(staging)
+        ImageStore.publish(staging, final)
+        return f"published image {final}: its chunks and manifest were written, the rename was left"
+    if not dump_completed(staging / CRIU_DIR):
+        shutil.rmtree(staging)
+        return f"deleted incomplete image {staging}"
     if any("memory" not in m for m in rec.movable):  # a snapshot was never captured
         shutil.rmtree(staging)
         return f"deleted image {staging}: the GPU memory of a process was not captured"
-    manifest = Manifest.from_json(json.dumps(draft))
+    manifest = Manifest.from_json(json.dumps(dict(draft, format_version=FORMAT_VERSION)))
+    manifest.chunk_dir = store.chunk_dir_for(final)
+    sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
-        if m.get("memory") and m.get("saved"):  # the copier wrote it there
-            manifest.movable.append(MovableMemory.from_dict(m["memory"]))
-        elif m.get("memory") and Path(m["staging"]).exists():
-            manifest.movable.append(
-                handout.save_staged(Path(m["staging"]), MovableMemory.from_dict(m["memory"]), staging)[0])
-    manifest.files = checksum_tree(staging)
-    manifest.timings = {"recovered": 1.0}
-    ImageStore.write_manifest(staging, manifest)
-    ImageStore.publish(staging, Path(rec.final))
+        mem = MovableMemory.from_dict(m["memory"]) if m.get("memory") else None
+        where = staging / mem.file if mem and m.get("saved") else Path(m["staging"])
+        if mem and where.exists():
+            mem, src = handout.staged_source(where, mem)
+            manifest.movable.append(mem)
+            sources[src.path] = src
+    chunks = ChunkStore(staging / manifest.chunk_dir)
+    with chunks.shared():
+        manifest.files, _ = ingest(list(sources.values()), chunks)
+        manifest.timings = {"recovered": 1.0}
+        ImageStore.write_manifest(staging, manifest)
+        ImageStore.drop_files(staging)
+        ImageStore.publish(staging, final)
     return f"published image {rec.final} from a dump that had completed"
 
 
@@ -209,6 +227,8 @@ def recover(run_dir: Path, store: ImageStore,
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
             if rec.kind == "restore":
                 shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)
+                if rec.staging:  # the image's files read out for CRIU
+                    shutil.rmtree(rec.staging, ignore_errors=True)
             for m in rec.movable:  # before the image: the process may still need the staging file
                 try:
                     msg = handout.recover(m["pid"], Path(m["staging"]), m.get("memory"), m.get("keeper", ""))
@@ -217,7 +237,7 @@ def recover(run_dir: Path, store: ImageStore,
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
             if rec.kind == "checkpoint":
                 try:
-                    actions.append(RecoveryAction(rec.op_id, _finish_image(rec), True))
+                    actions.append(RecoveryAction(rec.op_id, _finish_image(rec, store), True))
                 except (OSError, GpuosError) as exc:
                     ok = False
                     actions.append(RecoveryAction(rec.op_id, f"finishing {rec.staging}: {exc}", False))

@@ -13,8 +13,9 @@ from typing import Any
 from .errors import ImageCorrupt, ImageFormatUnsupported
 
 FORMAT = "gpuos-image"
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)  # 1 had no `terminals`, 2 no `session_outside`, 3 no `movable`
+FORMAT_VERSION = 5
+# 1 had no `terminals`, 2 no `session_outside`, 3 no `movable`, 4 whole files (no chunks)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST_NAME = "manifest.json"
 CRIU_DIR = "criu"
 
@@ -85,16 +86,36 @@ class MovableMemory:
         return cls(**{**d, "ranges": [MovableRange(**r) for r in d["ranges"]]})
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a file's content in the chunk store (store/chunks.py)."""
+
+    id: str    # BLAKE3-256 of the content, hex: its name in the store
+    size: int  # bytes
+
+
 @dataclass
 class FileEntry:
     path: str  # relative to the image directory, '/'-separated
     size: int
-    # Files of up to one piece (store.PIECE, 64 MiB): the content's sha256.  Larger files
-    # (format 4): the sha256 of their pieces' digests, concatenated, with those digests in
-    # `pieces`, so that they are hashed and verified in parallel (images of formats 1-3:
-    # the whole content's sha256, `pieces` empty).
-    sha256: str
+    # Format 5: the content is these chunks, in order (store/chunker.py cuts them); the
+    # file itself is not in the image.
+    chunks: list[Chunk] = field(default_factory=list)
+    # Formats 1-4, whose files are in the image directory: files of up to one piece
+    # (64 MiB) have the content's sha256; larger ones (format 4) the sha256 of their
+    # pieces' digests concatenated, with those digests in `pieces`, hashed in parallel
+    # (formats 1-3: the whole content's sha256, `pieces` empty).
+    sha256: str = ""
     pieces: list[str] = field(default_factory=list)
+    # Format 5: the file's permission bits and owner, given back when it is read out (a
+    # link CRIU made, links.py, must come back as it was); -1: not recorded
+    mode: int = -1
+    uid: int = -1
+    gid: int = -1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FileEntry":
+        return cls(**{**d, "chunks": [Chunk(**c) for c in d.get("chunks", [])]})
 
 
 @dataclass
@@ -121,12 +142,24 @@ class Manifest:
     timings: dict[str, float]  # phase -> seconds
     terminals: list[TerminalInfo] = field(default_factory=list)
     movable: list[MovableMemory] = field(default_factory=list)
+    # Format 5: where the chunks are, relative to the image directory ("../.chunks" for an
+    # image in a store, "chunks" for one outside: its own)
+    chunk_dir: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def chunked(self) -> bool:
+        """Format 5: the files' contents are chunks in chunk_dir, not files in the image."""
+        return self.format_version >= 5
+
+    def chunk_set(self) -> dict[str, int]:
+        """Every chunk the image references, once: name -> bytes."""
+        return {c.id: c.size for f in self.files for c in f.chunks}
 
     @property
     def gpu_pids(self) -> list[int]:
@@ -164,7 +197,7 @@ class Manifest:
             return cls(
                 processes=[ProcessInfo(**p) for p in data.pop("processes")],
                 gpus=[GpuInfo(**g) for g in data.pop("gpus")],
-                files=[FileEntry(**f) for f in data.pop("files")],
+                files=[FileEntry.from_dict(f) for f in data.pop("files")],
                 terminals=[TerminalInfo(**t) for t in data.pop("terminals", [])],
                 movable=[MovableMemory.from_dict(m) for m in data.pop("movable", [])],
                 driver=DriverInfo(**driver) if driver is not None else None,

@@ -1,12 +1,14 @@
 """Restore an image: checks first, then criu restore, then the GPU state.
 
-Phases: verify (checksums), checks (GPU model and memory, driver version,
-pids free, terminals), criu-restore (every task left stopped), gpu-restore
-(restore and unlock each CUDA process with only the driver's restore thread
-running, hold.py), movable-fill (a process under `gpuos run` gets its movable memory
-back from the image, movable/handout.py), then every process continues.  A failure after criu restored
-the tree kills what was restored: the host is left as before and the image
-is untouched.
+Phases: checks (GPU model and memory, driver version, pids free, terminals), read (the
+image's CRIU files out of the chunk store into a tmpfs directory, every chunk checked as
+it is read; an image of format 1-4 is verified whole first instead, and read in place),
+criu-restore (every task left stopped), gpu-restore (restore and unlock each CUDA process
+with only the driver's restore thread running, hold.py), movable-fill (a process under
+`gpuos run` gets its movable memory back from the image, movable/handout.py), then every
+process continues.  The store is locked shared throughout (no gc).  A failure after criu
+restored the tree kills what was restored: the host is left as before and the image is
+untouched.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -30,6 +34,9 @@ from .manifest import CRIU_DIR, GpuInfo, Manifest
 from .movable import handout
 from .observe import Observer, Silent
 from .store import ImageStore
+from .store.content import workers
+
+READ_INTO = Path("/dev/shm")  # where an image's CRIU files are read out to, if it has room
 
 
 @dataclass
@@ -194,18 +201,40 @@ def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def read_dir(run_dir: Path, op_id: str, size: int) -> Path:
+    """Where the image's CRIU files go for CRIU to read: tmpfs if it has room for them
+    (and a quarter more), else the run directory."""
+    try:
+        st = os.statvfs(READ_INTO)
+        if st.f_bavail * st.f_frsize > size * 5 // 4:
+            return READ_INTO / f"gpuos-restore-{op_id}"
+    except OSError:
+        pass
+    return run_dir / f"restore-{op_id}" / "images"
+
+
 def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
             observer: Observer = Silent(), tty: str | None = None,
             gpus: list[str] | None = None) -> RestoreResult:
     image = store.resolve(image_ref)
     manifest = store.load(image)
+    with ExitStack() as held:
+        content = store.content(image, manifest, verify)
+        if content.chunks is not None:
+            held.enter_context(content.chunks.shared())  # no gc while its chunks are read
+        return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
+                        observer, tty, gpus)
+
+
+def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
+             tty, gpus) -> RestoreResult:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    if verify:
+    if verify and not manifest.chunked:  # older formats: the whole image first
         observer.phase("verify")
         store.verify(image, manifest, observer.bytes_progress("verify", manifest.total_size))
-    timings["verify"] = time.monotonic() - t0
+        timings["verify"] = time.monotonic() - t0
 
     t0 = time.monotonic()
     gpu_pids = manifest.gpu_pids
@@ -221,13 +250,6 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
         gpu_map = plan_gpus(manifest.gpus, devices, resolve_onto(gpus or [], manifest.gpus, devices))
     check_pids_free(manifest)
     criu.check_version()
-    terminal_fds = open_terminals(manifest, tty)
-    try:
-        job_tty = job_terminal(manifest, tty)
-    except BaseException:
-        for fd in terminal_fds.values():
-            os.close(fd)
-        raise
     timings["checks"] = time.monotonic() - t0
 
     op = Operation(run_dir, "restore")
@@ -236,32 +258,62 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
     op.record.gpu_pairs = pairs
     op.timings.update(timings)
     workdir = run_dir / f"restore-{op.op_id}"
+    read_out = (CRIU_DIR, links.LINKS_DIR)
+    criu_bytes = sum(f.size for f in manifest.files if f.path.split("/", 1)[0] in read_out)
+    out = read_dir(run_dir, op.op_id, criu_bytes) if manifest.chunked else None
+    op.record.staging = str(out) if out else None
 
     def phase(name: str):
         observer.phase(name)
         return op.phase(name)
 
-    relinked = links.put_back(image)
+    def cleanup() -> None:
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
+
+    try:
+        with phase("read"):
+            base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes))
+    except BaseException as exc:
+        cleanup()
+        op.finish()
+        if isinstance(exc, GpuosError):
+            raise RestoreFailed(f"{exc.message}; nothing was restored") from None
+        raise
+    try:
+        terminal_fds = open_terminals(manifest, tty)
+        try:
+            job_tty = job_terminal(manifest, tty)
+        except BaseException:
+            for fd in terminal_fds.values():
+                os.close(fd)
+            raise
+    except BaseException:
+        cleanup()
+        op.finish()
+        raise
+    relinked = links.put_back(base)
     try:
         with phase("criu-restore"):
-            root, _ = criu.restore(image / CRIU_DIR, workdir, manifest.criu_options, terminal_fds,
-                                   job_tty)
+            root, _ = criu.restore(base / CRIU_DIR, workdir, manifest.criu_options, terminal_fds, job_tty)
     except GpuosError as exc:
         links.remove(relinked)
+        cleanup()
         op.finish()
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
     finally:
         for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
             os.close(fd)
+    cleanup()  # CRIU has read it all
     try:
         if gpu_pids:
             with phase("gpu-restore"):
                 for gp in gpu_pids:
                     resume_gpu(driver, gp, pairs)
         if manifest.movable:  # they wait at their CUDA calls for their movable memory
-            with phase("movable-fill"):
+            with phase("movable-fill"), ThreadPoolExecutor(max_workers=workers()) as pool:
                 for mem in manifest.movable:
-                    handout.fill(mem.pid, mem, image)
+                    handout.fill(mem.pid, mem, content, pool)
     except GpuosError as exc:
         _kill_tree([p.pid for p in manifest.processes])
         op.finish()

@@ -19,7 +19,7 @@ class Runtime:
 
     @property
     def store(self) -> ImageStore:
-        return ImageStore(self.paths.store)
+        return ImageStore(self.paths.store, self.paths.hot)
 
     def criu(self) -> Criu:
         return Criu(binary=find_criu(self.criu_path), plugin_dir=self.paths.run / "criu-plugins")

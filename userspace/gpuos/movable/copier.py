@@ -5,9 +5,9 @@ the agent filled in the stop, handed to gpuos as descriptors) still has to reach
 image.  Copying it inside the process would pin host memory there, which holds up the
 process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).  The copier does it
 from gpuos instead: a context on the process's GPU (made before the stop), a few pinned
-bounce buffers, and a pipeline: each image piece (store.PIECE) is copied from the GPU
-into a buffer on its own stream while earlier pieces are written to the image file and
-hashed (the image file is never read again).  Each snapshot allocation is let go as soon
+bounce buffers, and a pipeline: each piece (PIECE) is copied from the GPU into a buffer
+on its own stream while earlier pieces are written to the image's staging file (which the
+store then cuts into chunks, from the page cache).  Each snapshot allocation is let go as soon
 as its last piece is on the host, so the GPU gets the memory back at the copy's pace.
 
 No staging file and no pinning of the whole size: the image is published about as soon
@@ -20,13 +20,13 @@ Otherwise the agent copies into a staging file (handout.capture_snapshot).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import GpuosError
-from ..store import PIECE, combine_pieces
+
+PIECE = 64 << 20  # bytes per bounce buffer
 
 BUFFERS = 4  # pieces in flight: one copying from the GPU while the others are written
 
@@ -84,10 +84,10 @@ class Copier:
                 return d
         raise CopierError(f"GPU {uuid} is not visible to gpuos")
 
-    def copy(self, fds: list[int], reserved: list[int], dst: Path) -> tuple[int, str, list[str]]:
-        """Each fd's memory (`reserved[i]` bytes), back to back, into the new file dst,
-        fsynced; (bytes, sha256, pieces) as store.FileEntry has them.  The copier owns the
-        fds: each is closed (and its memory goes) as soon as it is copied, all on failure."""
+    def copy(self, fds: list[int], reserved: list[int], dst: Path) -> int:
+        """Each fd's memory (`reserved[i]` bytes), back to back, into the new file dst;
+        the bytes.  The copier owns the fds: each is closed (and its memory goes) as soon as
+        it is copied, all on failure."""
         cu = self.cu
         self._ck(cu.cuCtxSetCurrent(self.ctx))
         fds = list(fds)
@@ -97,7 +97,6 @@ class Copier:
         npieces = max(1, -(-total // PIECE))
         # the last piece that holds a byte of allocation i: once it is on the host, i goes
         last = [(s + n - 1) // PIECE if n else -1 for s, n in zip(starts, reserved)]
-        digests: list[str] = [""] * npieces
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         pending: list[Future | None] = [None] * BUFFERS
         try:
@@ -116,18 +115,16 @@ class Copier:
                             va = mapped[i][0]  # type: ignore[index]
                             self._ck(cu.cuMemcpyDtoHAsync(self.buffers[b] + a - lo, va + a - s, z - a,
                                                           self.streams[b]))
-                    pending[b] = pool.submit(self._write_piece, b, k, lo, hi - lo, out, digests)
+                    pending[b] = pool.submit(self._write_piece, b, lo, hi - lo, out)
                 for f in pending:
                     if f is not None:
                         f.result()
-            os.fsync(out)
         finally:
             for s in self.streams:
                 cu.cuStreamSynchronize(s)
             self._let_go(npieces, last, mapped, fds)
             os.close(out)
-        sha, pieces = combine_pieces(digests)
-        return total, sha, pieces
+        return total
 
     def _map(self, fd: int, size: int) -> tuple[int, int, object]:
         cu = self.cu
@@ -173,16 +170,14 @@ class Copier:
                 os.close(fds[i])
                 fds[i] = -1
 
-    def _write_piece(self, b: int, k: int, off: int, n: int, out: int, digests: list[str]) -> None:
-        """Piece k, once its copies on stream b are done: into the file at off, and hashed
-        (both let go of the GIL)."""
+    def _write_piece(self, b: int, off: int, n: int, out: int) -> None:
+        """A piece, once its copies on stream b are done: into the file at off."""
         self._ck(self.cu.cuCtxSetCurrent(self.ctx))  # this thread's own current context
         self._ck(self.cu.cuStreamSynchronize(self.streams[b]))
         view = self.views[b][:n]
         done = 0
         while done < n:
             done += os.pwrite(out, view[done:], off + done)
-        digests[k] = hashlib.sha256(view).hexdigest()
 
     def close(self) -> None:
         if self.ctx is None:

@@ -16,9 +16,9 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
     give_back()  --leave-running, or a failure after hand_out(): new memory of the
                  process's own FILLed from the snapshot on the device (or the handed-out
                  memory MAPped back, or FILLed from the staging file), RESUME
-    capture_snapshot()  after the stop, the process running: the snapshot straight into
-                 the image, hashed as written (the copier), or into the staging file (agent)
-    save()       the staging file into the image (`gpu-memory-<pid>.bin`), off the stop
+    capture_snapshot()  after the stop, the process running: the snapshot into a file of
+                 the staged image (the copier), or into the staging file (agent)
+    source()     where the captured contents are, for the store to cut into chunks
     discard()    the fds and the staging file go (the image, or the process, has the data)
 
 Restore (restore.py): fill() puts the image's file into new memory at the same addresses
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from ..errors import GpuosError
 from ..intercept import ring as R
-from ..manifest import FileEntry, MovableMemory, MovableRange
-from ..store import hash_files
+from ..manifest import MovableMemory, MovableRange
+from ..store.content import ImageContent, Source
 from . import keeper
 from .copier import Copier, CopierError
 from .agent import Agent, AgentError, agent_available
@@ -69,7 +69,7 @@ class Handout:
     shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
     agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
     copier: Copier | None = None  # gpuos's own context to copy a snapshot out (copier.py)
-    saved: FileEntry | None = None  # the copier wrote it into the image: its file entry
+    saved: bool = False  # the copier wrote it into the staged image
     prepared: int = 0  # bytes of the staging file the agent has registered
     keeper: str = ""  # the keeper that holds copies of `shadow_fds` or `fds` (keeper.py)
     keeper_inbox: socket.socket | None = None  # until the keeper has them
@@ -233,17 +233,17 @@ def give_back(h: Handout) -> None:
 
 
 def capture_snapshot(h: Handout, image_dir: Path) -> None:
-    """After the stop, the process running: the snapshot by gpuos's copier straight into
-    the image, hashed as written; or else by the agent into the staging file."""
+    """After the stop, the process running: the snapshot by gpuos's copier into a file of
+    the staged image; or else by the agent into the staging file."""
     if h.copier is not None:
         t0 = time.monotonic()
         fds, h.shadow_fds = h.shadow_fds, []  # the copier's now: each goes once copied
         try:
             mem = memory_entry(h)
-            h.captured, sha, pieces = h.copier.copy(fds, [r.reserved for r in h.ranges], image_dir / mem.file)
+            h.captured = h.copier.copy(fds, [r.reserved for r in h.ranges], image_dir / mem.file)
         finally:
             _close_snapshot(h)
-        h.saved = FileEntry(path=mem.file, size=h.captured, sha256=sha, pieces=pieces)
+        h.saved = True
         h.capture_s, h.snapshot = time.monotonic() - t0, False
         return
     fd = os.open(h.staging, os.O_RDWR)
@@ -281,24 +281,17 @@ def memory_entry(h: Handout) -> MovableMemory:
     return MovableMemory(pid=h.pid, file=f"gpu-memory-{h.pid}.bin", bytes=h.captured, ranges=h.ranges)
 
 
-def save(h: Handout, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
-    """The captured contents into the image (unless the copier wrote them there); its
-    manifest entry and file entry."""
-    if h.saved is not None:
-        return memory_entry(h), h.saved
-    return save_staged(h.staging, memory_entry(h), image_dir)
+def source(h: Handout, image_dir: Path) -> tuple[MovableMemory, Source]:
+    """Its manifest entry, and where the captured contents are (the staged image's file the
+    copier wrote, or the staging file) for the store to take them from."""
+    return staged_source(image_dir / memory_entry(h).file if h.saved else h.staging, memory_entry(h))
 
 
-def save_staged(staging: Path, mem: MovableMemory, image_dir: Path) -> tuple[MovableMemory, FileEntry]:
-    """The staging file's captured bytes into the image, hashed (in parallel pieces, from
-    the staging file in memory) while they are written: the image file is not read again."""
-    with ThreadPoolExecutor(max_workers=1) as side:
-        hashing = side.submit(hash_files, [staging], None, None, [mem.bytes])
-        with open(staging, "rb") as src, open(image_dir / mem.file, "wb") as dst:
-            _copy(src.fileno(), dst.fileno(), mem.bytes)
-            os.fsync(dst.fileno())
-        sha, pieces = hashing.result()[0]
-    return mem, FileEntry(path=mem.file, size=mem.bytes, sha256=sha, pieces=pieces)
+def staged_source(path: Path, mem: MovableMemory) -> tuple[MovableMemory, Source]:
+    """The contents captured into `path`, as the store takes them: cut at every
+    allocation's start, so that an allocation's chunks do not depend on its neighbours."""
+    starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(1, len(mem.ranges))]
+    return mem, Source(mem.file, path, mem.bytes, tuple(starts))
 
 
 def discard(h: Handout) -> None:
@@ -313,27 +306,16 @@ def discard(h: Handout) -> None:
     h.staging.unlink(missing_ok=True)
 
 
-def _copy(src: int, dst: int, n: int) -> None:
-    """n bytes from the start of src to dst's position, in the kernel (tmpfs and disk are
-    different file systems: sendfile, not copy_file_range)."""
-    off = 0
-    while off < n:
-        k = os.sendfile(dst, src, off, min(n - off, 1 << 30))
-        if k <= 0:
-            raise GpuosError(f"copying the captured GPU memory: short copy at {off} of {n} bytes")
-        off += k
-
-
-def fill(pid: int, mem: MovableMemory, image_dir: Path) -> None:
-    """Restore: the image's GPU memory into new memory at the same addresses, then RESUME."""
+def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolExecutor) -> None:
+    """Restore: the image's GPU memory into new memory at the same addresses, then RESUME.
+    The content is read into a staging file first (chunks checked as they are read)."""
     path = STAGING_DIR / f"gpuos-restore-{pid}.mem"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         path.unlink()
         size = max(mem.bytes, 1)
         os.posix_fallocate(fd, 0, size)
-        with open(image_dir / mem.file, "rb") as src:
-            _copy(src.fileno(), fd, mem.bytes)
+        content.write_files([(content.entry(mem.file), fd)], pool)
         with Agent(pid) as ag:
             have = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
             if have != mem.ranges:

@@ -1,13 +1,16 @@
 """The image store: images on disk, written aside and published atomically.
 
-An image is a directory ``<name>/`` holding ``manifest.json`` and CRIU's
-files under ``criu/``.  It is built in a hidden sibling staging directory
-``.<name>.staging-<op>``; every file is fsynced and checksummed, the manifest
-written last, and the directory is then published with one rename
-(``renameat2(RENAME_EXCHANGE)`` when an image of that name exists, so a
-reader sees either the old image or the new one, never neither).  The old
-image, swapped into the staging path, is deleted afterwards.  A crash leaves at
-most a staging directory behind, which recovery finishes or deletes.
+An image is a directory ``<name>/`` holding ``manifest.json``; its files' contents are
+chunks (chunks.py) in the store's ``.chunks/`` (an image outside a store: its own
+``chunks/``).  It is built in a hidden sibling staging directory ``.<name>.staging-<op>``:
+CRIU and gpuos write the files there, ingest (content.py) stores their chunks, the
+manifest is written, the files are deleted, and the directory is published with one
+rename (``renameat2(RENAME_EXCHANGE)`` when an image of that name exists, so a reader
+sees either the old image or the new one, never neither).  The old image, swapped into
+the staging path, is deleted afterwards; chunks no image uses any more go at the next
+``gc``.  A crash leaves at most a staging directory behind, which recovery finishes or
+deletes.  Images of formats 1-4 hold whole files and are read, verified and deleted as
+they are.
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import GpuosError, ImageCorrupt, ImageNotFound
-from .manifest import MANIFEST_NAME, FileEntry, Manifest
-from .observe import Progress
+from ..errors import GpuosError, ImageCorrupt, ImageNotFound
+from ..manifest import MANIFEST_NAME, FileEntry, Manifest
+from ..observe import Progress
+from .chunks import ChunkStore
+from .content import ImageContent
+
+SHARED_CHUNKS = ".chunks"  # a store's chunk directory, beside its images
+OWN_CHUNKS = "chunks"      # an image's own, inside it (an image outside a store)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 STAGING_MARK = ".staging-"
@@ -105,28 +113,6 @@ def _walk_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def checksum_tree(root: Path, progress: Progress | None = None,
-                  known: dict[str, FileEntry] | None = None) -> list[FileEntry]:
-    """Checksum (in parallel pieces) and fsync every regular file under root (the manifest
-    excluded); `known` files (by relative path: hashed as they were written) are not read again."""
-    known = known or {}
-    files = [p for p in _walk_files(root) if p.relative_to(root).as_posix() != MANIFEST_NAME]
-    todo = [p for p in files if p.relative_to(root).as_posix() not in known]
-    hashed = dict(zip(todo, hash_files(todo, progress)))
-    sums = [hashed[p] if p in hashed else (known[p.relative_to(root).as_posix()].sha256,
-                                           known[p.relative_to(root).as_posix()].pieces) for p in files]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(fsync_path, files))
-    for d in sorted({p.parent for p in files} | {root}, key=lambda p: -len(p.parts)):
-        fsync_path(d)
-    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=s, pieces=pc)
-            for p, (s, pc) in zip(files, sums)]
-
-
-def tree_size(root: Path) -> int:
-    return sum(p.stat().st_size for p in _walk_files(root))
-
-
 @dataclass
 class ImageEntry:
     """One entry of ``images list``: a manifest, or why it could not be read."""
@@ -137,9 +123,30 @@ class ImageEntry:
     problem: str | None
 
 
+@dataclass
+class ImageUsage:
+    """What an image takes in its store: `own` bytes (chunks no other image uses, freed
+    when it goes), `shared` bytes (chunks other images use too), or for images of formats
+    1-4 and images with their own chunks, everything own."""
+
+    name: str
+    size: int    # the content's bytes, as restored
+    own: int
+    shared: int
+
+
+@dataclass
+class GcResult:
+    chunks: int   # chunks deleted
+    bytes: int    # their bytes
+    kept: int     # chunks kept
+    kept_bytes: int
+
+
 class ImageStore:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, hot_base: Path | None = None):
         self.root = Path(root)
+        self.hot_base = hot_base  # where hot tiers live (tmpfs), None: no hot tier
 
     # -- naming -----------------------------------------------------------
     def resolve(self, ref: str) -> Path:
@@ -156,6 +163,24 @@ class ImageStore:
     def staging_for(final: Path, op_id: str) -> Path:
         return final.parent / f".{final.name}{STAGING_MARK}{op_id}"
 
+    def in_store(self, image: Path) -> bool:
+        return image.parent.absolute() == self.root.absolute()
+
+    def chunk_dir_for(self, final: Path) -> str:
+        """Where a new image at `final` keeps its chunks, relative to it: the store's shared
+        chunk directory, or (outside the store) its own."""
+        return f"../{SHARED_CHUNKS}" if self.in_store(final) else OWN_CHUNKS
+
+    def chunks(self) -> ChunkStore:
+        """The store's shared chunks."""
+        return ChunkStore(self.root / SHARED_CHUNKS, self.hot_base)
+
+    def chunks_of(self, image: Path, manifest: Manifest) -> ChunkStore:
+        return ChunkStore(image / manifest.chunk_dir, self.hot_base)
+
+    def content(self, image: Path, manifest: Manifest, verify: bool = True) -> ImageContent:
+        return ImageContent(image, manifest, self.hot_base, verify)
+
     # -- reading ----------------------------------------------------------
     @staticmethod
     def load(image: Path) -> Manifest:
@@ -166,9 +191,16 @@ class ImageStore:
             raise ImageCorrupt(f"{image}: incomplete image (no {MANIFEST_NAME})")
         return Manifest.from_json(mpath.read_text(), where=str(mpath))
 
-    @staticmethod
-    def verify(image: Path, manifest: Manifest, progress: Progress | None = None) -> None:
-        """Raise ImageCorrupt naming every missing, resized, changed or extra file."""
+    def verify(self, image: Path, manifest: Manifest, progress: Progress | None = None) -> None:
+        """Raise ImageCorrupt naming every missing, changed or extra file or chunk."""
+        if manifest.chunked:
+            content = self.content(image, manifest)
+            with content.chunks.shared():
+                problems = content.check_all(progress)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise ImageCorrupt(f"{image}: {problems[0]}{more}")
+            return
         problems: list[str] = []
         present = {p.relative_to(image).as_posix() for p in _walk_files(image)}
         present.discard(MANIFEST_NAME)
@@ -211,6 +243,64 @@ class ImageStore:
             except GpuosError as exc:
                 yield ImageEntry(path.name, path, None, exc.message)
 
+    def usage(self, entries: list[ImageEntry]) -> dict[str, ImageUsage]:
+        """Own and shared bytes of each readable image (by name) among `entries`, which
+        should be the whole store: a chunk is shared when two of them use it."""
+        users: dict[str, int] = {}
+        for e in entries:
+            if e.manifest and e.manifest.chunked and self.in_store(e.path):
+                for cid in e.manifest.chunk_set():
+                    users[cid] = users.get(cid, 0) + 1
+        out = {}
+        for e in entries:
+            if e.manifest is None:
+                continue
+            m = e.manifest
+            if not (m.chunked and self.in_store(e.path)):
+                own = sum(m.chunk_set().values()) if m.chunked else m.total_size
+                out[e.name] = ImageUsage(e.name, m.total_size, own, 0)
+                continue
+            own = shared = 0
+            for cid, size in m.chunk_set().items():
+                if users[cid] > 1:
+                    shared += size
+                else:
+                    own += size
+            out[e.name] = ImageUsage(e.name, m.total_size, own, shared)
+        return out
+
+    def referenced(self) -> set[str]:
+        """Every chunk of the store's chunk directory that an image uses, or that a staged
+        image with its manifest written (recovery publishes it) uses.  ImageCorrupt if an
+        image's manifest cannot be read: what it uses is then unknown."""
+        keep: set[str] = set()
+        for path in [p for p in self.root.iterdir() if p.is_dir() and p.name != SHARED_CHUNKS]:
+            staged = STAGING_MARK in path.name
+            if path.name.startswith(".") and not staged:
+                continue
+            if staged and not (path / MANIFEST_NAME).is_file():
+                continue  # its files are still there: recovery ingests them again
+            try:
+                m = self.load(path)
+            except GpuosError as exc:
+                raise ImageCorrupt(f"cannot tell which chunks {path} uses ({exc.message}): "
+                                   "delete it (gpuos images rm) or mend it first") from None
+            if m.chunked and m.chunk_dir == f"../{SHARED_CHUNKS}":
+                keep |= m.chunk_set().keys()
+        return keep
+
+    def gc(self, wait: float = 0.0) -> GcResult:
+        """Delete the store's chunks that no image uses (both tiers).  Busy if a checkpoint,
+        restore or verify holds the store after `wait` seconds."""
+        chunks = self.chunks()
+        if not self.root.is_dir():
+            return GcResult(0, 0, 0, 0)
+        with chunks.exclusive(wait):
+            keep = self.referenced()
+            count, freed = chunks.collect(keep)
+            present = chunks.present()
+        return GcResult(count, freed, len(present), sum(present.values()))
+
     # -- writing ----------------------------------------------------------
     @staticmethod
     def write_manifest(staging: Path, manifest: Manifest) -> None:
@@ -221,6 +311,18 @@ class ImageStore:
             os.fsync(f.fileno())
         os.rename(tmp, staging / MANIFEST_NAME)
         fsync_path(staging)
+
+    @staticmethod
+    def drop_files(staging: Path) -> None:
+        """A staged chunked image whose manifest is written: its files go (their content is
+        in the chunks), leaving the manifest (and its own chunks)."""
+        for p in staging.iterdir():
+            if p.name in (MANIFEST_NAME, OWN_CHUNKS):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
     @staticmethod
     def publish(staging: Path, final: Path) -> None:
@@ -237,7 +339,8 @@ class ImageStore:
         fsync_path(final.parent)
 
     def remove(self, image: Path) -> None:
-        """Delete an image: first hidden by a rename, so no half-deleted image is visible."""
+        """Delete an image: first hidden by a rename, so no half-deleted image is visible.
+        Its chunks in the store stay until gc."""
         if not image.is_dir():
             raise ImageNotFound(f"no image at {image}")
         trash = self.staging_for(image, f"rm-{os.getpid()}")

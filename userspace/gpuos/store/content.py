@@ -1,0 +1,286 @@
+"""An image's file contents: cut into chunks at a checkpoint, put back together at a
+restore.
+
+ingest() reads each file of a staged image once, in windows, cuts it (chunker.py),
+hashes the chunks in parallel and stores those the store lacks; the manifest then lists
+each file as its chunks.  ImageContent writes a file's content into any descriptor (a
+tmpfs file CRIU reads, the staging memfd of a process's GPU memory), every chunk read in
+parallel and checked against its name as it is read, so a restore needs no separate
+verify pass and never uses a byte from a corrupt chunk.  Images of formats 1-4 (whole
+files in the image directory) are read the same way, without the per-chunk check
+(restore verifies them first, as before).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ImageCorrupt
+from ..manifest import MANIFEST_NAME, Chunk, FileEntry, Manifest
+from ..observe import Progress
+from .chunker import PAGE, Cutter
+from .chunks import ChunkStore, digest
+
+WINDOW = 64 << 20         # bytes read at a time
+IN_FLIGHT = 1 << 30       # bytes read but not yet stored, at most (about)
+COPY_PIECE = 16 << 20     # formats 1-4: bytes copied per task
+
+
+def workers() -> int:
+    return min(16, (os.cpu_count() or 2) * 2)
+
+
+@dataclass
+class IngestStats:
+    bytes: int = 0       # content read
+    chunks: int = 0      # chunk references made
+    new_bytes: int = 0   # bytes of chunks the store did not have
+    new_chunks: int = 0
+
+
+def _pread_full(fd: int, n: int, off: int) -> bytes:
+    data = os.pread(fd, n, off)
+    while len(data) < n:
+        more = os.pread(fd, n - len(data), off + len(data))
+        if not more:
+            raise OSError(f"file shrank while it was read (at byte {off + len(data)})")
+        data += more
+    return data
+
+
+class _Ingest:
+    """One staged image into a chunk store."""
+
+    def __init__(self, store: ChunkStore, pool: ThreadPoolExecutor, progress: Progress | None):
+        self.store, self.pool, self.progress = store, pool, progress
+        self.stats = IngestStats()
+        self.new: list[str] = []
+        self.pending: deque[tuple[Future, int]] = deque()  # (future, bytes) not yet stored
+        self.pending_bytes = 0
+
+    def _store(self, data: memoryview | bytes) -> tuple[Chunk, bool]:
+        cid = digest(data)
+        fresh = self.store.put(cid, data)
+        if self.progress:
+            self.progress(len(data))
+        return Chunk(cid, len(data)), fresh
+
+    def _submit(self, data: memoryview | bytes) -> Future:
+        while self.pending and self.pending_bytes > IN_FLIGHT:
+            fut, n = self.pending.popleft()
+            fut.result()
+            self.pending_bytes -= n
+        fut = self.pool.submit(self._store, data)
+        self.pending.append((fut, len(data)))
+        self.pending_bytes += len(data)
+        return fut
+
+    def file(self, path: Path, size: int, forced: list[int]) -> list[Future]:
+        """Submit the chunks of the file's first `size` bytes; their futures, in order.
+        `forced`: offsets where a chunk must end."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size < size:
+                raise OSError(f"{path} has {os.fstat(fd).st_size} bytes, not {size}")
+            whole = size // PAGE * PAGE
+            bufs: list[tuple[int, bytes]] = []  # windows read, from where `done` is
+            futures: list[Future] = []
+            done = 0
+
+            def emit(end: int) -> None:
+                nonlocal done, bufs
+                parts = [memoryview(b)[max(done, o) - o:min(end, o + len(b)) - o]
+                         for o, b in bufs if o < end and o + len(b) > done]
+                futures.append(self._submit(parts[0] if len(parts) == 1 else b"".join(parts)))
+                done = end
+                bufs = [(o, b) for o, b in bufs if o + len(b) > done]
+
+            cutter = Cutter()
+            start = 0
+            for boundary in sorted({f for f in forced if 0 < f < whole and f % PAGE == 0} | {whole}):
+                off = start
+                while off < boundary:
+                    data = _pread_full(fd, min(WINDOW, boundary - off), off)
+                    bufs.append((off, data))
+                    for end in cutter.feed(data):
+                        emit(end)
+                    off += len(data)
+                if (end := cutter.force()) is not None:
+                    emit(end)
+                start = boundary
+            if size > whole:
+                bufs.append((whole, _pread_full(fd, size - whole, whole)))
+                emit(size)
+            self.stats.bytes += size
+            return futures
+        finally:
+            os.close(fd)
+
+    def chunks(self, futures: list[Future]) -> list[Chunk]:
+        out = []
+        for fut in futures:
+            chunk, fresh = fut.result()
+            out.append(chunk)
+            self.stats.chunks += 1
+            if fresh:
+                self.stats.new_bytes += chunk.size
+                self.stats.new_chunks += 1
+                self.new.append(chunk.id)
+        return out
+
+
+@dataclass
+class Source:
+    """A file of the image: its path in the image, and where its content is now."""
+
+    path: str       # relative to the image directory, '/'-separated
+    source: Path    # the file holding the content (in the staging directory, or elsewhere)
+    size: int       # its first `size` bytes are the content
+    cuts: tuple[int, ...] = ()  # offsets where a chunk must end (a movable allocation's start)
+
+
+def staged_files(root: Path, skip: tuple[str, ...] = ()) -> list[Source]:
+    """The files under a staging directory, but the manifest and `skip` dirs."""
+    return [Source(p.relative_to(root).as_posix(), p, p.stat().st_size)
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+            and p.relative_to(root).as_posix() != MANIFEST_NAME
+            and p.relative_to(root).parts[0] not in skip]
+
+
+def ingest(files: list[Source], store: ChunkStore, progress: Progress | None = None
+           ) -> tuple[list[FileEntry], IngestStats]:
+    """Each file's content into the store: one FileEntry each, listing its chunks.  Every
+    new chunk is durable when this returns.  Call under store.shared()."""
+    with ThreadPoolExecutor(max_workers=workers()) as pool:
+        job = _Ingest(store, pool, progress)
+        submitted = [(f, job.file(f.source, f.size, list(f.cuts))) for f in files]
+        entries = []
+        for f, futs in submitted:
+            st = f.source.stat()
+            entries.append(FileEntry(path=f.path, size=f.size, chunks=job.chunks(futs),
+                                     mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid))
+    store.sync_dirs(job.new)
+    return sorted(entries, key=lambda e: e.path), job.stats
+
+
+class ImageContent:
+    """Reads an image's files, whatever its format."""
+
+    def __init__(self, image: Path, manifest: Manifest, hot_base: Path | None = None,
+                 verify: bool = True):
+        self.image, self.manifest, self.verify = image, manifest, verify
+        self.chunks = (ChunkStore(image / manifest.chunk_dir, hot_base)
+                       if manifest.chunked else None)
+
+    def entry(self, rel: str) -> FileEntry:
+        for f in self.manifest.files:
+            if f.path == rel:
+                return f
+        raise ImageCorrupt(f"{self.image}: the manifest lists no file {rel}")
+
+    def write_files(self, targets: list[tuple[FileEntry, int]], pool: ThreadPoolExecutor,
+                    progress: Progress | None = None) -> None:
+        """Each entry's content into its descriptor (from offset 0), every chunk (or piece)
+        a task of the pool."""
+        tasks = []
+        for entry, fd in targets:
+            if self.chunks is not None:
+                off = 0
+                for c in entry.chunks:
+                    tasks.append(pool.submit(self._chunk_to, c, fd, off, f"{entry.path} at byte {off}", progress))
+                    off += c.size
+                if off != entry.size:
+                    raise ImageCorrupt(f"{self.image}: {entry.path}'s chunks add up to {off} bytes, "
+                                       f"the manifest says {entry.size}")
+            else:
+                for off in range(0, entry.size, COPY_PIECE):
+                    tasks.append(pool.submit(self._piece_to, entry, fd, off, progress))
+        for t in tasks:
+            t.result()
+
+    def _chunk_to(self, c: Chunk, fd: int, off: int, where: str, progress: Progress | None) -> None:
+        buf = memoryview(bytearray(c.size))
+        self.chunks.read_into(c, buf, self.verify, where)
+        _pwrite_all(fd, buf, off)
+        if progress:
+            progress(c.size)
+
+    def _piece_to(self, entry: FileEntry, fd: int, off: int, progress: Progress | None) -> None:
+        src = os.open(self.image / entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            n = min(COPY_PIECE, entry.size - off)
+            data = os.pread(src, n, off)
+            if len(data) != n:
+                raise ImageCorrupt(f"{self.image / entry.path} is shorter than its {entry.size} bytes")
+            _pwrite_all(fd, memoryview(data), off)
+        finally:
+            os.close(src)
+        if progress:
+            progress(n)
+
+    def materialize(self, prefixes: tuple[str, ...], dest: Path, progress: Progress | None = None) -> Path:
+        """The image's files under the top directories `prefixes` (e.g. "criu") as files
+        under dest (a chunked image), with their modes and owners; or (formats 1-4) the
+        image's own directory, read in place.  The directory that holds them."""
+        if self.chunks is None:
+            return self.image
+        entries = [f for f in self.manifest.files if f.path.split("/", 1)[0] in prefixes]
+        fds = []
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            for e in entries:
+                path = dest / e.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                fds.append(fd)
+                if e.size:
+                    os.posix_fallocate(fd, 0, e.size)
+                if e.uid >= 0 and os.geteuid() == 0:
+                    os.fchown(fd, e.uid, e.gid)
+                if e.mode >= 0:
+                    os.fchmod(fd, e.mode)
+            with ThreadPoolExecutor(max_workers=workers()) as pool:
+                self.write_files(list(zip(entries, fds)), pool, progress)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return dest
+
+    def check_all(self, progress: Progress | None = None) -> list[str]:
+        """Chunked image: every chunk read and checked; the problems (empty: all good)."""
+        problems: list[str] = []
+        seen: dict[str, str] = {}
+        for f in self.manifest.files:
+            off = 0
+            for c in f.chunks:
+                seen.setdefault(c.id, f"{f.path} at byte {off}")
+                off += c.size
+            if off != f.size:
+                problems.append(f"{f.path}: its chunks add up to {off} bytes, the manifest says {f.size}")
+        sizes = self.manifest.chunk_set()
+
+        def one(cid: str) -> str | None:
+            buf = memoryview(bytearray(sizes[cid]))
+            try:
+                self.chunks.read_into(Chunk(cid, sizes[cid]), buf, True, seen[cid])
+            except ImageCorrupt as exc:
+                return exc.message
+            finally:
+                if progress:
+                    progress(sizes[cid])
+            return None
+
+        with ThreadPoolExecutor(max_workers=workers()) as pool:
+            problems += [p for p in pool.map(one, sorted(sizes)) if p]
+        return problems
+
+
+def _pwrite_all(fd: int, buf: memoryview, off: int) -> None:
+    while buf:
+        n = os.pwrite(fd, buf, off)
+        buf, off = buf[n:], off + n
