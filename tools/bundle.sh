@@ -16,8 +16,9 @@
 #   --python-version X.Y  target Python of the dependency wheels (default 3.12)
 #   --platform TAG        target wheel platform (default manylinux_2_28_x86_64: glibc >= 2.28;
 #                         older manylinux tags are accepted too)
-#   --only-gpuos          wheels/ holds only the gpuos wheel (the target already has
-#                         click, nvidia-ml-py and cuda-bindings)
+#   --only-gpuos          wheels/ holds the gpuos wheel and those of the dependencies a
+#                         GPU host seldom has (blake3); the target has the others
+#                         (click, numpy, nvidia-ml-py, cuda-bindings)
 #   --no-wheels           no wheels/ at all (CRIU only)
 #
 # Environment:
@@ -37,6 +38,7 @@ CRIU_DEBS="criu libcompel1 libnet9 libnftables1 libprotobuf-c1 libnl-3-200 libnf
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 out="" pyver=3.12 platform=manylinux_2_28_x86_64 wheels=1 deps=1
+RARE_DEPS="blake3"  # --only-gpuos: dependencies a GPU host seldom has
 while [ $# -gt 0 ]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -82,19 +84,23 @@ if [ "$wheels" = 1 ]; then
   tar -C "$repo" --exclude=./.git --exclude=./.bundle --exclude=./.venv --exclude=./build \
     --exclude=./dist --exclude='*.egg-info' --exclude=__pycache__ -cf - . | tar -C "$tmp/src" -xf -
   python3 -m pip wheel -q --no-deps -w "$stage/wheels" "$tmp/src" || die "building the gpuos wheel failed"
+  plats=("$platform")  # pip takes manylinux_2_N literally: list every older tag too
+  if [[ $platform =~ ^manylinux_2_([0-9]+)_(.+)$ ]]; then
+    n=${BASH_REMATCH[1]} arch=${BASH_REMATCH[2]}
+    for ((v = n - 1; v >= 5; v--)); do plats+=("manylinux_2_${v}_$arch"); done
+    plats+=("linux_$arch")  # the gpuos wheel itself (it carries libgpuos.so)
+    for t in 17:manylinux2014 12:manylinux2010 5:manylinux1; do
+      [ "$n" -lt "${t%%:*}" ] || plats+=("${t#*:}_$arch")
+    done
+  fi
   if [ "$deps" = 1 ]; then
     echo "bundle.sh: dependency wheels for Python $pyver, $platform"
-    plats=("$platform")  # pip takes manylinux_2_N literally: list every older tag too
-    if [[ $platform =~ ^manylinux_2_([0-9]+)_(.+)$ ]]; then
-      n=${BASH_REMATCH[1]} arch=${BASH_REMATCH[2]}
-      for ((v = n - 1; v >= 5; v--)); do plats+=("manylinux_2_${v}_$arch"); done
-      plats+=("linux_$arch")  # the gpuos wheel itself (it carries libgpuos.so)
-      for t in 17:manylinux2014 12:manylinux2010 5:manylinux1; do
-        [ "$n" -lt "${t%%:*}" ] || plats+=("${t#*:}_$arch")
-      done
-    fi
     python3 -m pip download -q --only-binary=:all: --python-version "$pyver" "${plats[@]/#/--platform=}" \
       -d "$stage/wheels" "$stage"/wheels/gpuos-*.whl || die "downloading dependency wheels failed"
+  else
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" "${plats[@]/#/--platform=}" \
+      -d "$stage/wheels" $RARE_DEPS || die "downloading $RARE_DEPS failed"
   fi
 fi
 

@@ -12,7 +12,9 @@
 #      (default)     PYTHON -m pip install --no-index --find-links BUNDLE/wheels gpuos
 #                    If PYTHON is externally managed (PEP 668), this goes into a venv
 #                    PREFIX/venv that also sees PYTHON's packages, and PREFIX/bin/gpuos.
-#      --target DIR  only the gpuos wheel, without dependencies, into DIR (pip --target);
+#      --target DIR  the bundle's wheels (gpuos, and with --only-gpuos bundles the few
+#                    dependencies GPU hosts lack), without resolving dependencies, into
+#                    DIR (pip --target);
 #                    PYTHON's own site-packages are not touched. Run it with
 #                    PYTHONPATH=DIR DIR/bin/gpuos.
 #      --no-python   nothing (CRIU only).
@@ -81,12 +83,13 @@ wheel=$(compgen -G "$bundle/wheels/gpuos-*.whl" | head -n1) || die "no gpuos whe
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -n "$target" ]; then
   if "$python" -m pip --version >/dev/null 2>&1; then
-    "$python" -m pip install -q --no-index --no-deps --upgrade --target "$target" "$wheel"
-  else  # no pip: the wheel is pure Python, so unzipping it is an install (minus DIR/bin/gpuos)
+    "$python" -m pip install -q --no-index --no-deps --upgrade --target "$target" "$bundle"/wheels/*.whl
+  else  # no pip: a wheel is a zip file, so unzipping it is an install (minus DIR/bin/gpuos)
     rm -rf "$target/gpuos" "$target"/gpuos-*.dist-info
-    mkdir -p "$target" && "$python" -m zipfile -e "$wheel" "$target"
+    mkdir -p "$target"
+    for w in "$bundle"/wheels/*.whl; do "$python" -m zipfile -e "$w" "$target"; done
   fi
-  say "installed $(basename "$wheel") into $target (use PYTHONPATH=$target)"
+  say "installed $(cd "$bundle/wheels" && echo *.whl) into $target (use PYTHONPATH=$target)"
   exit 0
 fi
 if "$python" -c 'import os, sys, sysconfig

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpuos.errors import ImageCorrupt, ImageFormatUnsupported
-from gpuos.manifest import (FORMAT, FORMAT_VERSION, DriverInfo, FileEntry, GpuInfo, Manifest,
+from gpuos.manifest import (FORMAT, FORMAT_VERSION, Chunk, DriverInfo, FileEntry, GpuInfo, Manifest,
                             ProcessInfo, TerminalInfo)
 
 from fakes import gpu_uuid
@@ -20,7 +20,10 @@ def full_manifest() -> Manifest:
     m = make_manifest("job", pids=(100, 101), gpu=True, gpus=[gpu],
                       driver=DriverInfo("580.65.06", 13000), leave_running=True)
     m.processes[1].tids = [101, 105, 106]
-    m.files = [FileEntry("criu/pages-1.img", 4096, "ab" * 32), FileEntry("criu/dump.log", 10, "cd" * 32)]
+    m.chunk_dir = "../.chunks"
+    m.files = [FileEntry("criu/pages-1.img", 4096, [Chunk("ab" * 32, 4000), Chunk("ef" * 32, 96)], mode=0o600,
+                         uid=0, gid=0),
+               FileEntry("criu/dump.log", 10, [Chunk("cd" * 32, 10)])]
     m.timings = {"lock": 0.5, "criu-dump": 1.25}
     return m
 
@@ -33,8 +36,19 @@ def test_round_trip_preserves_every_field():
     assert isinstance(back.processes[0], ProcessInfo)
     assert isinstance(back.gpus[0], GpuInfo)
     assert isinstance(back.driver, DriverInfo)
-    assert isinstance(back.files[0], FileEntry)
+    assert isinstance(back.files[0], FileEntry) and isinstance(back.files[0].chunks[0], Chunk)
+    assert back.chunked and back.chunk_set() == {"ab" * 32: 4000, "ef" * 32: 96, "cd" * 32: 10}
     assert back.to_json() == text
+
+
+def test_version_4_files_read_with_their_sha256_and_no_chunks():
+    data = json.loads(full_manifest().to_json())
+    data["format_version"] = 4
+    del data["chunk_dir"]
+    data["files"] = [{"path": "criu/pages-1.img", "size": 4096, "sha256": "ab" * 32, "pieces": []}]
+    back = Manifest.from_json(json.dumps(data))
+    assert not back.chunked and back.files[0].sha256 == "ab" * 32 and back.files[0].chunks == []
+    assert back.chunk_set() == {}
 
 
 def test_json_carries_format_and_total_size():
@@ -56,7 +70,7 @@ def test_total_size_is_recomputed_not_trusted():
     assert Manifest.from_json(json.dumps(data)).total_size == 4106
 
 
-@pytest.mark.parametrize("version", [0, 5, 99, "1", None])
+@pytest.mark.parametrize("version", [0, 6, 99, "1", None])
 def test_unknown_format_version_is_unsupported(version):
     data = json.loads(full_manifest().to_json())
     data["format_version"] = version
@@ -125,12 +139,14 @@ def test_missing_key_is_corrupt(key):
 @pytest.mark.parametrize("mangle", [
     lambda d: d["processes"][0].pop("tids"),
     lambda d: d["processes"].append(7),
-    lambda d: d["files"][0].pop("sha256"),
+    lambda d: d["files"][0].pop("size"),
+    lambda d: d["files"][0]["chunks"].append("ab" * 32),
+    lambda d: d["files"][0]["chunks"][0].pop("size"),
     lambda d: d["gpus"][0].update(extra=1),
     lambda d: d.update(processes=5),
     lambda d: d.update(driver={"version": "1"}),
     lambda d: d.update(unexpected_field=True),
-], ids=["process-key", "process-not-object", "file-key", "gpu-extra-key", "processes-not-list",
+], ids=["process-key", "process-not-object", "file-key", "chunk-not-object", "chunk-key", "gpu-extra-key", "processes-not-list",
         "driver-key", "top-level-extra"])
 def test_malformed_entries_are_corrupt(mangle):
     data = json.loads(full_manifest().to_json())
@@ -168,7 +184,7 @@ def test_movable_memory_round_trips_and_version_3_reads_without_it():
     m.movable = [MovableMemory(pid=11, file="gpu-memory-11.bin", bytes=4 << 20,
                                ranges=[MovableRange(base=0x7F0000000000, size=3 << 20, reserved=4 << 20, device=0)])]
     back = Manifest.from_json(m.to_json())
-    assert back.movable == m.movable and back.format_version == 4
+    assert back.movable == m.movable and back.format_version == 5
     data = json.loads(full_manifest().to_json())
     data["format_version"] = 3
     del data["movable"]

@@ -9,10 +9,11 @@ import pytest
 from gpuos.criu import Criu
 from gpuos.errors import GpuMismatch, ImageCorrupt, InsufficientGpuMemory, PidTaken
 from gpuos.manifest import DriverInfo, GpuInfo
+from gpuos.store import ImageStore
 from gpuos.restore import check_pids_free, plan_gpus, resolve_onto, restore
 
 from fakes import A100, GIB, H100, FakeDriver, device, gpu_uuid
-from helpers import build_image, journals, make_manifest, tree_digest, zombie
+from helpers import build_image, build_v4_image, journals, make_manifest, tree_digest, zombie
 
 
 def wanted(n: int, name: str = H100, used: int = 10 * GIB) -> GpuInfo:
@@ -212,8 +213,10 @@ def test_pid_taken_is_refused(home, store, processes):
     assert driver.calls == [] and journals(home.run) == []
 
 
-def test_corrupt_image_is_refused_before_the_driver_is_opened(home, store):
-    img = gpu_image(store)
+def test_a_corrupt_format_4_image_is_refused_before_the_driver_is_opened(home, store):
+    m = make_manifest("gpujob", pids=(31000,), gpu=True, gpus=[wanted(0, used=1 * GIB)],
+                      driver=DriverInfo("570.86.15", 12080))
+    img = build_v4_image(store, "gpujob", manifest=m)
     (img / "criu" / "pages-1.img").write_bytes(b"x" * (img / "criu" / "pages-1.img").stat().st_size)
 
     def no_driver():
@@ -221,6 +224,32 @@ def test_corrupt_image_is_refused_before_the_driver_is_opened(home, store):
     with pytest.raises(ImageCorrupt):
         restore("gpujob", home.run, store, no_driver, NO_CRIU)
     assert journals(home.run) == []
+
+
+class CriuNotToRun(Criu):
+    """A criu that passes the checks and must never restore."""
+
+    def check_version(self) -> str:
+        return "4.2.1"
+
+    def restore(self, *args, **kwargs):
+        raise AssertionError("criu ran on an image with a corrupt chunk")
+
+
+def test_a_corrupt_chunk_is_refused_before_anything_is_restored(home, store):
+    img = gpu_image(store, driver_version="580.65.06")
+    entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
+    chunk = store.chunks().path(entry.chunks[0].id)
+    chunk.chmod(0o644)
+    chunk.write_bytes(b"x" * chunk.stat().st_size)
+    driver = FakeDriver(version="580.65.06")
+    with pytest.raises(ImageCorrupt) as exc:
+        restore("gpujob", home.run, store, lambda: driver, CriuNotToRun(Path("/bin/false"), home.run))
+    assert exc.value.exit_code == 10
+    assert "(criu/pages-1.img at byte 0) is corrupt" in exc.value.message
+    assert "nothing was restored" in exc.value.message
+    assert driver.calls == [] and journals(home.run) == []
+    assert not list(home.hot.glob("restore-*")) and not list(home.run.glob("restore-*"))
 
 
 def test_restore_pairs_complete_a_move_into_a_permutation():

@@ -6,8 +6,9 @@ the environment; nothing is global.
     GPUOS_HOME (default /var/lib/gpuos)
       images/       the default image store (``--store`` / GPUOS_STORE override);
                     its chunks in images/.chunks/
-    GPUOS_HOT (default /dev/shm/gpuos)
-                    the stores' hot tiers: chunks kept in memory (``gpuos images warm``)
+    GPUOS_HOT (default /dev/shm/gpuos: memory)
+      hot-<id>/     a store's hot tier: chunks kept in memory (``gpuos images warm``)
+      restore-<op>/ a restore's CRIU files, read out of the chunks for CRIU
       run/          journals of operations in flight, per-process lock files
       faults/       the fault journal (gpuos faults watch|log; faults/journal.py)
 """

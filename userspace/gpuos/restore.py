@@ -26,7 +26,7 @@ from typing import Callable
 from . import links, procs
 from .criu import Criu
 from .cudadrv import GpuDevice, GpuDriver
-from .errors import (GpuMismatch, GpuosError, InsufficientGpuMemory, NoSuchProcess, PidTaken,
+from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemory, NoSuchProcess, PidTaken,
                      RestoreFailed)
 from .hold import resume_gpu
 from .journal import Operation
@@ -35,8 +35,6 @@ from .movable import handout
 from .observe import Observer, Silent
 from .store import ImageStore
 from .store.content import workers
-
-READ_INTO = Path("/dev/shm")  # where an image's CRIU files are read out to, if it has room
 
 
 @dataclass
@@ -201,15 +199,17 @@ def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def read_dir(run_dir: Path, op_id: str, size: int) -> Path:
-    """Where the image's CRIU files go for CRIU to read: tmpfs if it has room for them
-    (and a quarter more), else the run directory."""
-    try:
-        st = os.statvfs(READ_INTO)
-        if st.f_bavail * st.f_frsize > size * 5 // 4:
-            return READ_INTO / f"gpuos-restore-{op_id}"
-    except OSError:
-        pass
+def read_dir(store: ImageStore, run_dir: Path, op_id: str, size: int) -> Path:
+    """Where the image's CRIU files go for CRIU to read: gpuos's memory directory (tmpfs,
+    $GPUOS_HOT) if it has room for them and a quarter more, else the run directory."""
+    if store.hot_base is not None:
+        try:
+            store.hot_base.mkdir(parents=True, exist_ok=True)
+            st = os.statvfs(store.hot_base)
+            if st.f_bavail * st.f_frsize > size * 5 // 4:
+                return store.hot_base / f"restore-{op_id}"
+        except OSError:
+            pass
     return run_dir / f"restore-{op_id}" / "images"
 
 
@@ -260,7 +260,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     workdir = run_dir / f"restore-{op.op_id}"
     read_out = (CRIU_DIR, links.LINKS_DIR)
     criu_bytes = sum(f.size for f in manifest.files if f.path.split("/", 1)[0] in read_out)
-    out = read_dir(run_dir, op.op_id, criu_bytes) if manifest.chunked else None
+    out = read_dir(store, run_dir, op.op_id, criu_bytes) if manifest.chunked else None
     op.record.staging = str(out) if out else None
 
     def phase(name: str):
@@ -277,6 +277,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     except BaseException as exc:
         cleanup()
         op.finish()
+        if isinstance(exc, ImageCorrupt):  # a chunk: still exit 10, as for a bad file
+            raise ImageCorrupt(f"{exc.message}; nothing was restored") from None
         if isinstance(exc, GpuosError):
             raise RestoreFailed(f"{exc.message}; nothing was restored") from None
         raise

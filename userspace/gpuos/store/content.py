@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,10 +63,15 @@ class _Ingest:
         self.new: list[str] = []
         self.pending: deque[tuple[Future, int]] = deque()  # (future, bytes) not yet stored
         self.pending_bytes = 0
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
 
     def _store(self, data: memoryview | bytes) -> tuple[Chunk, bool]:
         cid = digest(data)
-        fresh = self.store.put(cid, data)
+        with self.lock:  # the same chunk twice in one image (zeros): written once
+            first = cid not in self.seen
+            self.seen.add(cid)
+        fresh = first and self.store.put(cid, data)
         if self.progress:
             self.progress(len(data))
         return Chunk(cid, len(data)), fresh

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Cold start against restore: the time from a command to an inference server's first
+correct answer, and what the chunk store keeps.
+
+For each model (gpuos.workloads.serve: `gpt2-large` 774M parameters, `resnet50`,
+`big-NN` about NN GiB of weights), in the same run:
+
+  cold start    `python -m gpuos.workloads.serve` from exec to its first answer (imports,
+                building the model, the first forward); its second answer's own time is
+                the request time of a process that never stopped, and its answer the
+                reference
+  restore       the server, started under `gpuos run` and having answered once, is
+                checkpointed (`gpuos checkpoint`, which ends it); then `gpuos restore`
+                with a request already waiting, timed until the answer: with the store
+                in the page cache (warm), in the hot tier (`gpuos images warm`), and out
+                of memory (`gpuos images cool`: cold)
+
+Reported per restore: time to the first answer from the start of `gpuos restore`, the
+restore overhead (that minus the request's own time), gpuos's phases, the bytes the
+restore read (logical, and from the disk), and whether the answer is the reference's.
+Per model: image size; and with `--replicas N`, N servers of the same model each
+checkpointed into the same store: the store's bytes against one image's.
+
+    python3 bench/coldstart.py [--models gpt2-large,resnet50] [--replicas 4] [--home /var/tmp]
+
+Writes bench/results/coldstart-<gpu>-<date>.json after every model, prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cr_baseline import open_bench
+
+from gpuos.runtime import Runtime
+
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+SERVE = [sys.executable, "-m", "gpuos.workloads.serve"]
+READY_TIMEOUT = 900.0
+
+
+def wait_file(path: Path, timeout: float, proc: subprocess.Popen | None = None) -> float:
+    """Wait for path to appear; the time it was seen."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {path} appeared")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {path}")
+        time.sleep(0.0005)
+    return time.time()
+
+
+def request(d: Path, n: int) -> None:
+    (d / f"req-{n}").write_text("")
+
+
+def answer(d: Path, n: int) -> dict:
+    return json.loads((d / f"resp-{n}").read_text())
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return
+        time.sleep(0.01)
+
+
+def cli(env: dict, *args: str, timeout: float = 900) -> dict:
+    res = subprocess.run([*GPUOS, *args, "--json"], env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        raise RuntimeError(f"gpuos {' '.join(args)}: {res.stderr[-2000:]}") from None
+    if not out.get("ok"):
+        raise RuntimeError(f"gpuos {' '.join(args)}: {out.get('message')}")
+    return out
+
+
+def cold_start(model: str, work: Path) -> dict:
+    d = work / f"cold-{model}"
+    d.mkdir()
+    request(d, 0)
+    t0 = time.time()
+    proc = subprocess.Popen([*SERVE, "--model", model, "--requests", str(d)], stdin=subprocess.DEVNULL)
+    try:
+        wait_file(d / "resp-0", READY_TIMEOUT, proc)
+        first = answer(d, 0)
+        request(d, 1)
+        wait_file(d / "resp-1", 120, proc)
+        second = answer(d, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    return {"first_answer_s": first["answered"] - t0, "ready_s": (d / "ready").stat().st_mtime - t0,
+            "request_s": second["answered"] - second["seen"], "reference": second["output"],
+            "first_output": first["output"]}
+
+
+def start_served(model: str, d: Path, env: dict) -> subprocess.Popen:
+    d.mkdir()
+    proc = subprocess.Popen([*GPUOS, "run", "-q", "--", *SERVE, "--model", model, "--requests", str(d)],
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_file(d / "ready", READY_TIMEOUT, proc)
+    request(d, 0)
+    wait_file(d / "resp-0", 120, proc)
+    return proc
+
+
+def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None, request_s: float) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for stale in d.glob(f"resp-{n}*"):
+        stale.unlink()
+    request(d, n)
+    t0 = time.time()
+    res = cli(env, "restore", image)
+    after_restore = time.time()
+    wait_file(d / f"resp-{n}", 120)
+    got = answer(d, n)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    kill(res["pid"])
+    first = got["answered"] - t0
+    return {"first_answer_s": first, "overhead_s": first - request_s, "restore_cmd_s": after_restore - t0,
+            "timings": res.get("timings", {}), "correct": reference is None or got["output"] == reference,
+            "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}
+
+
+def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
+    work = home / "work"
+    work.mkdir(exist_ok=True)
+    env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot-tier"))
+    env.pop("GPUOS_STORE", None)
+    row: dict = {"model": model}
+    print(f"{model}: cold start", flush=True)
+    cold = cold_start(model, work)
+    row["cold_start"] = cold
+    print(f"{model}: {cold['first_answer_s']:.2f} s to the first answer from exec", flush=True)
+
+    d = work / f"served-{model}"
+    proc = start_served(model, d, env)
+    pid = int((d / "ready").read_text())
+    ck = cli(env, "checkpoint", str(pid), "--image", f"cs-{model}")
+    proc.wait()
+    image = f"cs-{model}"
+    listing = cli(env, "images", "list")
+    me = next(i for i in listing["images"] if i["name"] == image)
+    row["checkpoint"] = {"timings": ck.get("timings", {}), "image_bytes": me["size"],
+                         "stored_bytes": listing["chunk_bytes"]}
+    n = 1
+    restores = {}
+    for case in ("warm", "hot", "cold"):
+        if case == "hot":
+            cli(env, "images", "warm", image)
+        if case == "cold":
+            cli(env, "images", "cool", image)
+        print(f"{model}: restore ({case})", flush=True)
+        restores[case] = timed_restore(env, image, d, n, cold["reference"] if n == 1 else None, cold["request_s"])
+        restores[case]["read_bytes"] = me["size"]  # everything is read before the process resumes
+        print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}",
+              flush=True)
+        n += 1
+    row["restore"] = restores
+    cli(env, "images", "cool", image)
+
+    if replicas > 1:
+        print(f"{model}: {replicas} replicas", flush=True)
+        procs = []
+        try:
+            for k in range(replicas):
+                procs.append(start_served(model, work / f"replica-{model}-{k}", env))
+            for k, p in enumerate(procs):
+                pid = int((work / f"replica-{model}-{k}" / "ready").read_text())
+                cli(env, "checkpoint", str(pid), "--image", f"cs-{model}-r{k}")
+                p.wait()
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        listing = cli(env, "images", "list")
+        mine = [i for i in listing["images"] if i["name"].startswith(f"cs-{model}-r")]
+        cli(env, "images", "rm", image)  # then the store holds the replicas' chunks only
+        stored = cli(env, "images", "list")["chunk_bytes"]
+        row["replicas"] = {"n": replicas, "image_bytes": [i["size"] for i in mine],
+                           "own_bytes": [i["own_bytes"] for i in mine],
+                           "shared_bytes": [i["shared_bytes"] for i in mine],
+                           "store_bytes": stored, "ratio_to_one": stored / min(i["size"] for i in mine)}
+        for i in mine:
+            cli(env, "images", "rm", i["name"])
+    else:
+        cli(env, "images", "rm", image)
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['device']}, driver {result['driver']}, {result['date'][:10]}", "",
+             "| model | restore | first answer (s) | overhead (s) | correct | cold start (s) | image | read | replicas' store / one image |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        rep = r.get("replicas")
+        for case, x in r["restore"].items():
+            lines.append(f"| {r['model']} | {case} | {x['first_answer_s']:.2f} | {x['overhead_s']:.2f} | "
+                         f"{x['correct']} | {r['cold_start']['first_answer_s']:.1f} | "
+                         f"{r['checkpoint']['image_bytes'] / 1e9:.2f} GB | {x['read_bytes'] / 1e9:.2f} GB | "
+                         + (f"{rep['ratio_to_one']:.2f} ({rep['n']})" if rep else "-") + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="gpt2-large,resnet50")
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--home", default="/var/tmp", help="Where the store goes: a disk, not a tmpfs")
+    args = ap.parse_args()
+    rt, home, result = open_bench("coldstart", args.home)
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
+    path = outdir / f"coldstart-{tag}-{result['date'][:10]}.json"
+    try:
+        for model in args.models.split(","):
+            result["rows"].append(run_model(model, rt, home, args.replicas))
+            path.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"{model} done; wrote {path}", flush=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
