@@ -116,13 +116,17 @@ def cold_start(model: str, work: Path) -> dict:
 
 
 def start_served(model: str, d: Path, env: dict) -> subprocess.Popen:
+    """The server under `gpuos run`, not waited for (served() waits)."""
     d.mkdir()
-    proc = subprocess.Popen([*GPUOS, "run", "-q", "--", *SERVE, "--model", model, "--requests", str(d)],
-                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    wait_file(d / "ready", READY_TIMEOUT, proc)
     request(d, 0)
-    wait_file(d / "resp-0", 120, proc)
-    return proc
+    return subprocess.Popen([*GPUOS, "run", "-q", "--", *SERVE, "--model", model, "--requests", str(d)],
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def served(proc: subprocess.Popen, d: Path) -> int:
+    """Its pid, once it answered its first request."""
+    wait_file(d / "resp-0", READY_TIMEOUT, proc)
+    return int((d / "ready").read_text())
 
 
 def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None, request_s: float) -> dict:
@@ -156,7 +160,7 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
 
     d = work / f"served-{model}"
     proc = start_served(model, d, env)
-    pid = int((d / "ready").read_text())
+    pid = served(proc, d)
     ck = cli(env, "checkpoint", str(pid), "--image", f"cs-{model}")
     proc.wait()
     image = f"cs-{model}"
@@ -187,7 +191,7 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
             for k in range(replicas):
                 procs.append(start_served(model, work / f"replica-{model}-{k}", env))
             for k, p in enumerate(procs):
-                pid = int((work / f"replica-{model}-{k}" / "ready").read_text())
+                pid = served(p, work / f"replica-{model}-{k}")
                 cli(env, "checkpoint", str(pid), "--image", f"cs-{model}-r{k}")
                 p.wait()
         finally:
