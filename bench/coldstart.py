@@ -29,6 +29,7 @@ Writes bench/results/coldstart-<gpu>-<date>.json after every model, prints a Mar
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -69,10 +70,18 @@ def answer(d: Path, n: int) -> dict:
 
 
 def kill(pid: int) -> None:
+    """Kill a restored server and reap it: the bench is a subreaper (main), so restored
+    processes, which CRIU detaches, end up its children; else a pid 1 that does not reap
+    (a container's) would keep the pid that the next restore needs."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         return
+    try:
+        os.waitpid(pid, 0)
+        return
+    except ChildProcessError:
+        pass
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -178,8 +187,8 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
         print(f"{model}: restore ({case})", flush=True)
         restores[case] = timed_restore(env, image, d, n, cold["reference"] if n == 1 else None, cold["request_s"])
         restores[case]["read_bytes"] = me["size"]  # everything is read before the process resumes
-        print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}",
-              flush=True)
+        print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}, "
+              f"phases {json.dumps(restores[case]['timings'])}", flush=True)
         n += 1
     row["restore"] = restores
     cli(env, "images", "cool", image)
@@ -236,6 +245,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--home", default="/var/tmp", help="Where the store goes: a disk, not a tmpfs")
     args = ap.parse_args()
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     rt, home, result = open_bench("coldstart", args.home)
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
