@@ -177,6 +177,8 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
     me = next(i for i in listing["images"] if i["name"] == image)
     row["checkpoint"] = {"timings": ck.get("timings", {}), "image_bytes": me["size"],
                          "stored_bytes": listing["chunk_bytes"]}
+    print(f"{model}: image {me['size'] / 1e9:.2f} GB, checkpoint phases {json.dumps(row['checkpoint']['timings'])}",
+          flush=True)
     n = 1
     restores = {}
     for case in ("warm", "hot", "cold"):
