@@ -42,7 +42,24 @@
  *            from the snapshot by device-to-device copies instead.  Memory made here is
  *            the process's own, so a later EXPORT can hand it out again (the driver
  *            refuses to export memory a process imported).  Reply: bytes, ns.
- *   RESUME   Calls go on.  Refused while released (MAP or FILL first).
+ *            With arg = GPUOS_AGENT_FILL_LATER (held, released): new memory for every
+ *            allocation, mapped, its contents to come by FILL_PARTS (the allocations are
+ *            pending).  Reply: bytes.
+ *   FILL_PARTS (pending allocations, prepared) arg parts struct gpuos_agent_part follow the
+ *            request (GPUOS_AGENT_PARTS_MAX at most): each copies `length` bytes from the
+ *            staging area at `stage` to allocation `index` (LIST order) at `offset`, on
+ *            the agent's streams; the reply comes once they are done.  An allocation all of
+ *            whose bytes have come is filled; the last one filled opens the gate.  Parts
+ *            must not overlap (a part longer than what is left of its allocation is
+ *            refused).  Reply: bytes; arg = an allocation a thread of the application
+ *            waits for (UINT64_MAX: none), to fill next; count = calls that had to wait
+ *            for everything since the last reply (a launch of unknown layout, a free,
+ *            ...), msg = the last one's reason.
+ *   RESUME   Calls go on.  Refused while released (MAP or FILL first).  With arg =
+ *            GPUOS_AGENT_RESUME_FILLING and allocations pending: the application goes on
+ *            while they are filled; a launch, copy or memset waits only until the
+ *            allocations it touches (libgpuos's prediction) are filled, any other call that
+ *            may touch device memory until all are.  HOLD is refused until all are.
  *   SNAPSHOT (held, mapped) a shadow of every allocation, in device memory of the agent's
  *            own at addresses the application never sees, filled by device-to-device
  *            copies (TB/s): the contents as they are now, to CAPTURE after RESUME.
@@ -67,6 +84,9 @@
 #define GPUOS_AGENT_FDS_PER_MSG 200
 #define GPUOS_AGENT_HOLD_DETACH 1u /* HOLD's arg */
 #define GPUOS_AGENT_SHADOWS (1ull << 63) /* EXPORT's, MAP's and FILL's arg: the snapshot's memory */
+#define GPUOS_AGENT_FILL_LATER (1ull << 62) /* FILL's arg: new memory, contents by FILL_PARTS */
+#define GPUOS_AGENT_RESUME_FILLING 1u /* RESUME's arg: go on while the memory is filled */
+#define GPUOS_AGENT_PARTS_MAX 4096
 
 enum gpuos_agent_cmd {
 	GPUOS_AGENT_HOLD = 1,
@@ -81,6 +101,7 @@ enum gpuos_agent_cmd {
 	GPUOS_AGENT_UNPREPARE = 10,
 	GPUOS_AGENT_SNAPSHOT = 11,
 	GPUOS_AGENT_DROP = 12,
+	GPUOS_AGENT_FILL_PARTS = 13,
 };
 
 struct gpuos_agent_req {
@@ -107,6 +128,14 @@ struct gpuos_agent_alloc {
 	uint64_t ctx;
 	int32_t device;
 	uint32_t pad;
+};
+
+struct gpuos_agent_part {
+	uint32_t index;  /* the allocation, in LIST order */
+	uint32_t pad;
+	uint64_t offset; /* bytes into the allocation */
+	uint64_t length;
+	uint64_t stage;  /* where the bytes are in the staging area */
 };
 
 #endif /* GPUOS_AGENT_H */

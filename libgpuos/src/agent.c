@@ -14,6 +14,18 @@
  * The agent thread serves one client at a time, and is the only thread that moves
  * movable memory; while it works the gate is set, so the allocation map stands still
  * (frees and allocations wait at the gate too).
+ *
+ * Filling (a restore on demand).  FILL with GPUOS_AGENT_FILL_LATER gives every allocation
+ * new memory and leaves its contents to come; RESUME with GPUOS_AGENT_RESUME_FILLING sets
+ * the gate to GPUOS_GATE_FILLING instead of opening it.  The application then runs: a
+ * wrapper that touches no existing device memory goes on; a launch, copy or memset waits
+ * (fill_wait) until the allocations it touches, as libgpuos predicts them (ops.c), are
+ * filled; anything else, and a launch whose layout is unknown, waits until all are.
+ * FILL_PARTS copies parts of the allocations from the staging area, on the agent's own
+ * streams, and marks an allocation filled once all its bytes are in and the copies are
+ * done; the last one opens the gate.  The allocation map is the one HOLD saw: the calls
+ * that could change it for a movable allocation (frees, context teardown) wait for
+ * everything.
  */
 #include <errno.h>
 #include <linux/membarrier.h>
@@ -82,23 +94,35 @@ static int gate_set(void)
 	return __atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE);
 }
 
+static int gate_held(void)
+{
+	return gate_set() == GPUOS_GATE_HELD;
+}
+
 static void wait_open(void)
 {
 	pthread_mutex_lock(&gate_mu);
-	while (gate_set())
+	while (gate_held())
 		pthread_cond_wait(&gate_cv, &gate_mu);
 	pthread_mutex_unlock(&gate_mu);
 }
 
+static void fill_gate(int hk);
+
 /* The gate was found set at the entry of a wrapper (slot marked; NULL: an overflow thread,
  * counted in overflow_inside). */
-void gpuos_gate_wait(struct gpuos_gate_slot *s)
+void gpuos_gate_wait(struct gpuos_gate_slot *s, int hk)
 {
 	if (tls_is_agent)
 		return;
 	if (s && s->inside > 1)
 		return; /* nested: the outer call holds the thread's mark */
 	for (;;) {
+		int g = gate_set();
+		if (g == GPUOS_GATE_FILLING)
+			return fill_gate(hk);
+		if (!g)
+			return;
 		if (s)
 			__atomic_store_n(&s->inside, 0, __ATOMIC_RELEASE);
 		else
@@ -109,16 +133,14 @@ void gpuos_gate_wait(struct gpuos_gate_slot *s)
 		} else {
 			__atomic_add_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
 		}
-		if (!gate_set())
-			return;
 	}
 }
 
-void gpuos_gate_overflow_enter(void)
+void gpuos_gate_overflow_enter(int hk)
 {
 	__atomic_add_fetch(&overflow_inside, 1, __ATOMIC_SEQ_CST);
 	if (gate_set())
-		gpuos_gate_wait(NULL);
+		gpuos_gate_wait(NULL, hk);
 }
 
 void gpuos_gate_overflow_exit(void)
@@ -183,6 +205,10 @@ struct held {
 	uint64_t bytes;
 };
 static struct held H;
+
+/* Filling (its section below): the lock, and each allocation's bytes still to come. */
+static pthread_mutex_t fill_mu;
+static uint64_t *fill_left;
 
 /* SNAPSHOT's shadows: a device-to-device copy of every allocation taken while held, at
  * addresses of the agent's own (the application never sees them), captured to the host
@@ -302,6 +328,8 @@ static void do_hold(uint64_t flags, struct gpuos_agent_reply *r)
 		gpuos_ctl_detach();
 		H.detached = 1;
 	}
+	if (!H.depth && __atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
+		return say(r, EBUSY, "its memory is still being filled");
 	if (H.depth++) {
 		r->count = (uint32_t)H.n;
 		r->bytes = H.bytes;
@@ -345,14 +373,33 @@ static void resume_now(void)
 	}
 }
 
-static void do_resume(struct gpuos_agent_reply *r)
+static void do_resume(uint64_t flags, struct gpuos_agent_reply *r)
 {
+	if (flags & ~(uint64_t)GPUOS_AGENT_RESUME_FILLING)
+		return say(r, EINVAL, "unknown RESUME flags %#llx", (unsigned long long)flags);
 	if (!H.depth)
 		return say(r, EINVAL, "not held");
 	if (H.released)
 		return say(r, EBUSY, "the memory is released: MAP or FILL first");
-	if (--H.depth == 0)
+	if (--H.depth)
+		return;
+	pthread_mutex_lock(&fill_mu);
+	int filling = (flags & GPUOS_AGENT_RESUME_FILLING) && fill_left;
+	if (filling) { /* the application goes on; its calls wait for what is not filled yet */
+		pthread_mutex_lock(&gate_mu);
+		__atomic_store_n(&gpuos_hot.gate, GPUOS_GATE_FILLING, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&gate_cv);
+		pthread_mutex_unlock(&gate_mu);
+	}
+	pthread_mutex_unlock(&fill_mu);
+	if (!filling) {
 		resume_now();
+		return;
+	}
+	if (H.detached) {
+		H.detached = 0;
+		gpuos_ctl_reattach();
+	}
 }
 
 /* ---- copies between the allocations and the staging memfd --------------------------------- */
@@ -663,9 +710,13 @@ static CUresult copy_from_shadows(void)
 	return c == CUDA_SUCCESS ? sync_contexts() : c;
 }
 
+static void do_fill_later(struct gpuos_agent_reply *r);
+
 static void do_fill(uint64_t flags, struct gpuos_agent_reply *r)
 {
 	int from_shadows = (flags & GPUOS_AGENT_SHADOWS) != 0;
+	if (flags == GPUOS_AGENT_FILL_LATER)
+		return do_fill_later(r);
 	if (flags & ~GPUOS_AGENT_SHADOWS)
 		return say(r, EINVAL, "unknown FILL flags %#llx", (unsigned long long)flags);
 	if (!H.depth || !H.released)
@@ -696,6 +747,199 @@ static void do_fill(uint64_t flags, struct gpuos_agent_reply *r)
 	H.released = 0;
 	map_next = 0;
 	r->bytes = H.bytes;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+/* ---- filling while the application runs ---------------------------------------------------- */
+
+static pthread_mutex_t fill_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fill_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t *fill_left = NULL; /* per allocation of H: bytes still to come (NULL: none pending) */
+static size_t fill_pending;  /* allocations with bytes to come */
+static uint64_t fill_wanted = UINT64_MAX; /* an allocation a thread waits for, for FILL_PARTS' reply */
+static uint32_t fill_all_waits; /* calls that waited for everything, since the last reply */
+static const char *fill_all_why; /* the last one's reason */
+static uint8_t hook_class[HK_COUNT];
+GPUOS_TLS int gpuos_tls_fill_check;
+
+static void fill_gate(int hk)
+{
+	int c = hk >= 0 && hk < HK_COUNT ? hook_class[hk] : GPUOS_FILL_ALL;
+	if (c == GPUOS_FILL_PRECISE)
+		gpuos_tls_fill_check = 1;
+	else if (c == GPUOS_FILL_ALL)
+		gpuos_fill_wait_all(gpuos_hook_name(hk));
+}
+
+/* Wait for allocation i of H (SIZE_MAX: all) to be filled. */
+static void fill_wait(size_t i)
+{
+	pthread_mutex_lock(&fill_mu);
+	while (fill_left && (i == SIZE_MAX ? fill_pending : fill_left[i])) {
+		if (i != SIZE_MAX && fill_wanted == UINT64_MAX)
+			fill_wanted = i;
+		pthread_cond_wait(&fill_cv, &fill_mu);
+	}
+	pthread_mutex_unlock(&fill_mu);
+}
+
+void gpuos_fill_wait_all(const char *why)
+{
+	if (tls_is_agent)
+		return;
+	pthread_mutex_lock(&fill_mu);
+	int pending = fill_left && fill_pending;
+	if (pending) {
+		fill_all_waits++;
+		fill_all_why = why;
+	}
+	pthread_mutex_unlock(&fill_mu);
+	if (pending)
+		fill_wait(SIZE_MAX);
+}
+
+void gpuos_fill_wait_ptr(uint64_t ptr)
+{
+	if (tls_is_agent || !__atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
+		return;
+	size_t lo = 0, hi = H.n; /* H stands still while filling: HOLD is refused */
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (ptr < H.v[mid].base)
+			hi = mid;
+		else if (ptr >= H.v[mid].base + gpuos_movable_reserved(&H.v[mid]))
+			lo = mid + 1;
+		else
+			return fill_wait(mid);
+	}
+}
+
+void gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags)
+{
+	if (lflags & (GPUOS_LAUNCH_LAYOUT_UNKNOWN | GPUOS_LAUNCH_TOUCH_ALL | GPUOS_LAUNCH_TRUNCATED))
+		return gpuos_fill_wait_all(lflags & GPUOS_LAUNCH_LAYOUT_UNKNOWN ? "a launch of unknown layout" :
+					   lflags & GPUOS_LAUNCH_TOUCH_ALL ? "a launch that touches everything" :
+									     "a launch with more buffers than recorded");
+	for (uint32_t i = 0; i < n; i++)
+		gpuos_fill_wait_ptr(b[i].base);
+}
+
+/* FILL with GPUOS_AGENT_FILL_LATER: new memory for every allocation, its contents to come. */
+static void do_fill_later(struct gpuos_agent_reply *r)
+{
+	if (!H.depth || !H.released)
+		return say(r, EINVAL, H.depth ? "the memory is mapped" : "not held");
+	uint64_t *left = H.n ? calloc(H.n, sizeof *left) : NULL;
+	if (H.n && !left)
+		return say(r, ENOMEM, "out of host memory");
+	for (size_t i = map_next; i < H.n; i++) {
+		CUresult c = remap_one(i, -1);
+		if (c != CUDA_SUCCESS) {
+			free(left);
+			return say(r, c == CUDA_ERROR_OUT_OF_MEMORY ? ENOMEM : EIO, "new memory for allocation %zu: %s", i,
+				   cuerr(c));
+		}
+		map_next = i + 1;
+	}
+	for (int hk = 0; hk < HK_COUNT; hk++)
+		hook_class[hk] = (uint8_t)gpuos_hook_fill_class(hk);
+	pthread_mutex_lock(&fill_mu);
+	fill_pending = 0;
+	for (size_t i = 0; i < H.n; i++)
+		fill_pending += !!(left[i] = gpuos_movable_reserved(&H.v[i]));
+	fill_wanted = UINT64_MAX;
+	fill_all_waits = 0;
+	__atomic_store_n(&fill_left, fill_pending ? left : NULL, __ATOMIC_RELEASE);
+	if (!fill_pending)
+		free(left);
+	pthread_mutex_unlock(&fill_mu);
+	H.released = 0;
+	map_next = 0;
+	r->bytes = H.bytes;
+}
+
+/* The last allocation filled: nothing to wait for any more, the gate opens. */
+static void fill_done_locked(void)
+{
+	free(fill_left);
+	__atomic_store_n(&fill_left, NULL, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&fill_cv);
+	if (gate_set() == GPUOS_GATE_FILLING)
+		gate_open();
+}
+
+/* FILL_PARTS: `n` parts from the staging area into their allocations, then waited for. */
+static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpuos_agent_reply *r)
+{
+	if (!fill_left)
+		return say(r, EINVAL, "nothing is being filled (FILL with GPUOS_AGENT_FILL_LATER first)");
+	if (!stage.p)
+		return say(r, EINVAL, "not prepared");
+	for (size_t k = 0; k < n; k++) {
+		if (p[k].index >= H.n || p[k].offset > gpuos_movable_reserved(&H.v[p[k].index]) ||
+		    p[k].length > gpuos_movable_reserved(&H.v[p[k].index]) - p[k].offset ||
+		    p[k].length > fill_left[p[k].index] || p[k].stage > stage.size ||
+		    p[k].length > stage.size - p[k].stage)
+			return say(r, EINVAL, "part %zu (allocation %u, bytes %llu+%llu, staged at %llu) is out of bounds",
+				   k, p[k].index, (unsigned long long)p[k].offset, (unsigned long long)p[k].length,
+				   (unsigned long long)p[k].stage);
+	}
+	uint64_t t0 = gpuos_now_ns();
+	CUresult res = CUDA_SUCCESS;
+	uint64_t bytes = 0;
+	for (size_t k = 0; k < n && res == CUDA_SUCCESS;) {
+		/* the parts of one context in a row, on streams of the agent's own */
+		uint64_t ctx = H.v[p[k].index].ctx;
+		size_t end = k;
+		while (end < n && H.v[p[end].index].ctx == ctx)
+			end++;
+		CUcontext c;
+		CUstream st[NSTREAMS] = { 0 };
+		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)ctx)) != CUDA_SUCCESS)
+			break;
+		for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
+			res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
+		uint64_t q = 0;
+		for (; k < end && res == CUDA_SUCCESS; k++) {
+			uint64_t dev = H.v[p[k].index].base + p[k].offset;
+			for (uint64_t o = 0, m; o < p[k].length && res == CUDA_SUCCESS; o += m, q++) {
+				uint64_t at = p[k].stage + o;
+				m = p[k].length - o;
+				if (at / WINDOW != (at + m - 1) / WINDOW)
+					m = WINDOW - at % WINDOW; /* within one registered window */
+				res = gpuos_drv.memcpy_htod_async(dev + o, stage.p + at, m, st[q % NSTREAMS]);
+			}
+			bytes += p[k].length;
+		}
+		for (int s = 0; s < NSTREAMS; s++)
+			if (st[s]) {
+				CUresult e = gpuos_drv.stream_sync(st[s]);
+				if (res == CUDA_SUCCESS)
+					res = e;
+				gpuos_drv.stream_destroy(st[s]);
+			}
+		gpuos_drv.ctx_pop(&c);
+	}
+	if (res != CUDA_SUCCESS)
+		return say(r, EIO, "copy from the host: %s", cuerr(res));
+	pthread_mutex_lock(&fill_mu);
+	for (size_t k = 0; k < n; k++) {
+		uint64_t *left = &fill_left[p[k].index];
+		if (*left && !(*left -= p[k].length))
+			fill_pending--;
+	}
+	r->arg = fill_wanted;
+	if (fill_wanted != UINT64_MAX && !fill_left[fill_wanted])
+		fill_wanted = UINT64_MAX;
+	r->count = fill_all_waits;
+	if (fill_all_waits)
+		snprintf(r->msg, sizeof r->msg, "%s", fill_all_why);
+	fill_all_waits = 0;
+	pthread_cond_broadcast(&fill_cv);
+	if (!fill_pending)
+		fill_done_locked();
+	pthread_mutex_unlock(&fill_mu);
+	r->bytes = bytes;
 	r->ns = gpuos_now_ns() - t0;
 }
 
@@ -812,6 +1056,19 @@ static int recv_req(int conn, struct gpuos_agent_req *q, int *fds, size_t *nfds)
 	return q->magic == GPUOS_AGENT_MAGIC ? 1 : -1;
 }
 
+static int recv_all(int conn, void *buf, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t k = recv(conn, (char *)buf + got, n - got, 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
 static void serve(int conn)
 {
 	struct gpuos_agent_req q;
@@ -825,7 +1082,24 @@ static void serve(int conn)
 		int fd0 = nfds ? fds[0] : -1; /* PREPARE's memfd */
 		switch (q.cmd) {
 		case GPUOS_AGENT_HOLD: do_hold(q.arg, &r); break;
-		case GPUOS_AGENT_RESUME: do_resume(&r); break;
+		case GPUOS_AGENT_RESUME: do_resume(q.arg, &r); break;
+		case GPUOS_AGENT_FILL_PARTS: {
+			struct gpuos_agent_part *parts = NULL;
+			size_t n = (size_t)q.arg;
+			if (n > GPUOS_AGENT_PARTS_MAX) {
+				say(&r, EINVAL, "FILL_PARTS of %zu parts: at most %d", n, GPUOS_AGENT_PARTS_MAX);
+				close_fds(fds, nfds);
+				send_all(conn, &r, sizeof r, NULL, 0);
+				goto out; /* the parts that follow cannot be told from requests */
+			}
+			if (n && (!(parts = malloc(n * sizeof *parts)) || recv_all(conn, parts, n * sizeof *parts))) {
+				free(parts);
+				goto out;
+			}
+			do_fill_parts(parts, n, &r);
+			free(parts);
+			break;
+		}
 		case GPUOS_AGENT_LIST:
 			if (!H.depth) {
 				say(&r, EINVAL, "not held");
@@ -876,7 +1150,9 @@ out:
 	if (SH && !sh_released)
 		drop_shadows(); /* its client is gone: nobody will capture it */
 	/* A client gone while its application is held: let the application go on, unless its
-	 * memory is released (it exists only in what that client held). */
+	 * memory is released (it exists only in what that client held).  Gone while filling:
+	 * what is not filled yet existed only in what that client read; calls that need it
+	 * keep waiting (gpuos recover ends a restore that did not complete). */
 	if (H.depth && !H.released)
 		resume_now();
 }
@@ -948,6 +1224,11 @@ void gpuos_agent_forget(void)
 	free(H.v);
 	memset(&H, 0, sizeof H);
 	map_next = 0;
+	pthread_mutex_init(&fill_mu, NULL);
+	pthread_cond_init(&fill_cv, NULL);
+	free(fill_left); /* the child's copies of the parent's memory: its own, all there */
+	fill_left = NULL;
+	fill_pending = 0;
 	free(SH);
 	SH = NULL;
 	sh_released = 0;

@@ -486,29 +486,35 @@ CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGeneri
 
 /* ---- agent.c ------------------------------------------------------------------------ */
 
-/* The gate every exported wrapper passes (agent.c explains it). */
+/* The gate every exported wrapper passes (agent.c explains it): gpuos_hot.gate is 0 (open),
+ * GPUOS_GATE_HELD (every wrapper waits) or GPUOS_GATE_FILLING (a restore on demand: the
+ * application runs while the agent fills its movable memory; a call waits only for what it
+ * touches). */
+#define GPUOS_GATE_HELD 1
+#define GPUOS_GATE_FILLING 2
 struct gpuos_gate_slot {
 	int inside; /* wrappers of this thread in progress (only this thread writes it) */
 	int used;   /* atomic: owned by a live thread */
 } __attribute__((aligned(64)));
 extern GPUOS_TLS struct gpuos_gate_slot *gpuos_tls_gate;
 struct gpuos_gate_slot *gpuos_gate_slot_slow(void); /* NULL: no slot left, count the slow way */
-void gpuos_gate_wait(struct gpuos_gate_slot *s);
-void gpuos_gate_overflow_enter(void);
+void gpuos_gate_wait(struct gpuos_gate_slot *s, int hk);
+void gpuos_gate_overflow_enter(int hk);
 void gpuos_gate_overflow_exit(void);
 
-static inline struct gpuos_gate_slot *gpuos_gate_enter(void)
+/* hk: the wrapper's HK_ index (what it may touch, while filling) */
+static inline struct gpuos_gate_slot *gpuos_gate_enter(int hk)
 {
 	struct gpuos_gate_slot *s = gpuos_tls_gate;
 	if (unlikely(!s) && !(s = gpuos_gate_slot_slow())) {
-		gpuos_gate_overflow_enter();
+		gpuos_gate_overflow_enter(hk);
 		return NULL;
 	}
 	__atomic_store_n(&s->inside, s->inside + 1, __ATOMIC_RELAXED);
 	/* no fence: the agent's membarrier orders this store before the load below */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	if (unlikely(__atomic_load_n(&gpuos_hot.gate, __ATOMIC_RELAXED)))
-		gpuos_gate_wait(s);
+		gpuos_gate_wait(s, hk);
 	return s;
 }
 
@@ -519,6 +525,33 @@ static inline void gpuos_gate_exit(struct gpuos_gate_slot *s)
 	else
 		gpuos_gate_overflow_exit();
 }
+
+/* While filling, the gate lets a launch, copy or memset through with this thread's
+ * gpuos_tls_fill_check set: its handler (ops.c) must wait for the movable allocations it
+ * touches before the real call, and clears it (gpuos_fill_checking).  What a wrapper
+ * may touch, by its HK_ index (hooks.c). */
+enum gpuos_fill_class {
+	GPUOS_FILL_NEUTRAL, /* touches no existing device memory: goes on */
+	GPUOS_FILL_PRECISE, /* its handler waits for the allocations it touches */
+	GPUOS_FILL_ALL,     /* may touch any: waits until everything is filled */
+};
+int gpuos_hook_fill_class(int hk);
+const char *gpuos_hook_name(int hk);
+extern GPUOS_TLS int gpuos_tls_fill_check;
+static inline int gpuos_fill_checking(void)
+{
+	if (likely(!gpuos_tls_fill_check))
+		return 0;
+	gpuos_tls_fill_check = 0;
+	return 1;
+}
+/* Wait until the movable allocation holding ptr (if one still being filled does) is filled. */
+void gpuos_fill_wait_ptr(uint64_t ptr);
+/* A launch's predicted buffers (lflags: its GPUOS_LAUNCH_* flags; an unknown layout
+ * waits for everything). */
+void gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags);
+/* Wait until every movable allocation is filled; `why` is counted and reported to gpuos. */
+void gpuos_fill_wait_all(const char *why);
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
 /* ctl.c: close the control connection (no socket to an outside peer while CRIU dumps the

@@ -35,7 +35,7 @@ struct gpuos_drv gpuos_drv;
 		pfn real = (pfn)gpuos_real_at(HK_##name);                                  \
 		if (unlikely(!real))                                                       \
 			return CUDA_ERROR_NOT_FOUND;                                       \
-		struct gpuos_gate_slot *gate_ = gpuos_gate_enter();                        \
+		struct gpuos_gate_slot *gate_ = gpuos_gate_enter(HK_##name);               \
 		CUresult r_ = handler(real, pt, GPUOS_UNPAREN args);                       \
 		gpuos_gate_exit(gate_);                                                    \
 		return r_;                                                                 \
@@ -56,6 +56,42 @@ static const char *const hook_names[HK_COUNT] = {
 #include "hooktable.h"
 #undef X
 };
+
+const char *gpuos_hook_name(int hk)
+{
+	return hk >= 0 && hk < HK_COUNT ? hook_names[hk] : "?";
+}
+
+static int has_prefix(const char *s, const char *p)
+{
+	return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* What a wrapper may touch while the agent fills movable memory (core.h), from its name:
+ * launches, copies and memsets say what they touch (ops.c); these create or look up
+ * things, or free what is not movable memory; anything else (frees, graph launches,
+ * stream memory operations, batched copies, IPC, context teardown) may touch any
+ * allocation. */
+static const char *const fill_neutral[] = {
+	"cuGetProcAddress", "cuMemAlloc", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister",
+	"cuMemHostUnregister", "cuMemCreate", "cuMemAddressReserve", "cuModule", "cuLibrary",
+	"cuKernelGetFunction", "cuStreamCreate", "cuStreamDestroy", "cuEventCreate", "cuEventDestroy",
+	"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate", "cuGraphExecDestroy",
+	"cuGraphExecUpdate", "cuGraphExecKernelNodeSetParams",
+};
+
+int gpuos_hook_fill_class(int hk)
+{
+	const char *n = gpuos_hook_name(hk);
+	if (has_prefix(n, "cuMemcpyBatch"))
+		return GPUOS_FILL_ALL;
+	if (has_prefix(n, "cuLaunch") || has_prefix(n, "cuMemcpy") || has_prefix(n, "cuMemset"))
+		return GPUOS_FILL_PRECISE;
+	for (size_t i = 0; i < sizeof fill_neutral / sizeof *fill_neutral; i++)
+		if (has_prefix(n, fill_neutral[i]))
+			return GPUOS_FILL_NEUTRAL;
+	return GPUOS_FILL_ALL;
+}
 
 /* The unhooked writers (unhooked.h): their trampolines (unhooked_x86_64.S), names and
  * the driver's entry points. */
@@ -305,6 +341,8 @@ __attribute__((visibility("hidden"))) void *gpuos_unhooked_used(int i)
 {
 	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
 		gpuos_resolve();
+	if (unlikely(__atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE) == GPUOS_GATE_FILLING))
+		gpuos_fill_wait_all(unhooked_names[i]);
 	gpuos_track_incomplete(GPUOS_INCOMPLETE_UNHOOKED_WRITER,
 			       "the application called %s, which writes device memory and is not "
 			       "tracked", unhooked_names[i]);

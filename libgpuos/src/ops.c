@@ -331,6 +331,14 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 	launch_record(&rec, e->flags | s->lflags, s);
 }
 
+/* While filling, a launch that is not recorded (tracking paused): nothing predicts what it
+ * touches, so it waits for everything. */
+static inline void fill_untracked(void)
+{
+	if (unlikely(gpuos_fill_checking()))
+		gpuos_fill_wait_all("a launch while tracking is paused");
+}
+
 /* A launch's result, its stages timed in a selftime build: t0 the handler's start, t1
  * the real call's, t2 its end. */
 static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
@@ -349,7 +357,8 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 		const struct gpuos_fn *fn_ = launch_prepare(&(L), f);          \
 		uint64_t t1_;                                                  \
 		CUresult r_;                                                   \
-		if (fn_) {                                                     \
+		int filling_ = gpuos_fill_checking();                          \
+		if (fn_ && !filling_) {                                        \
 			t1_ = ST_NOW();                                        \
 			r_ = (call);                                           \
 			uint64_t t2_ = ST_NOW();                               \
@@ -358,8 +367,13 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 			return launch_timed(r_, t0, t1_, t2_);                 \
 		}                                                              \
 		gpuos_defer_drain_self();                                      \
-		if (!launch_begin(&(L), f, kp, extra))                         \
+		if (!launch_begin(&(L), f, kp, extra)) {                       \
+			if (filling_)                                          \
+				gpuos_fill_wait_all("a launch not tracked");   \
 			return (call);                                         \
+		}                                                              \
+		if (filling_) /* predicted before the call: wait for them */   \
+			gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags); \
 		t1_ = ST_NOW();                                                \
 		r_ = (call);                                                   \
 		uint64_t t2_ = ST_NOW();                                       \
@@ -372,7 +386,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 {
 	struct launch L;
 	if (!gpuos_recording())
-		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
+		return fill_untracked(), real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), 0);
 	LAUNCH_OP(L, t0, f, kp, extra, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra));
@@ -383,7 +397,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 {
 	struct launch L;
 	if (!config || !gpuos_recording())
-		return real(config, f, kp, extra);
+		return fill_untracked(), real(config, f, kp, extra);
 	uint16_t flags = GPUOS_LAUNCH_EX;
 	for (unsigned i = 0; config->attrs && i < config->numAttrs; i++)
 		if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative)
@@ -400,7 +414,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 {
 	struct launch L;
 	if (!gpuos_recording())
-		return real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
+		return fill_untracked(), real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), GPUOS_LAUNCH_COOPERATIVE);
 	LAUNCH_OP(L, t0, f, kp, NULL, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp));
@@ -542,12 +556,26 @@ static CUresult copy_end(struct copy *c, CUresult r)
 	return r;
 }
 
+/* While filling: wait for the movable allocations a copy or memset touches (an address
+ * on either side may be one; a CUDA array is not). */
+static void fill_wait_copy(const struct copy_desc *d)
+{
+	if (d->dst_side != SIDE_NONE && d->dst_side != SIDE_HOST)
+		gpuos_fill_wait_ptr(d->dst);
+	if (d->src_side != SIDE_NONE && d->src_side != SIDE_HOST)
+		gpuos_fill_wait_ptr(d->src);
+}
+
 /* Around the real call `call`: queued, else recorded inline, else only called.  `call`
  * is evaluated once. */
 #define COPY_OP(desc, call)                                              \
 	do {                                                             \
 		struct copy c_;                                          \
 		struct gpuos_qe *e_;                                     \
+		if (unlikely(gpuos_fill_checking())) {                   \
+			struct copy_desc f_ = (desc);                    \
+			fill_wait_copy(&f_);                             \
+		}                                                        \
 		if (!gpuos_recording())                                  \
 			return (call);                                   \
 		struct copy_desc d_ = (desc);                            \

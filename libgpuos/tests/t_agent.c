@@ -6,7 +6,9 @@
  * iteration reads all four back, checks them against iteration k, and writes k + 1.
  * Prints "ready PID BASE..." once allocated, and "ok ITERATIONS" when the file named by
  * argv[1] exists (at least argv[2] iterations, default 1); exits 1 at the first byte that
- * differs.  Linked with -lcuda.
+ * differs.  With argv[3] "free-early": once argv[1] exists, it frees the allocations
+ * after the next one it touches and prints "freed" (a free while gpuos fills them).
+ * Linked with -lcuda.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -51,6 +53,7 @@ int main(int argc, char **argv)
 	printf("\n");
 	fflush(stdout);
 	long k = 0;
+	int free_early = argc > 3 && strcmp(argv[3], "free-early") == 0;
 	for (;; k++) {
 		for (unsigned i = 0; i < N; i++) {
 			CK(cuMemcpyDtoH(got, d[i], sizes[i]));
@@ -64,6 +67,12 @@ int main(int argc, char **argv)
 			}
 			content(want, sizes[i], i, (unsigned)k + 1);
 			CK(cuMemcpyHtoD(d[i], want, sizes[i]));
+			if (free_early && access(argv[1], F_OK) == 0) {
+				for (unsigned j = 0; j < N; j++)
+					CK(cuMemFree(d[j]));
+				printf("freed\n");
+				return 0;
+			}
 		}
 		if (k + 1 >= min_iters && access(argv[1], F_OK) == 0)
 			break;

@@ -39,12 +39,12 @@ def build(libgpuos_build) -> Path:
 class App:
     """t_agent under `gpuos run`."""
 
-    def __init__(self, build: Path, tmp: Path, *gpuos_args: str):
+    def __init__(self, build: Path, tmp: Path, *gpuos_args: str, app_args: tuple[str, ...] = ()):
         self.stop = tmp / "stop"
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
         env.update(GPUOS_LIBGPUOS=str(build / "libgpuos.so"), LD_LIBRARY_PATH=str(build / "fakecuda"))
         self.proc = subprocess.Popen([*GPUOS, "run", "-q", *gpuos_args, "--", str(build / "tests" / "t_agent"),
-                                      str(self.stop), "5"], env=env, stdout=subprocess.PIPE,
+                                      str(self.stop), "5", *app_args], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().split()
         assert line and line[0] == "ready", self.proc.stderr.read()
@@ -284,3 +284,131 @@ def test_a_snapshot_is_one_instant_captured_while_the_application_runs(app):
     os.close(fd)
     rc, out, err = app.finish()
     assert rc == 0, err
+
+
+# -- filling while the application runs (restore on demand) -----------------------------------
+
+def _parts_of(allocs, index: int, at: int = 0) -> list[tuple[int, int, int, int]]:
+    """One part per allocation `index`, the whole of it, staged at `at`."""
+    return [(index, 0, allocs[index].reserved, at)]
+
+
+def _wanted(ag: Agent, timeout: float = 10.0) -> int:
+    """The allocation the application waits for (an empty FILL_PARTS asks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ag.send_parts([])
+        r = ag.recv_parts()
+        if r.arg != A.NONE_WANTED:
+            return r.arg
+        time.sleep(0.01)
+    raise AssertionError("the application never waited for an allocation")
+
+
+def test_filling_lets_the_application_go_on_waiting_only_for_what_it_touches(app):
+    """FILL_LATER gives new, empty memory; RESUME(filling) lets t_agent go on: its first copy
+    waits for the allocation it reads (reported as wanted), and once that one is filled it
+    goes on to wait for the next one it touches, not for all of them.  Filled one by one,
+    every byte checked by t_agent: nothing stale is ever read."""
+    with Agent(app.pid) as ag:
+        _, nbytes = ag.hold()
+        allocs = ag.list()
+        fd = memfd(nbytes)
+        ag.prepare(fd, nbytes)
+        ag.capture()
+        ag.release()
+        assert ag.fill_later().bytes == nbytes
+        with pytest.raises(AgentError, match="not prepared|out of bounds"):
+            ag.send_parts([(0, 0, allocs[0].reserved + GRAN, 0)])  # more than the allocation has
+            ag.recv_parts()
+        ag.resume(filling=True)
+        with pytest.raises(AgentError, match="still being filled"):
+            ag.hold()
+        order = [sorted(app.bases[:3]).index(b) for b in app.bases[:3]]  # t_agent's order, in LIST indices
+        starts = [sum(a.reserved for a in allocs[:i]) for i in range(len(allocs))]
+        first = _wanted(ag)  # the one it was about to touch when held
+        ag.send_parts(_parts_of(allocs, first, starts[first]))
+        ag.recv_parts()
+        after = order[(order.index(first) + 1) % len(order)]
+        assert _wanted(ag) == after  # it went on, and waits for the next one it touches
+        for i in set(order) - {first}:
+            ag.send_parts(_parts_of(allocs, i, starts[i]))
+            ag.recv_parts()
+        ag.hold()  # all filled: the gate is open, a HOLD works again
+        ag.resume()
+        os.close(fd)
+    rc, out, err = app.finish()
+    assert rc == 0 and out.split()[0] == "ok", err
+
+
+def test_filled_in_small_parts_from_a_small_staging_area(app):
+    """Parts of 1 MiB through a staging area of 2 MiB (reused), any order: the contents
+    come out whole."""
+    with Agent(app.pid) as ag:
+        _, nbytes = ag.hold()
+        allocs = ag.list()
+        cap = memfd(nbytes)
+        ag.prepare(cap, nbytes)
+        ag.capture()
+        ag.unprepare()
+        ag.release()
+        captured = os.pread(cap, nbytes, 0)
+        os.close(cap)
+        stage = memfd(2 << 20)
+        ag.prepare(stage, 2 << 20)
+        ag.fill_later()
+        ag.resume(filling=True)
+        pieces = [(i, off) for i, a in enumerate(allocs) for off in range(0, a.reserved, 1 << 20)]
+        starts = [sum(a.reserved for a in allocs[:i]) for i in range(len(allocs))]
+        for k, (i, off) in enumerate(reversed(pieces)):
+            at = (k % 2) << 20
+            os.pwrite(stage, captured[starts[i] + off:starts[i] + off + (1 << 20)], at)
+            ag.send_parts([(i, off, 1 << 20, at)])
+            r = ag.recv_parts()
+            assert r.bytes == 1 << 20
+        with pytest.raises(AgentError, match="nothing is being filled"):
+            ag.send_parts([(0, 0, 1, 0)])
+            ag.recv_parts()
+        os.close(stage)
+    rc, out, err = app.finish()
+    assert rc == 0 and out.split()[0] == "ok", err
+
+
+def test_a_call_that_may_touch_anything_waits_for_everything(build, tmp_path):
+    """A free (cuMemFree) while the memory is being filled waits until all of it is filled,
+    and FILL_PARTS reports it: a count and the call's name."""
+    a = App(build, tmp_path, app_args=("free-early",))
+    try:
+        with Agent(a.pid) as ag:
+            _, nbytes = ag.hold()
+            allocs = ag.list()
+            fd = memfd(nbytes)
+            ag.prepare(fd, nbytes)
+            ag.capture()
+            ag.release()
+            ag.fill_later()
+            a.stop.touch()  # it frees after the next allocation it touches
+            ag.resume(filling=True)
+            starts = [sum(x.reserved for x in allocs[:i]) for i in range(len(allocs))]
+            filled: set[int] = set()
+            deadline, seen = time.monotonic() + 10, None
+            while seen is None and time.monotonic() < deadline:
+                ag.send_parts([])
+                r = ag.recv_parts()
+                if r.count:
+                    seen = r
+                elif r.arg != A.NONE_WANTED and r.arg not in filled:  # what it touches first
+                    ag.send_parts(_parts_of(allocs, r.arg, starts[r.arg]))
+                    ag.recv_parts()
+                    filled.add(r.arg)
+                time.sleep(0.01)
+            assert seen is not None and seen.msg.startswith("cuMemFree"), "the free did not wait"
+            assert len(filled) < len(allocs) and a.proc.poll() is None  # it waits for the rest
+            for i in set(range(len(allocs))) - filled:
+                ag.send_parts(_parts_of(allocs, i, starts[i]))
+                ag.recv_parts()
+            os.close(fd)
+        out, err = a.proc.communicate(timeout=60)
+        assert a.proc.returncode == 0 and out.split()[-1] == "freed", err
+    finally:
+        a.kill()

@@ -14,14 +14,20 @@ MAGIC = 0x544E4741
 NAME = "gpuos-agent-"
 FDS_PER_MSG = 200
 HOLD_DETACH = 1
-HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE, SNAPSHOT, DROP = range(1, 13)
+(HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE, SNAPSHOT, DROP,
+ FILL_PARTS) = range(1, 14)
 COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
             MAP: "MAP", FILL: "FILL", RESUME: "RESUME", PREPARE: "PREPARE", UNPREPARE: "UNPREPARE",
-            SNAPSHOT: "SNAPSHOT", DROP: "DROP"}
+            SNAPSHOT: "SNAPSHOT", DROP: "DROP", FILL_PARTS: "FILL_PARTS"}
 SHADOWS = 1 << 63  # EXPORT's and MAP's arg: the snapshot's memory
+FILL_LATER = 1 << 62  # FILL's arg: new memory, its contents by FILL_PARTS
+RESUME_FILLING = 1  # RESUME's arg: the application goes on while its memory is filled
+PARTS_MAX = 4096
+NONE_WANTED = (1 << 64) - 1
 REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiI")
+PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 
 
 class AgentError(GpuosError):
@@ -131,8 +137,10 @@ class Agent:
         r = self._request(HOLD, HOLD_DETACH if detach else 0)
         return r.count, r.bytes
 
-    def resume(self) -> None:
-        self._request(RESUME)
+    def resume(self, filling: bool = False) -> None:
+        """Let the application go on; filling: while its memory is filled (FILL_PARTS), its
+        calls waiting only for what they touch."""
+        self._request(RESUME, RESUME_FILLING if filling else 0)
 
     def list(self) -> list[MovableAlloc]:
         r = self._request(LIST)
@@ -191,3 +199,18 @@ class Agent:
         from the staging area, or from the snapshot (mapped back) on the device.
         AgentError with ENOMEM: not enough device memory."""
         return self._request(FILL, SHADOWS if from_shadows else 0)
+
+    def fill_later(self) -> Reply:
+        """New memory for every allocation, its contents to come by fill_parts."""
+        return self._request(FILL, FILL_LATER)
+
+    def send_parts(self, parts: list[tuple[int, int, int, int]]) -> None:
+        """FILL_PARTS of (allocation index, offset, length, staged at): sent; recv_parts
+        waits for the reply (so that the next slot can be read meanwhile)."""
+        self.sock.sendall(REQ.pack(MAGIC, FILL_PARTS, len(parts))
+                          + b"".join(PART.pack(i, 0, off, n, at) for i, off, n, at in parts))
+
+    def recv_parts(self) -> Reply:
+        """The reply of the FILL_PARTS sent: arg = an allocation the application waits for
+        (NONE_WANTED: none), count = calls that waited for everything, msg = why."""
+        return self._reply(FILL_PARTS)
