@@ -11,9 +11,11 @@ For each model (gpuos.workloads.serve: `gpt2-large` 774M parameters, `resnet50`,
                 reference
   restore       the server, started under `gpuos run` and having answered once, is
                 checkpointed (`gpuos checkpoint`, which ends it); then `gpuos restore`
-                with a request already waiting, timed until the answer: with the store
-                in the page cache (warm), in the hot tier (`gpuos images warm`), and out
-                of memory (`gpuos images cool`: cold)
+                with a request already waiting, timed until the answer: stop-the-world
+                (`--eager`: the process goes on once all its GPU memory is back) and on
+                demand (the default: it goes on at once, each launch waiting for what it
+                touches); with the store in the page cache (warm), in the hot tier
+                (`gpuos images warm`), and out of memory (`gpuos images cool`: cold)
 
 Reported per restore: time to the first answer from the start of `gpuos restore`, the
 restore overhead (that minus the request's own time), gpuos's phases, the bytes the
@@ -45,6 +47,7 @@ from cr_baseline import open_bench
 from gpuos.runtime import Runtime
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
+CASES = [("eager", "warm"), ("on-demand", "warm"), ("on-demand", "hot"), ("eager", "cold"), ("on-demand", "cold")]
 SERVE = [sys.executable, "-m", "gpuos.workloads.serve"]
 READY_TIMEOUT = 900.0
 
@@ -138,13 +141,14 @@ def served(proc: subprocess.Popen, d: Path) -> int:
     return int((d / "ready").read_text())
 
 
-def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None, request_s: float) -> dict:
+def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None, request_s: float,
+                  eager: bool) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for stale in d.glob(f"resp-{n}*"):
         stale.unlink()
     request(d, n)
     t0 = time.time()
-    res = cli(env, "restore", image)
+    res = cli(env, "restore", image, *(["--eager"] if eager else []))
     after_restore = time.time()
     wait_file(d / f"resp-{n}", 120)
     got = answer(d, n)
@@ -152,7 +156,8 @@ def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None,
     kill(res["pid"])
     first = got["answered"] - t0
     return {"first_answer_s": first, "overhead_s": first - request_s, "restore_cmd_s": after_restore - t0,
-            "timings": res.get("timings", {}), "correct": reference is None or got["output"] == reference,
+            "timings": res.get("timings", {}), "fills": res.get("fills", {}),
+            "correct": reference is None or got["output"] == reference,
             "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}
 
 
@@ -179,19 +184,24 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
                          "stored_bytes": listing["chunk_bytes"]}
     print(f"{model}: image {me['size'] / 1e9:.2f} GB, checkpoint phases {json.dumps(row['checkpoint']['timings'])}",
           flush=True)
-    n = 1
+    # Every restore answers the request the cold-started server answered second (its
+    # reference): request 1, dropped in before each restore and removed after.
     restores = {}
-    for case in ("warm", "hot", "cold"):
-        if case == "hot":
+    for mode, cache in CASES:
+        case = f"{mode} {cache}"
+        if cache == "hot":
             cli(env, "images", "warm", image)
-        if case == "cold":
+        if cache == "cold":
             cli(env, "images", "cool", image)
         print(f"{model}: restore ({case})", flush=True)
-        restores[case] = timed_restore(env, image, d, n, cold["reference"] if n == 1 else None, cold["request_s"])
-        restores[case]["read_bytes"] = me["size"]  # everything is read before the process resumes
+        restores[case] = timed_restore(env, image, d, 1, cold["reference"], cold["request_s"], mode == "eager")
+        (d / "req-1").unlink()
+        restores[case]["read_bytes"] = me["size"]  # everything is read before the command returns
         print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}, "
-              f"phases {json.dumps(restores[case]['timings'])}", flush=True)
-        n += 1
+              f"phases {json.dumps(restores[case]['timings'])}, fill {json.dumps(restores[case]['fills'])}",
+              flush=True)
+        if cache == "hot":
+            cli(env, "images", "cool", image)
     row["restore"] = restores
     cli(env, "images", "cool", image)
 

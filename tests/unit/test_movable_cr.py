@@ -73,7 +73,8 @@ def app(libgpuos_build, tmp_path):
     run.wait()
 
 
-def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin, home, store, tmp_path):
+@pytest.mark.parametrize("on_demand", [True, False], ids=["on-demand", "eager"])
+def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin, home, store, tmp_path, on_demand):
     pid, out, err, stop = app
     driver = FakeDriver()
     driver.add(pid)
@@ -91,8 +92,12 @@ def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin,
     assert {sum(r.reserved for r in mem.ranges[:i]) for i in range(1, len(mem.ranges))} <= ends
     assert "movable-hold" in res.timings and not list(Path("/dev/shm").glob(f"gpuos-*-{pid}.mem"))
 
-    restore("moved", home.run, store, lambda: driver, criu)
+    back = restore("moved", home.run, store, lambda: driver, criu, on_demand=on_demand)
     assert procs.alive(pid)
+    fill = back.fills[pid]
+    assert fill.on_demand == on_demand and fill.bytes == mem.bytes
+    # on demand it went on before its memory was back; eager, after
+    assert (fill.resumed_after < fill.seconds) if on_demand else (fill.resumed_after >= fill.seconds - 0.05)
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
     assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()
@@ -389,3 +394,71 @@ def test_checkpoint_again_and_again_while_it_runs(app, criu_bin, home, store, tm
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "t_agent to finish", timeout=60)
     assert err.read_text() == "", err.read_text()
+
+
+def _gpu_memory_chunk(store, image: str):
+    m = store.load(store.resolve(image))
+    (mem,) = m.movable
+    (entry,) = [f for f in m.files if f.path == mem.file]
+    return store.chunks().path(entry.chunks[-1].id)
+
+
+def test_a_corrupt_chunk_of_gpu_memory_fails_the_restore_and_ends_the_process(app, criu_bin, home, store, tmp_path):
+    """The process resumes before its GPU memory is back; a chunk of that memory found
+    corrupt as it is read never reaches the GPU: the restore fails with exit 10's error,
+    the restored process (which would wait for that memory for ever) is killed, the image
+    and the store are as they were."""
+    from gpuos.errors import ImageCorrupt
+
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    checkpoint(CheckpointRequest(pid=pid, image="bad"), home.run, store, lambda: driver, criu)
+    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    chunk = _gpu_memory_chunk(store, "bad")
+    good = chunk.read_bytes()
+    chunk.chmod(0o644)
+    chunk.write_bytes(bytes(len(good)))
+    with pytest.raises(ImageCorrupt, match="is corrupt.*killed, the image is intact") as exc:
+        restore("bad", home.run, store, lambda: driver, criu)
+    assert exc.value.exit_code == 10
+    wait_for(lambda: not procs.exists(pid), "the restored process to be killed and reaped")
+    chunk.write_bytes(good)  # mended: the same image restores
+    restore("bad", home.run, store, lambda: driver, criu)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
+    assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()
+
+
+def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home, store, tmp_path):
+    """gpuos SIGKILLed at the start of movable-fill: the restored process waits for memory
+    only that gpuos had; `gpuos recover` kills it, and the image restores again."""
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    checkpoint(CheckpointRequest(pid=pid, image="again"), home.run, store, lambda: driver, criu)
+    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    hold = tmp_path / "held"
+    child = os.fork()
+    if child == 0:
+        try:
+            os.environ.update(GPUOS_TEST_HOLD_AT="movable-fill", GPUOS_TEST_HOLD_FILE=str(hold))
+            drv = FakeDriver()
+            drv.add(pid)
+            restore("again", home.run, store, lambda: drv, Criu(criu_bin, tmp_path / "plugins"))
+        finally:
+            os._exit(0)
+    wait_for(hold.exists, "gpuos to reach movable-fill")
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert procs.alive(pid)  # restored, held for its memory
+    actions = recover(home.run, store, lambda: driver)
+    assert any(f"killed pids {pid}" in a.action for a in actions), actions
+    wait_for(lambda: not procs.exists(pid), "recovery to end the process, and it to be reaped")
+    restore("again", home.run, store, lambda: driver, criu)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)

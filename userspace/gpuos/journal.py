@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import time
 import uuid
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from . import procs
 from .movable import handout
 from .criu import dump_completed
 from .cudadrv import GpuDriver
-from .errors import Busy, GpuosError
+from .errors import Busy, GpuosError, NoSuchProcess
 from .hold import resume_gpu
 from .manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME, Manifest, MovableMemory
 from .store import STAGING_MARK, ChunkStore, ImageStore
@@ -56,6 +57,9 @@ class JournalRecord:
     # checkpoint: movable memory handed out (movable/handout.py): per process its staging
     # file and, once captured, the manifest entry (MovableMemory as a dict)
     movable: list[dict] = field(default_factory=list)
+    # restore: the processes CRIU brought back, [pid, starttime] (a restore that dies before
+    # they are whole leaves them waiting for memory only it had: recovery ends them)
+    restored: list[list[int]] = field(default_factory=list)
 
 
 class Operation:
@@ -201,6 +205,22 @@ def _finish_image(rec: JournalRecord, store: ImageStore) -> str:
     return f"published image {rec.final} from a dump that had completed"
 
 
+def _end_restored(restored: list[list[int]]) -> str:
+    """A restore killed while it filled its processes' movable memory: what was not in yet
+    existed only in that gpuos, so they would wait for ever; they are killed (the image
+    is intact: restore it again).  (pid, starttime): never another process that got the pid."""
+    killed = []
+    for pid, start in restored:
+        try:
+            if procs.stat(pid).starttime == start:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (NoSuchProcess, ProcessLookupError):
+            pass
+    return (f"killed pids {', '.join(map(str, killed)) or '(none left)'}, restored by a gpuos that died "
+            "before their GPU memory was back; the image is intact")
+
+
 def recover(run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver]) -> list[RecoveryAction]:
     """Finish or undo every operation whose gpuos died; see the module comment."""
@@ -225,6 +245,8 @@ def recover(run_dir: Path, store: ImageStore,
                 except GpuosError as exc:
                     msg, ok = f"pid {pid}: {exc.message}", False
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
+            if rec.kind == "restore" and rec.phase == "movable-fill":
+                actions.append(RecoveryAction(rec.op_id, _end_restored(rec.restored), True))
             if rec.kind == "restore":
                 shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)
                 if rec.staging:  # the image's files read out for CRIU

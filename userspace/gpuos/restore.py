@@ -5,8 +5,9 @@ image's CRIU files out of the chunk store into a tmpfs directory, every chunk ch
 it is read; an image of format 1-4 is verified whole first instead, and read in place),
 criu-restore (every task left stopped), gpu-restore (restore and unlock each CUDA process
 with only the driver's restore thread running, hold.py), movable-fill (a process under
-`gpuos run` gets its movable memory back from the image, movable/handout.py), then every
-process continues.  The store is locked shared throughout (no gc).  A failure after criu
+`gpuos run` gets its movable memory back from the image, movable/filler.py: on demand, it
+goes on at once and each launch waits only for what it touches; eager, it goes on once
+all is in), then every process continues.  The store is locked shared throughout (no gc).  A failure after criu
 restored the tree kills what was restored: the host is left as before and the image is
 untouched.
 """
@@ -31,7 +32,7 @@ from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemor
 from .hold import resume_gpu
 from .journal import Operation
 from .manifest import CRIU_DIR, GpuInfo, Manifest
-from .movable import handout
+from .movable import filler
 from .observe import Observer, Silent
 from .store import ImageStore
 from .store.content import workers
@@ -43,6 +44,7 @@ class RestoreResult:
     manifest: Manifest
     timings: dict[str, float]
     gpu_map: dict[str, str]  # image GPU UUID -> GPU restored onto
+    fills: dict[int, filler.FillStats]  # per process with movable memory
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -216,7 +218,9 @@ def read_dir(store: ImageStore, run_dir: Path, op_id: str, size: int) -> Path:
 def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
             observer: Observer = Silent(), tty: str | None = None,
-            gpus: list[str] | None = None) -> RestoreResult:
+            gpus: list[str] | None = None, on_demand: bool = True) -> RestoreResult:
+    """on_demand: a process under `gpuos run` goes on as soon as its context is back, its
+    movable memory streamed in behind it; else (eager) once all of it is back."""
     image = store.resolve(image_ref)
     manifest = store.load(image)
     with ExitStack() as held:
@@ -224,11 +228,11 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
         if content.chunks is not None:
             held.enter_context(content.chunks.shared())  # no gc while its chunks are read
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus)
+                        observer, tty, gpus, on_demand)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus) -> RestoreResult:
+             tty, gpus, on_demand) -> RestoreResult:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
@@ -307,6 +311,9 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
             os.close(fd)
     cleanup()  # CRIU has read it all
+    op.record.restored = [[p.pid, procs.stat(p.pid).starttime] for p in manifest.processes if procs.exists(p.pid)]
+    op.save()
+    fills: dict[int, filler.FillStats] = {}
     try:
         if gpu_pids:
             with phase("gpu-restore"):
@@ -315,12 +322,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         if manifest.movable:  # they wait at their CUDA calls for their movable memory
             with phase("movable-fill"), ThreadPoolExecutor(max_workers=workers()) as pool:
                 for mem in manifest.movable:
-                    handout.fill(mem.pid, mem, content, pool)
+                    fills[mem.pid] = filler.fill(mem.pid, mem, content, pool, on_demand)
     except GpuosError as exc:
         _kill_tree([p.pid for p in manifest.processes])
         op.finish()
-        raise RestoreFailed(f"{exc.message}; the restored processes were killed, the image is intact"
-                            ) from None
+        failed = ImageCorrupt if isinstance(exc, ImageCorrupt) else RestoreFailed  # a chunk: exit 10
+        raise failed(f"{exc.message}; the restored processes were killed, the image is intact") from None
     for p in manifest.processes:  # criu left every task stopped; the CUDA ones run already
         if p.pid not in gpu_pids:
             try:
@@ -329,4 +336,4 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 pass
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
-    return RestoreResult(pid=root, manifest=manifest, timings=dict(op.timings), gpu_map=gpu_map)
+    return RestoreResult(pid=root, manifest=manifest, timings=dict(op.timings), gpu_map=gpu_map, fills=fills)

@@ -135,7 +135,12 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 
 @cli.command("restore", epilog=EXIT_CODES_HELP)
 @click.argument("image", metavar="IMAGE")
-@click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256 first.")
+@click.option("--no-verify", is_flag=True,
+              help="Do not check chunks against their names as they are read (an image of format 4 "
+                   "or older: skip checking every file's sha256 first).")
+@click.option("--eager", is_flag=True,
+              help="A process under `gpuos run` goes on only once all its GPU memory is back "
+                   "(default: at once, each launch waiting only for the memory it touches).")
 @click.option("--tty", metavar="PATH",
               help="The terminal to give processes that had one (their own is used if it is "
                    "still there; e.g. --tty $(tty) takes this one).")
@@ -144,30 +149,40 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
                    "for an image of several GPUs, OLD_UUID=N once per GPU to move.")
 @json_option
 @click.pass_obj
-def restore_cmd(rt: Runtime, image: str, no_verify: bool, tty: str | None, gpus: tuple[str, ...],
-                as_json: bool) -> None:
+def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str | None,
+                gpus: tuple[str, ...], as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
-    Checks first, changing nothing if any fails: the image is complete and its
-    checksums match, a GPU of the same model with enough free memory is here
+    Checks first, changing nothing if any fails: the image is complete, a GPU of
+    the same model with enough free memory is here
     (the one --gpu names, else the same GPU if present, else another of that
     model: the driver moves the process's memory there), the driver version
     is the same, every pid the image needs is free, and a terminal the processes
     had open is still there (or --tty names one). Then criu restores the tree
     with its original pids, in a session of its own (a shell's job on a terminal
-    comes back as a job of the terminal this is run from), and the driver restores its
-    GPU memory. The processes continue where they were checkpointed. Needs root.
+    comes back as a job of the terminal this is run from), from the image's files read
+    out of the chunk store, every chunk checked against its name as it is read (a bad
+    one: nothing is restored). The driver restores the GPU state; a process under
+    `gpuos run` goes on at once while gpuos streams its GPU memory back behind it,
+    each launch waiting only for the memory it touches (--eager: once all is back).
+    The processes continue where they were checkpointed. Needs root.
     """
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
-                  observer=rep, tty=tty, gpus=list(gpus))
+                  observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager)
     if as_json:
-        emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map})
+        emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
+                   "fills": {str(p): f for p, f in res.fills.items()}})
         return
     click.echo(f"restored pid {res.pid} ({' '.join(res.manifest.processes[0].cmdline)[:80]})")
     click.echo(table(["phase", "seconds"], [[k, f"{v:.3f}"] for k, v in res.timings.items()]))
+    for pid, f in res.fills.items():
+        click.echo(f"pid {pid}: {human_bytes(f.bytes)} of GPU memory back in {f.seconds:.3f} s, "
+                   + (f"the process going on after {f.resumed_after:.3f} s" if f.on_demand else "then it went on")
+                   + (f"; {f.waited_for_all} calls waited for all of it ({'; '.join(f.why)})"
+                      if f.waited_for_all else ""))
 
 
 @cli.command("recover")

@@ -21,8 +21,7 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
     source()     where the captured contents are, for the store to cut into chunks
     discard()    the fds and the staging file go (the image, or the process, has the data)
 
-Restore (restore.py): fill() puts the image's file into new memory at the same addresses
-(PREPARE, FILL) and RESUMEs the process, which CRIU and the driver brought back held.
+Restore: filler.py streams the image's memory into new memory at the same addresses.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from pathlib import Path
 from ..errors import GpuosError
 from ..intercept import ring as R
 from ..manifest import MovableMemory, MovableRange
-from ..store.content import ImageContent, Source
+from ..store.content import Source
 from . import keeper
 from .copier import Copier, CopierError
 from .agent import Agent, AgentError, agent_available
@@ -304,29 +303,6 @@ def discard(h: Handout) -> None:
         h.agent.close()
         h.agent = None
     h.staging.unlink(missing_ok=True)
-
-
-def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolExecutor) -> None:
-    """Restore: the image's GPU memory into new memory at the same addresses, then RESUME.
-    The content is read into a staging file first (chunks checked as they are read)."""
-    path = STAGING_DIR / f"gpuos-restore-{pid}.mem"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        path.unlink()
-        size = max(mem.bytes, 1)
-        os.posix_fallocate(fd, 0, size)
-        content.write_files([(content.entry(mem.file), fd)], pool)
-        with Agent(pid) as ag:
-            have = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
-            if have != mem.ranges:
-                raise AgentError(f"pid {pid}'s movable memory is not the image's: {len(have)} ranges, "
-                                 f"the image has {len(mem.ranges)}")
-            ag.prepare(fd, size)
-            ag.fill()
-            ag.unprepare()
-            ag.resume()
-    finally:
-        os.close(fd)
 
 
 def recover(pid: int, staging: Path, entry: dict | None, keeper_name: str = "") -> str:

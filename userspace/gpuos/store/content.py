@@ -174,6 +174,15 @@ def ingest(files: list[Source], store: ChunkStore, progress: Progress | None = N
     return sorted(entries, key=lambda e: e.path), job.stats
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A part of a file's content that is read as one: a chunk, or a range of an old file."""
+
+    offset: int  # in the file
+    size: int
+    chunk: Chunk | None
+
+
 class ImageContent:
     """Reads an image's files, whatever its format."""
 
@@ -188,6 +197,33 @@ class ImageContent:
             if f.path == rel:
                 return f
         raise ImageCorrupt(f"{self.image}: the manifest lists no file {rel}")
+
+    def pieces(self, entry: FileEntry) -> list[Piece]:
+        """The file's content as pieces to read one by one (read_piece): its chunks, or
+        (formats 1-4) pieces of COPY_PIECE bytes of the file."""
+        if self.chunks is not None:
+            out, off = [], 0
+            for c in entry.chunks:
+                out.append(Piece(off, c.size, c))
+                off += c.size
+            return out
+        return [Piece(off, min(COPY_PIECE, entry.size - off), None) for off in range(0, entry.size, COPY_PIECE)]
+
+    def read_piece(self, entry: FileEntry, piece: Piece, buf: memoryview) -> None:
+        """A piece into buf (len(buf) == piece.size): a chunk checked against its name."""
+        if piece.chunk is not None:
+            self.chunks.read_into(piece.chunk, buf, self.verify, f"{entry.path} at byte {piece.offset}")
+            return
+        fd = os.open(self.image / entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            got = 0
+            while got < piece.size:
+                n = os.preadv(fd, [buf[got:]], piece.offset + got)
+                if n == 0:
+                    raise ImageCorrupt(f"{self.image / entry.path} is shorter than its {entry.size} bytes")
+                got += n
+        finally:
+            os.close(fd)
 
     def write_files(self, targets: list[tuple[FileEntry, int]], pool: ThreadPoolExecutor,
                     progress: Progress | None = None) -> None:

@@ -1,0 +1,144 @@
+"""Restore: a process's movable memory streamed from the image into new memory at the
+same addresses, on demand.
+
+CRIU and the driver have brought the process back held at its CUDA calls, its movable
+memory released (handout.py).  The filler
+
+  1. makes a small staging area (SLOTS x SLOT bytes of shared memory), which the agent
+     registers (pinned: a few milliseconds, not the seconds that pinning a whole
+     image's memory takes);
+  2. asks for new memory for every allocation, its contents to come (FILL_LATER);
+  3. on demand (the default): lets the process go on at once (RESUME filling): each of
+     its launches waits only until the allocations libgpuos predicts it touches are
+     filled, each copy or memset for those it addresses, anything else for all of them
+     (gpuos_agent.h);
+  4. streams the allocations in: the image's pieces (chunks, checked against their names
+     as they are read, in parallel) into one slot while the agent copies the other to the
+     GPU (FILL_PARTS); an allocation the process waits for, as the agent's reply says,
+     goes next;
+  5. eager (stop the world): the same stream, and RESUME once all is in.
+
+A chunk that is missing or corrupt stops the fill before any byte of it reaches the GPU:
+the restore fails and the process, which would wait for it for ever, is killed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..manifest import MovableMemory, MovableRange
+from ..store.content import ImageContent, Piece
+from .agent import NONE_WANTED, Agent, AgentError
+
+SLOT = 64 << 20
+SLOTS = 2
+
+
+@dataclass
+class FillStats:
+    """What a fill did, for the restore's report."""
+
+    bytes: int = 0
+    seconds: float = 0.0          # from the first command to the last byte on the GPU
+    resumed_after: float = 0.0    # seconds until the process went on (on demand: at once)
+    on_demand: bool = True
+    asked: int = 0                # times the process was waiting for an allocation not yet in
+    waited_for_all: int = 0       # calls that had to wait for everything
+    why: list[str] = field(default_factory=list)  # their reasons, each once
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A piece of the image's file, and where its bytes go: allocation, offset in it."""
+
+    piece: Piece
+    index: int
+    offset: int
+
+
+def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
+    """The file's pieces by allocation (a piece across an allocation's start, which the
+    store never makes, is refused)."""
+    starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(len(mem.ranges) + 1)]
+    out, i = [], 0
+    for p in content.pieces(content.entry(mem.file)):
+        while i + 1 < len(starts) and p.offset >= starts[i + 1]:
+            i += 1
+        if p.offset + p.size > starts[i + 1] or p.size > SLOT:
+            raise AgentError(f"{mem.file}: a piece at byte {p.offset} ({p.size} bytes) crosses the start of "
+                             f"allocation {i + 1} or is larger than a slot")
+        out.append(_Part(p, i, p.offset - starts[i]))
+    return out
+
+
+def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolExecutor,
+         on_demand: bool = True) -> FillStats:
+    """Stream the image's movable memory of `pid` back (see the module comment)."""
+    t0 = time.monotonic()
+    stats = FillStats(on_demand=on_demand)
+    fd = os.memfd_create(f"gpuos-fill-{pid}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, SLOT * SLOTS)
+        # Not closed here: after a failed read, its traceback may still hold a view of it.
+        ring = mmap.mmap(fd, SLOT * SLOTS)
+        with Agent(pid) as ag:
+            have = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
+            if have != mem.ranges:
+                raise AgentError(f"pid {pid}'s movable memory is not the image's: {len(have)} ranges, "
+                                 f"the image has {len(mem.ranges)}")
+            ag.prepare(fd, SLOT * SLOTS)
+            ag.fill_later()
+            if on_demand:
+                ag.resume(filling=True)
+                stats.resumed_after = time.monotonic() - t0
+            _stream(ag, content, mem, memoryview(ring), pool, stats)
+            ag.unprepare()
+            if not on_demand:
+                ag.resume()
+                stats.resumed_after = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    stats.seconds = time.monotonic() - t0
+    return stats
+
+
+def _stream(ag: Agent, content: ImageContent, mem: MovableMemory, ring: memoryview,
+            pool: ThreadPoolExecutor, stats: FillStats) -> None:
+    """Every part read into a slot (in parallel) while the agent copies the other slot."""
+    entry = content.entry(mem.file)
+    todo = deque(_parts(content, mem))
+    slot, in_flight = 0, False
+    while todo or in_flight:
+        batch, used = [], 0
+        while todo and used + todo[0].piece.size <= SLOT:
+            part = todo.popleft()
+            batch.append((part, slot * SLOT + used))
+            used += part.piece.size
+        list(pool.map(lambda b: content.read_piece(entry, b[0].piece, ring[b[1]:b[1] + b[0].piece.size]), batch))
+        if in_flight:
+            _reply(ag.recv_parts(), todo, stats)
+        in_flight = bool(batch)
+        if batch:
+            ag.send_parts([(p.index, p.offset, p.piece.size, at) for p, at in batch])
+            stats.bytes += used
+        slot = (slot + 1) % SLOTS
+
+
+def _reply(r, todo: deque, stats: FillStats) -> None:
+    """A FILL_PARTS reply: what waited for everything; the allocation the process waits
+    for goes to the front of what is left."""
+    stats.waited_for_all += r.count
+    if r.count and r.msg not in stats.why:
+        stats.why.append(r.msg)
+    if r.arg != NONE_WANTED:
+        wanted = [p for p in todo if p.index == r.arg]
+        if wanted and todo[0].index != r.arg:
+            stats.asked += 1
+            rest = [p for p in todo if p.index != r.arg]
+            todo.clear()
+            todo.extend(wanted + rest)
