@@ -45,6 +45,7 @@ from pathlib import Path
 from cr_baseline import open_bench
 
 from gpuos.runtime import Runtime
+from gpuos.store import ImageStore
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
 CASES = [("eager", "warm"), ("on-demand", "warm"), ("on-demand", "hot"), ("eager", "cold"), ("on-demand", "cold")]
@@ -224,16 +225,45 @@ def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
         mine = [i for i in listing["images"] if i["name"].startswith(f"cs-{model}-r")]
         cli(env, "images", "rm", image)  # then the store holds the replicas' chunks only
         stored = cli(env, "images", "list")["chunk_bytes"]
+        own_by_kind = own_bytes_by_kind(home / "images", [i["name"] for i in mine])
         row["replicas"] = {"n": replicas, "image_bytes": [i["size"] for i in mine],
                            "own_bytes": [i["own_bytes"] for i in mine],
                            "shared_bytes": [i["shared_bytes"] for i in mine],
-                           "store_bytes": stored, "ratio_to_one": stored / min(i["size"] for i in mine)}
+                           "store_bytes": stored, "ratio_to_one": stored / min(i["size"] for i in mine),
+                           "own_bytes_by_kind": own_by_kind}
         for i in mine:
             cli(env, "images", "rm", i["name"])
     else:
         cli(env, "images", "rm", image)
     shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def kind_of(path: str) -> str:
+    if path.startswith("gpu-memory-"):
+        return "gpu memory"
+    if path.startswith("criu/pages-"):
+        return "host memory (CRIU pages)"
+    return "other"
+
+
+def own_bytes_by_kind(store_root: Path, names: list[str]) -> list[dict[str, int]]:
+    """Per image, the bytes of chunks no other of `names` has, by what they hold: where
+    replicas differ."""
+    manifests = {n: ImageStore.load(store_root / n) for n in names}
+    sets = {n: set(m.chunk_set()) for n, m in manifests.items()}
+    out = []
+    for n, m in manifests.items():
+        others = set().union(*(sets[o] for o in names if o != n))
+        kinds: dict[str, int] = {}
+        seen: set[str] = set()
+        for f in m.files:
+            for c in f.chunks:
+                if c.id not in others and c.id not in seen:
+                    seen.add(c.id)
+                    kinds[kind_of(f.path)] = kinds.get(kind_of(f.path), 0) + c.size
+        out.append(kinds)
+    return out
 
 
 def markdown(result: dict) -> str:

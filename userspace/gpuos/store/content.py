@@ -24,7 +24,6 @@ from pathlib import Path
 from ..errors import ImageCorrupt
 from ..manifest import MANIFEST_NAME, Chunk, FileEntry, Manifest
 from ..observe import Progress
-from .chunker import PAGE, Cutter
 from .chunks import ChunkStore, digest
 
 WINDOW = 64 << 20         # bytes read at a time
@@ -89,6 +88,8 @@ class _Ingest:
     def file(self, path: Path, size: int, forced: list[int]) -> list[Future]:
         """Submit the chunks of the file's first `size` bytes; their futures, in order.
         `forced`: offsets where a chunk must end."""
+        from .chunker import PAGE, Cutter  # numpy: only a checkpoint needs it, not a restore's start
+
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             if os.fstat(fd).st_size < size:
@@ -197,6 +198,15 @@ class ImageContent:
             if f.path == rel:
                 return f
         raise ImageCorrupt(f"{self.image}: the manifest lists no file {rel}")
+
+    def prefetch(self, paths: list[str]) -> None:
+        """Ask the kernel to start reading these files' chunks from disk now, in this order
+        (readahead in the background), so that a restore's later reads find them in memory."""
+        if self.chunks is None:
+            return
+        by_path = {f.path: f for f in self.manifest.files}
+        for p in paths:
+            self.chunks.prefetch(by_path[p].chunks)
 
     def pieces(self, entry: FileEntry) -> list[Piece]:
         """The file's content as pieces to read one by one (read_piece): its chunks, or
