@@ -222,6 +222,7 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             gpus: list[str] | None = None, on_demand: bool = True) -> RestoreResult:
     """on_demand: a process under `gpuos run` goes on as soon as its context is back, its
     movable memory streamed in behind it; else (eager) once all of it is back."""
+    t_open = time.monotonic()
     image = store.resolve(image_ref)
     manifest = store.load(image)
     with ExitStack() as held:
@@ -233,12 +234,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             order = sorted((f.path for f in manifest.files), key=lambda p: p.split("/", 1)[0] != CRIU_DIR)
             threading.Thread(target=content.prefetch, args=(order,), daemon=True).start()
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus, on_demand)
+                        observer, tty, gpus, on_demand, time.monotonic() - t_open)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus, on_demand) -> RestoreResult:
-    timings: dict[str, float] = {}
+             tty, gpus, on_demand, open_s) -> RestoreResult:
+    timings: dict[str, float] = {"open": open_s}  # the manifest read, the store locked
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
         observer.phase("verify")
