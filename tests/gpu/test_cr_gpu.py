@@ -95,7 +95,7 @@ class Job:
 
 @pytest.fixture
 def env(tmp_path):
-    e = dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    e = dict(os.environ, GPUOS_HOME=str(tmp_path / "home"), GPUOS_HOT=str(tmp_path / "hot"), PYTHONUNBUFFERED="1")
     return e
 
 
@@ -232,7 +232,7 @@ def test_restore_checks_gpu_model_and_memory(env, jobs):
     assert job.proc.poll() is None  # nothing touched the running job
 
 
-@pytest.mark.parametrize("phase", ["lock", "gpu-checkpoint", "criu-dump", "checksum", "publish"])
+@pytest.mark.parametrize("phase", ["lock", "gpu-checkpoint", "criu-dump", "store", "publish"])
 def test_gpuos_killed_at_each_phase_loses_nothing(env, jobs, reference, tmp_path, phase):
     job = jobs(f"kill-{phase}", "infer")
     job.wait_steps(10)
@@ -255,7 +255,7 @@ def test_gpuos_killed_at_each_phase_loses_nothing(env, jobs, reference, tmp_path
     after_kill = json.loads(gpuos(env, "images", "show", "victim", "--json").stdout)["manifest"]
     assert after_kill == before  # the previous image is intact
     gpuos(env, "recover")
-    dumped = phase in ("checksum", "publish")
+    dumped = phase in ("store", "publish")
     if not dumped:
         assert gpu_state(env, job.pid) == "running"
         assert job.proc.wait(timeout=300) == 0

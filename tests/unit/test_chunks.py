@@ -29,26 +29,29 @@ def _pieces(data: bytes, ends: list[int]) -> list[bytes]:
 
 # -- cutting -----------------------------------------------------------------------------
 
-def test_cuts_cover_the_file_within_the_bounds():
+@pytest.mark.parametrize("profile,avg", [(chunker.COARSE, 2.25 * (1 << 20)), (chunker.FINE, 320 << 10)],
+                         ids=["coarse", "fine"])
+def test_cuts_cover_the_file_within_the_bounds(profile, avg):
     data = os.urandom(40 << 20) + b"tail"
-    ends = chunker.chunk_ends(data)
+    ends = chunker.chunk_ends(data, profile=profile)
     assert ends[-1] == len(data) and ends == sorted(set(ends))
     sizes = [b - a for a, b in zip([0] + ends, ends)]
     assert all(s % PAGE == 0 for s in sizes[:-2])  # page-aligned, but for the partial last page
-    assert all(chunker.MIN_PAGES * PAGE <= s <= chunker.MAX_PAGES * PAGE for s in sizes[:-2])
-    assert 1 << 20 < (len(data) / len(sizes)) < 4 << 20  # about 2 MiB on random data
+    assert all(profile.min_pages * PAGE <= s <= profile.max_pages * PAGE for s in sizes[:-2])
+    assert avg / 2 < (len(data) / len(sizes)) < avg * 2
 
 
-def test_cuts_do_not_depend_on_how_the_file_is_read(monkeypatch, tmp_path: Path):
+@pytest.mark.parametrize("fine", [False, True], ids=["coarse", "fine"])
+def test_cuts_do_not_depend_on_how_the_file_is_read(monkeypatch, tmp_path: Path, fine: bool):
     """ingest reads in windows; the cuts must be the whole-file ones whatever the window."""
     data = os.urandom(13 << 20) + bytes(9 << 20) + os.urandom(3 * PAGE + 5)
     (tmp_path / "f").write_bytes(data)
     forced = [5 * PAGE, 7 << 20]
-    want = chunker.chunk_ends(data, forced)
+    want = chunker.chunk_ends(data, forced, chunker.FINE if fine else chunker.COARSE)
     for window in (PAGE, 3 * PAGE, 1 << 20, 64 << 20):
         monkeypatch.setattr(content_mod, "WINDOW", window)
         store = ChunkStore(tmp_path / f"cs-{window}")
-        (entry,), _ = ingest([Source("f", tmp_path / "f", len(data), tuple(forced))], store)
+        (entry,), _ = ingest([Source("f", tmp_path / "f", len(data), tuple(forced), fine)], store)
         got = [sum(c.size for c in entry.chunks[:i + 1]) for i in range(len(entry.chunks))]
         assert got == want, window
         assert b"".join(store.path(c.id).read_bytes() for c in entry.chunks) == data
@@ -56,7 +59,7 @@ def test_cuts_do_not_depend_on_how_the_file_is_read(monkeypatch, tmp_path: Path)
 
 def test_zeros_are_cut_at_the_largest_size_and_stored_once(tmp_path: Path):
     ends = chunker.chunk_ends(bytes(64 << 20))
-    assert len(ends) == 64 // 8  # not a cut every MIN_PAGES
+    assert len(ends) == 64 // 8  # not a cut every min_pages
     (tmp_path / "z").write_bytes(bytes(64 << 20))
     store = ChunkStore(tmp_path / "cs")
     (entry,), stats = ingest(staged_files(tmp_path, skip=("cs",)), store)
@@ -327,3 +330,16 @@ def test_usage_of_old_and_outside_images_is_all_their_own(store: ImageStore):
 def test_the_digest_is_blake3():
     import blake3
     assert content_mod.digest(b"abc") == blake3.blake3(b"abc").hexdigest() != hashlib.sha256(b"abc").hexdigest()
+
+
+def test_host_memory_is_cut_fine_and_gpu_memory_coarse(tmp_path: Path):
+    root = tmp_path / "staged"
+    (root / "criu").mkdir(parents=True)
+    (root / "criu" / "pages-1.img").write_bytes(os.urandom(16 << 20))
+    (root / "criu" / "core-1.img").write_bytes(b"x")
+    (root / "gpu-memory-1.bin").write_bytes(os.urandom(16 << 20))
+    by = {s.path: s for s in staged_files(root)}
+    assert by["criu/pages-1.img"].fine and not by["gpu-memory-1.bin"].fine and not by["criu/core-1.img"].fine
+    entries, _ = ingest(list(by.values()), ChunkStore(tmp_path / "cs"))
+    n = {e.path: len(e.chunks) for e in entries}
+    assert n["criu/pages-1.img"] > 3 * n["gpu-memory-1.bin"]

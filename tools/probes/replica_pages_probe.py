@@ -38,12 +38,7 @@ def pages_of(image: Path, out: Path) -> bytes:
 
 
 def chunk_set(data: bytes, min_pages: int, mask: int, max_pages: int) -> dict[str, int]:
-    saved = chunker.MIN_PAGES, chunker.MASK, chunker.MAX_PAGES
-    chunker.MIN_PAGES, chunker.MASK, chunker.MAX_PAGES = min_pages, mask, max_pages
-    try:
-        ends = chunker.chunk_ends(data)
-    finally:
-        chunker.MIN_PAGES, chunker.MASK, chunker.MAX_PAGES = saved
+    ends = chunker.chunk_ends(data, profile=chunker.Profile(min_pages, mask, max_pages))
     return {blake3.blake3(data[a:b]).hexdigest(): b - a for a, b in zip([0] + ends[:-1], ends)}
 
 

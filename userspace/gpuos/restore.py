@@ -232,7 +232,11 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             # From a cold store: the disk reads the whole image while the checks run, CRIU
             # restores and the driver restores (a cold restore waited on the disk twice).
             order = sorted((f.path for f in manifest.files), key=lambda p: p.split("/", 1)[0] != CRIU_DIR)
-            threading.Thread(target=content.prefetch, args=(order,), daemon=True).start()
+            done = threading.Event()
+            ahead = threading.Thread(target=content.prefetch, args=(order, done), daemon=True)
+            ahead.start()
+            held.callback(ahead.join)  # a readahead of what the restore has read already stops
+            held.callback(done.set)
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
                         observer, tty, gpus, on_demand, time.monotonic() - t_open)
 

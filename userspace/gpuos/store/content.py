@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ImageCorrupt
-from ..manifest import MANIFEST_NAME, Chunk, FileEntry, Manifest
+from ..manifest import CRIU_DIR, MANIFEST_NAME, Chunk, FileEntry, Manifest
 from ..observe import Progress
 from .chunks import ChunkStore, digest
 
@@ -85,10 +85,10 @@ class _Ingest:
         self.pending_bytes += len(data)
         return fut
 
-    def file(self, path: Path, size: int, forced: list[int]) -> list[Future]:
+    def file(self, path: Path, size: int, forced: list[int], fine: bool) -> list[Future]:
         """Submit the chunks of the file's first `size` bytes; their futures, in order.
-        `forced`: offsets where a chunk must end."""
-        from .chunker import PAGE, Cutter  # numpy: only a checkpoint needs it, not a restore's start
+        `forced`: offsets where a chunk must end; fine: the FINE profile."""
+        from .chunker import COARSE, FINE, PAGE, Cutter  # numpy: a checkpoint needs it, a restore not
 
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -107,7 +107,7 @@ class _Ingest:
                 done = end
                 bufs = [(o, b) for o, b in bufs if o + len(b) > done]
 
-            cutter = Cutter()
+            cutter = Cutter(FINE if fine else COARSE)
             start = 0
             for boundary in sorted({f for f in forced if 0 < f < whole and f % PAGE == 0} | {whole}):
                 off = start
@@ -149,11 +149,14 @@ class Source:
     source: Path    # the file holding the content (in the staging directory, or elsewhere)
     size: int       # its first `size` bytes are the content
     cuts: tuple[int, ...] = ()  # offsets where a chunk must end (a movable allocation's start)
+    fine: bool = False  # cut into smaller chunks (chunker.FINE): a process's host memory
 
 
 def staged_files(root: Path, skip: tuple[str, ...] = ()) -> list[Source]:
-    """The files under a staging directory, but the manifest and `skip` dirs."""
-    return [Source(p.relative_to(root).as_posix(), p, p.stat().st_size)
+    """The files under a staging directory, but the manifest and `skip` dirs; CRIU's page
+    images (host memory) cut fine."""
+    return [Source(p.relative_to(root).as_posix(), p, p.stat().st_size,
+                   fine=p.relative_to(root).as_posix().startswith(f"{CRIU_DIR}/pages-"))
             for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
             and p.relative_to(root).as_posix() != MANIFEST_NAME
             and p.relative_to(root).parts[0] not in skip]
@@ -165,7 +168,7 @@ def ingest(files: list[Source], store: ChunkStore, progress: Progress | None = N
     new chunk is durable when this returns.  Call under store.shared()."""
     with ThreadPoolExecutor(max_workers=workers()) as pool:
         job = _Ingest(store, pool, progress)
-        submitted = [(f, job.file(f.source, f.size, list(f.cuts))) for f in files]
+        submitted = [(f, job.file(f.source, f.size, list(f.cuts), f.fine)) for f in files]
         entries = []
         for f, futs in submitted:
             st = f.source.stat()
@@ -199,14 +202,18 @@ class ImageContent:
                 return f
         raise ImageCorrupt(f"{self.image}: the manifest lists no file {rel}")
 
-    def prefetch(self, paths: list[str]) -> None:
+    def prefetch(self, paths: list[str], stop: threading.Event) -> None:
         """Ask the kernel to start reading these files' chunks from disk now, in this order
-        (readahead in the background), so that a restore's later reads find them in memory."""
+        (readahead in the background), so that a restore's later reads find them in memory;
+        until `stop` is set (the restore has read them itself)."""
         if self.chunks is None:
             return
         by_path = {f.path: f for f in self.manifest.files}
         for p in paths:
-            self.chunks.prefetch(by_path[p].chunks)
+            for c in by_path[p].chunks:
+                if stop.is_set():
+                    return
+                self.chunks.prefetch([c])
 
     def pieces(self, entry: FileEntry) -> list[Piece]:
         """The file's content as pieces to read one by one (read_piece): its chunks, or
