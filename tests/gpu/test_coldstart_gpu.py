@@ -114,7 +114,8 @@ def served(tmp_path_factory):
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    while Path(f"/proc/{pid}").exists():
+    while Path(f"/proc/{pid}").exists():  # a zombie of this test's (a subreaper's) until reaped
+        reap()
         time.sleep(0.01)
     (d / "resp-1").unlink()
     return env, d, "srv", reference
