@@ -266,17 +266,23 @@ def own_bytes_by_kind(store_root: Path, names: list[str]) -> list[dict[str, int]
     return out
 
 
-def markdown(result: dict) -> str:
-    lines = [f"{result['device']}, driver {result['driver']}, {result['date'][:10]}", "",
-             "| model | restore | first answer (s) | overhead (s) | correct | cold start (s) | image | read | replicas' store / one image |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        rep = r.get("replicas")
-        for case, x in r["restore"].items():
-            lines.append(f"| {r['model']} | {case} | {x['first_answer_s']:.2f} | {x['overhead_s']:.2f} | "
-                         f"{x['correct']} | {r['cold_start']['first_answer_s']:.1f} | "
-                         f"{r['checkpoint']['image_bytes'] / 1e9:.2f} GB | {x['read_bytes'] / 1e9:.2f} GB | "
-                         + (f"{rep['ratio_to_one']:.2f} ({rep['n']})" if rep else "-") + " |")
+def markdown(results: list[dict]) -> str:
+    """One row per model: seconds from the command to the first correct answer."""
+    lines = ["| model | image | cold start | restore, stop-the-world, warm | on demand, warm | on demand, hot tier "
+             "| stop-the-world, cold | on demand, cold | restore overhead (on demand, warm) | answers identical "
+             "| N replicas' store / one image |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for result in results:
+        for r in result["rows"]:
+            x = r["restore"]
+            rep = r.get("replicas")
+            cell = lambda k: f"{x[k]['first_answer_s']:.2f} s" if k in x else "-"  # noqa: E731
+            lines.append(
+                f"| {r['model']} ({result['device'].replace('NVIDIA ', '')}) | {r['checkpoint']['image_bytes'] / 1e9:.1f} GB "
+                f"| {r['cold_start']['first_answer_s']:.1f} s | {cell('eager warm')} | {cell('on-demand warm')} "
+                f"| {cell('on-demand hot')} | {cell('eager cold')} | {cell('on-demand cold')} "
+                f"| {x['on-demand warm']['overhead_s']:.2f} s | {all(v['correct'] for v in x.values())} | "
+                + (f"{rep['ratio_to_one']:.2f} (N = {rep['n']})" if rep else "-") + " |")
     return "\n".join(lines)
 
 
@@ -301,7 +307,7 @@ def main() -> None:
             print(f"{model} done; wrote {path}", flush=True)
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    print(markdown(result))
+    print(markdown([result]))
 
 
 if __name__ == "__main__":
