@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import hashlib
 import os
+from dataclasses import asdict
 import signal
 import subprocess
 import sys
@@ -345,3 +346,39 @@ def test_recover_spares_staging_created_before_the_journal_names_it(home, store,
     (staging / CRIU_DIR).mkdir(parents=True)
     recover(home.run, store, lambda: driver)
     assert staging.is_dir(), "recover() deleted the staging dir of a live checkpoint"
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["chunks-kept", "chunks-gone"])
+def test_recover_publishes_gpu_memory_the_copier_stored_unless_its_chunks_are_gone(home, store, driver, kept):
+    """A gpuos killed after its copier put a process's GPU memory into the chunk store (the
+    chunk list journaled) and after CRIU's dump: recovery publishes the image with those
+    chunks; if they were collected meanwhile, it deletes the staged image rather than
+    publish one without the memory."""
+    from gpuos.manifest import MovableMemory, MovableRange
+    from gpuos.store.content import Source, StreamIn
+
+    data = os.urandom(4 << 20)
+    mem = MovableMemory(pid=4242, file="gpu-memory-4242.bin", bytes=len(data),
+                        ranges=[MovableRange(base=1 << 40, size=len(data), reserved=len(data), device=0)])
+    with store.chunks().shared():
+        into = StreamIn(store.chunks(), Source(mem.file, Path("/nonexistent"), len(data)))
+        into.feed(data[: 2 << 20])
+        into.feed(data[2 << 20:])
+        entry = into.close()
+    if not kept:
+        for c in entry.chunks:
+            store.chunks().path(c.id).unlink()
+    staging, final = _checkpoint_journal(
+        home, store, "job", "store",
+        movable=[{"pid": 4242, "staging": "/nonexistent", "memory": asdict(mem), "stored": asdict(entry)}])
+    write_criu_files(staging / CRIU_DIR, seed=b"new")
+    actions = recover(home.run, store, lambda: driver)
+    said = " ".join(a.action for a in actions)
+    if kept:
+        assert "published image" in said, said
+        m = ImageStore.load(final)
+        assert m.movable == [mem] and next(f for f in m.files if f.path == mem.file).chunks == entry.chunks
+        store.verify(final, m)
+    else:
+        assert "chunks of its GPU memory are gone" in said, said
+        assert not final.exists() and not staging.exists()

@@ -176,10 +176,10 @@ def test_an_application_gone_during_the_copy_fails_the_checkpoint_cleanly(app, c
     before = sorted(p.name for p in first.path.iterdir())
     real = handout.capture_snapshot
 
-    def exits_first(h, image_dir):
+    def exits_first(h, image_dir, chunks):
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not agent_available(pid), "the process to be gone")
-        real(h, image_dir)
+        real(h, image_dir, chunks)
 
     monkeypatch.setattr(handout, "capture_snapshot", exits_first)
     with pytest.raises(CheckpointFailed, match="no image was published"):
@@ -223,9 +223,9 @@ from gpuos.movable import handout
 from gpuos.store import ImageStore
 used = []
 real = handout.capture_snapshot
-def spy(h, image_dir):
+def spy(h, image_dir, chunks):
     used.append(h.copier is not None)
-    real(h, image_dir)
+    real(h, image_dir, chunks)
 handout.capture_snapshot = spy
 drv = FakeDriver()
 drv.add({pid})
@@ -308,9 +308,9 @@ for i, n in enumerate(sizes):
     cu.cuMemUnmap(va, n)
     cu.cuMemAddressFree(va, n)
     cu.cuMemRelease(h)  # the fd alone keeps the memory
-dst = Path(sys.argv[1])
+got = []
 c = Copier(None)
-n = c.copy(fds, sizes, dst)
+n = c.copy(fds, sizes, got.append)
 c.close()
 closed = []
 for fd in fds:
@@ -319,28 +319,30 @@ for fd in fds:
         closed.append(False)
     except OSError:
         closed.append(True)
-print(json.dumps({"bytes": n, "same": dst.read_bytes() == expected, "closed": closed}))
+print(json.dumps({"bytes": n, "same": b"".join(got) == expected, "closed": closed,
+                  "pieces": [len(p) for p in got]}))
 """
 
 
 def test_copier_pipeline_writes_what_the_gpu_held(libgpuos_build, tmp_path):
     """The copier's pipeline on the fake driver: allocations of uneven sizes whose pieces
-    straddle them come out back to back, byte for byte; every descriptor is closed once
-    copied."""
+    straddle them come out back to back, byte for byte, in order, in pieces of 64 MiB;
+    every descriptor is closed once copied."""
     env = dict(os.environ, LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
     env.pop("LD_PRELOAD", None)
     res = subprocess.run([sys.executable, "-c", COPY_PIPELINE_SCRIPT, str(tmp_path / "out.bin")], env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     got = __import__("json").loads(res.stdout.splitlines()[-1])
-    assert got == {"bytes": 142 << 20, "same": True, "closed": [True] * 4}
+    assert got == {"bytes": 142 << 20, "same": True, "closed": [True] * 4,
+                   "pieces": [64 << 20, 64 << 20, 14 << 20]}
 
 
-def test_gpuos_killed_after_the_copier_wrote_the_image_finishes_it(app, criu_bin, home, store, tmp_path,
-                                                                   libgpuos_build):
-    """gpuos SIGKILLed once its copier has written the snapshot into the staged image
-    (journaled as saved) but before it went into the chunk store: `gpuos recover` stores
-    the copier's file and publishes the image, which verifies; the process runs on."""
+def test_gpuos_killed_after_the_copier_stored_the_snapshot_finishes_the_image(app, criu_bin, home, store,
+                                                                               tmp_path, libgpuos_build):
+    """gpuos SIGKILLed once its copier has put the snapshot into the chunk store (its chunk
+    list journaled) but before the image is published: `gpuos recover` publishes it with
+    those chunks, and it verifies; the process runs on."""
     pid, out, err, stop = app
     (tmp_path / "plugins").mkdir()
     hold = tmp_path / "held"

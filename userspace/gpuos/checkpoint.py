@@ -201,28 +201,33 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         raise _abandon(op, handouts, staging, final, "; ".join(lost))
         if req.leave_running and not left_stopped:
             stall = time.monotonic() - stall_start
-        snapshots = [h for h in handouts if h.snapshot and not h.released]
-        if snapshots:
-            with phase("movable-capture"):  # the processes run again meanwhile
-                try:
-                    for h in snapshots:
-                        handout.capture_snapshot(h, staging)
-                        _journal_capture(op, h)
-                except (GpuosError, OSError) as exc:
-                    # The process runs on (or ended by itself): only the image is lost.
-                    why = exc.message if isinstance(exc, GpuosError) else str(exc)
-                    raise _abandon(op, handouts, staging, final,
-                                   f"copying pid {h.pid}'s GPU memory after it resumed failed ({why})") from None
-        sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
-        for h in handouts:
-            mem, src = handout.source(h, staging)
-            draft.movable.append(mem)
-            sources[src.path] = src
         chunks = store.chunks_of(staging, draft)
-        with chunks.shared():  # no gc until the image that uses the new chunks is published
+        with chunks.shared():  # no gc from the first chunk written until the image that uses it is published
+            snapshots = [h for h in handouts if h.snapshot and not h.released]
+            if snapshots:
+                with phase("movable-capture"):  # the processes run again meanwhile
+                    try:
+                        for h in snapshots:
+                            handout.capture_snapshot(h, staging, chunks)
+                            _journal_capture(op, h)
+                    except (GpuosError, OSError) as exc:
+                        # The process runs on (or ended by itself): only the image is lost.
+                        why = exc.message if isinstance(exc, GpuosError) else str(exc)
+                        raise _abandon(op, handouts, staging, final,
+                                       f"copying pid {h.pid}'s GPU memory after it resumed failed ({why})") from None
+            sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
+            stored = []  # what the copier put into the store already
+            for h in handouts:
+                draft.movable.append(handout.memory_entry(h))
+                if h.stored is not None:
+                    stored.append(h.stored)
+                else:
+                    src = handout.source(h)
+                    sources[src.path] = src
             with phase("store"):
-                draft.files, _ = ingest(list(sources.values()), chunks, observer.bytes_progress(
+                ingested, _ = ingest(list(sources.values()), chunks, observer.bytes_progress(
                     "store", sum(f.size for f in sources.values())))
+                draft.files = sorted(ingested + stored, key=lambda f: f.path)
             for h in handouts:
                 if not h.released or not req.leave_running:
                     handout.discard(h)  # else the staging file is the process's memory
@@ -268,11 +273,11 @@ def _abandon(op: Operation, handouts: list[handout.Handout], staging: Path, fina
 
 
 def _journal_capture(op: Operation, h: handout.Handout) -> None:
-    """The capture is complete: recovery may now put it into the image (unless the copier
-    wrote it there: `saved`), or into the process."""
+    """The capture is complete: recovery may now put it into the image (the chunks the
+    copier stored, `stored`, or the staging file), or into the process."""
     entry = next(m for m in op.record.movable if m["pid"] == h.pid)
     entry["memory"] = asdict(handout.memory_entry(h))
-    entry["saved"] = h.saved
+    entry["stored"] = asdict(h.stored) if h.stored is not None else None
     op.save()
 
 

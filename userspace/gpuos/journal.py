@@ -32,7 +32,7 @@ from .criu import dump_completed
 from .cudadrv import GpuDriver
 from .errors import Busy, GpuosError, NoSuchProcess
 from .hold import resume_gpu
-from .manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME, Manifest, MovableMemory
+from .manifest import CRIU_DIR, FORMAT_VERSION, MANIFEST_NAME, FileEntry, Manifest, MovableMemory
 from .store import STAGING_MARK, ChunkStore, ImageStore
 from .store.content import ingest, staged_files
 from .store.images import OWN_CHUNKS
@@ -188,16 +188,25 @@ def _finish_image(rec: JournalRecord, store: ImageStore) -> str:
     manifest = Manifest.from_json(json.dumps(dict(draft, format_version=FORMAT_VERSION)))
     manifest.chunk_dir = store.chunk_dir_for(final)
     sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
+    stored: list[FileEntry] = []  # what the copier had put into the chunk store
     for m in rec.movable:  # the dump completed: the captured GPU memory belongs in the image
-        mem = MovableMemory.from_dict(m["memory"]) if m.get("memory") else None
-        where = staging / mem.file if mem and m.get("saved") else Path(m["staging"])
-        if mem and where.exists():
-            mem, src = handout.staged_source(where, mem)
-            manifest.movable.append(mem)
-            sources[src.path] = src
+        mem = MovableMemory.from_dict(m["memory"])
+        if m.get("stored"):
+            stored.append(FileEntry.from_dict(m["stored"]))
+        elif Path(m["staging"]).exists():
+            sources[mem.file] = handout.staged_source(Path(m["staging"]), mem)
+        else:
+            shutil.rmtree(staging)
+            return f"deleted image {staging}: the GPU memory of pid {mem.pid} was not kept"
+        manifest.movable.append(mem)
     chunks = ChunkStore(staging / manifest.chunk_dir)
     with chunks.shared():
-        manifest.files, _ = ingest(list(sources.values()), chunks)
+        missing = [c.id for f in stored for c in f.chunks if not chunks.path(c.id).exists()]
+        if missing:  # collected since (a gc that ran before this recovery)
+            shutil.rmtree(staging)
+            return f"deleted image {staging}: {len(missing)} chunks of its GPU memory are gone"
+        ingested, _ = ingest(list(sources.values()), chunks)
+        manifest.files = sorted(ingested + stored, key=lambda f: f.path)
         manifest.timings = {"recovered": 1.0}
         ImageStore.write_manifest(staging, manifest)
         ImageStore.drop_files(staging)

@@ -6,8 +6,8 @@ image.  Copying it inside the process would pin host memory there, which holds u
 process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).  The copier does it
 from gpuos instead: a context on the process's GPU (made before the stop), a few pinned
 bounce buffers, and a pipeline: each piece (PIECE) is copied from the GPU into a buffer
-on its own stream while earlier pieces are written to the image's staging file (which the
-store then cuts into chunks, from the page cache).  Each snapshot allocation is let go as soon
+on its own stream while earlier pieces go, in order, to the store, which cuts them into
+chunks as they come (store.content.StreamIn): the memory never becomes a file.  Each snapshot allocation is let go as soon
 as its last piece is on the host, so the GPU gets the memory back at the copy's pace.
 
 No staging file and no pinning of the whole size: the image is published about as soon
@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from typing import Callable
 
 from ..errors import GpuosError
 
@@ -84,10 +84,10 @@ class Copier:
                 return d
         raise CopierError(f"GPU {uuid} is not visible to gpuos")
 
-    def copy(self, fds: list[int], reserved: list[int], dst: Path) -> int:
-        """Each fd's memory (`reserved[i]` bytes), back to back, into the new file dst;
-        the bytes.  The copier owns the fds: each is closed (and its memory goes) as soon as
-        it is copied, all on failure."""
+    def copy(self, fds: list[int], reserved: list[int], sink: Callable[[bytes], None]) -> int:
+        """Each fd's memory (`reserved[i]` bytes), back to back, to sink, piece by piece in
+        order; the bytes.  The copier owns the fds: each is closed (and its memory goes) as
+        soon as it is copied, all on failure."""
         cu = self.cu
         self._ck(cu.cuCtxSetCurrent(self.ctx))
         fds = list(fds)
@@ -97,7 +97,6 @@ class Copier:
         npieces = max(1, -(-total // PIECE))
         # the last piece that holds a byte of allocation i: once it is on the host, i goes
         last = [(s + n - 1) // PIECE if n else -1 for s, n in zip(starts, reserved)]
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         pending: list[Future | None] = [None] * BUFFERS
         try:
             for i, (fd, size) in enumerate(zip(fds, reserved)):
@@ -106,7 +105,7 @@ class Copier:
                 for k in range(npieces):
                     b = k % BUFFERS
                     if pending[b] is not None:
-                        pending[b].result()  # piece k - BUFFERS, hence every piece before it, is out
+                        sink(pending[b].result())  # piece k - BUFFERS: every piece before it is out
                         self._let_go(k - BUFFERS, last, mapped, fds)
                     lo, hi = k * PIECE, min((k + 1) * PIECE, total)
                     for i, (s, n) in enumerate(zip(starts, reserved)):
@@ -115,15 +114,13 @@ class Copier:
                             va = mapped[i][0]  # type: ignore[index]
                             self._ck(cu.cuMemcpyDtoHAsync(self.buffers[b] + a - lo, va + a - s, z - a,
                                                           self.streams[b]))
-                    pending[b] = pool.submit(self._write_piece, b, lo, hi - lo, out)
-                for f in pending:
-                    if f is not None:
-                        f.result()
+                    pending[b] = pool.submit(self._piece, b, hi - lo)
+                for k in range(max(0, npieces - BUFFERS), npieces):  # the last ones, in order
+                    sink(pending[k % BUFFERS].result())
         finally:
             for s in self.streams:
                 cu.cuStreamSynchronize(s)
             self._let_go(npieces, last, mapped, fds)
-            os.close(out)
         return total
 
     def _map(self, fd: int, size: int) -> tuple[int, int, object]:
@@ -170,14 +167,12 @@ class Copier:
                 os.close(fds[i])
                 fds[i] = -1
 
-    def _write_piece(self, b: int, off: int, n: int, out: int) -> None:
-        """A piece, once its copies on stream b are done: into the file at off."""
+    def _piece(self, b: int, n: int) -> bytes:
+        """A piece, once its copies on stream b are done: out of the bounce buffer (which
+        the next piece reuses)."""
         self._ck(self.cu.cuCtxSetCurrent(self.ctx))  # this thread's own current context
         self._ck(self.cu.cuStreamSynchronize(self.streams[b]))
-        view = self.views[b][:n]
-        done = 0
-        while done < n:
-            done += os.pwrite(out, view[done:], off + done)
+        return bytes(self.views[b][:n])
 
     def close(self) -> None:
         if self.ctx is None:

@@ -16,9 +16,9 @@ Checkpoint (checkpoint.py), for each CUDA process under `gpuos run --memory mova
     give_back()  --leave-running, or a failure after hand_out(): new memory of the
                  process's own FILLed from the snapshot on the device (or the handed-out
                  memory MAPped back, or FILLed from the staging file), RESUME
-    capture_snapshot()  after the stop, the process running: the snapshot into a file of
-                 the staged image (the copier), or into the staging file (agent)
-    source()     where the captured contents are, for the store to cut into chunks
+    capture_snapshot()  after the stop, the process running: the snapshot straight into
+                 the chunk store (the copier), or into the staging file (agent)
+    source()     the staging file, for the store to cut into chunks
     discard()    the fds and the staging file go (the image, or the process, has the data)
 
 Restore: filler.py streams the image's memory into new memory at the same addresses.
@@ -35,8 +35,9 @@ from pathlib import Path
 
 from ..errors import GpuosError
 from ..intercept import ring as R
-from ..manifest import MovableMemory, MovableRange
-from ..store.content import Source
+from ..manifest import FileEntry, MovableMemory, MovableRange
+from ..store.chunks import ChunkStore
+from ..store.content import Source, StreamIn
 from . import keeper
 from .copier import Copier, CopierError
 from .agent import Agent, AgentError, agent_available
@@ -68,7 +69,7 @@ class Handout:
     shadow_fds: list[int] = field(default_factory=list)  # the snapshot's memory, while handed out
     agent: Agent | None = None  # the connection that keeps a given-back snapshot until captured
     copier: Copier | None = None  # gpuos's own context to copy a snapshot out (copier.py)
-    saved: bool = False  # the copier wrote it into the staged image
+    stored: FileEntry | None = None  # the copier put it into the chunk store: its file entry
     prepared: int = 0  # bytes of the staging file the agent has registered
     keeper: str = ""  # the keeper that holds copies of `shadow_fds` or `fds` (keeper.py)
     keeper_inbox: socket.socket | None = None  # until the keeper has them
@@ -231,18 +232,23 @@ def give_back(h: Handout) -> None:
                            "its snapshot, and no consistent copy is left to save")
 
 
-def capture_snapshot(h: Handout, image_dir: Path) -> None:
-    """After the stop, the process running: the snapshot by gpuos's copier into a file of
-    the staged image; or else by the agent into the staging file."""
+def capture_snapshot(h: Handout, image_dir: Path, chunks: ChunkStore) -> None:
+    """After the stop, the process running: the snapshot by gpuos's copier straight into
+    the chunk store (cut as it comes, never a file); or else by the agent into the staging
+    file."""
     if h.copier is not None:
         t0 = time.monotonic()
         fds, h.shadow_fds = h.shadow_fds, []  # the copier's now: each goes once copied
+        total = sum(r.reserved for r in h.ranges)
+        into = StreamIn(chunks, staged_source(h.staging, MovableMemory(h.pid, memory_entry(h).file, total, h.ranges)))
         try:
-            mem = memory_entry(h)
-            h.captured = h.copier.copy(fds, [r.reserved for r in h.ranges], image_dir / mem.file)
+            h.captured = h.copier.copy(fds, [r.reserved for r in h.ranges], into.feed)
+            h.stored = into.close()
+        except BaseException:
+            into.abort()
+            raise
         finally:
             _close_snapshot(h)
-        h.saved = True
         h.capture_s, h.snapshot = time.monotonic() - t0, False
         return
     fd = os.open(h.staging, os.O_RDWR)
@@ -280,17 +286,18 @@ def memory_entry(h: Handout) -> MovableMemory:
     return MovableMemory(pid=h.pid, file=f"gpu-memory-{h.pid}.bin", bytes=h.captured, ranges=h.ranges)
 
 
-def source(h: Handout, image_dir: Path) -> tuple[MovableMemory, Source]:
-    """Its manifest entry, and where the captured contents are (the staged image's file the
-    copier wrote, or the staging file) for the store to take them from."""
-    return staged_source(image_dir / memory_entry(h).file if h.saved else h.staging, memory_entry(h))
+def source(h: Handout) -> Source:
+    """The captured contents in the staging file, for the store to take them from."""
+    return staged_source(h.staging, memory_entry(h))
 
 
-def staged_source(path: Path, mem: MovableMemory) -> tuple[MovableMemory, Source]:
+def staged_source(path: Path, mem: MovableMemory) -> Source:
     """The contents captured into `path`, as the store takes them: cut at every
     allocation's start, so that an allocation's chunks do not depend on its neighbours."""
     starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(1, len(mem.ranges))]
-    return mem, Source(mem.file, path, mem.bytes, tuple(starts))
+    return Source(mem.file, path, mem.bytes, tuple(starts))
+
+
 
 
 def discard(h: Handout) -> None:

@@ -88,43 +88,14 @@ class _Ingest:
     def file(self, path: Path, size: int, forced: list[int], fine: bool) -> list[Future]:
         """Submit the chunks of the file's first `size` bytes; their futures, in order.
         `forced`: offsets where a chunk must end; fine: the FINE profile."""
-        from .chunker import COARSE, FINE, PAGE, Cutter  # numpy: a checkpoint needs it, a restore not
-
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             if os.fstat(fd).st_size < size:
                 raise OSError(f"{path} has {os.fstat(fd).st_size} bytes, not {size}")
-            whole = size // PAGE * PAGE
-            bufs: list[tuple[int, bytes]] = []  # windows read, from where `done` is
-            futures: list[Future] = []
-            done = 0
-
-            def emit(end: int) -> None:
-                nonlocal done, bufs
-                parts = [memoryview(b)[max(done, o) - o:min(end, o + len(b)) - o]
-                         for o, b in bufs if o < end and o + len(b) > done]
-                futures.append(self._submit(parts[0] if len(parts) == 1 else b"".join(parts)))
-                done = end
-                bufs = [(o, b) for o, b in bufs if o + len(b) > done]
-
-            cutter = Cutter(FINE if fine else COARSE)
-            start = 0
-            for boundary in sorted({f for f in forced if 0 < f < whole and f % PAGE == 0} | {whole}):
-                off = start
-                while off < boundary:
-                    data = _pread_full(fd, min(WINDOW, boundary - off), off)
-                    bufs.append((off, data))
-                    for end in cutter.feed(data):
-                        emit(end)
-                    off += len(data)
-                if (end := cutter.force()) is not None:
-                    emit(end)
-                start = boundary
-            if size > whole:
-                bufs.append((whole, _pread_full(fd, size - whole, whole)))
-                emit(size)
-            self.stats.bytes += size
-            return futures
+            cut = _Cut(self, size, forced, fine)
+            for off in range(0, size, WINDOW):
+                cut.feed(_pread_full(fd, min(WINDOW, size - off), off))
+            return cut.finish()
         finally:
             os.close(fd)
 
@@ -139,6 +110,59 @@ class _Ingest:
                 self.stats.new_chunks += 1
                 self.new.append(chunk.id)
         return out
+
+
+class _Cut:
+    """One file's content, fed in order (pieces of whole pages, but the last), cut into
+    chunks submitted to the ingest: the same cuts however it is split into pieces."""
+
+    def __init__(self, job: _Ingest, size: int, forced: list[int], fine: bool):
+        from .chunker import COARSE, FINE, PAGE, Cutter  # numpy: a checkpoint needs it, a restore not
+
+        self.job, self.size, self.page = job, size, PAGE
+        self.whole = size // PAGE * PAGE
+        self.bounds = sorted({f for f in forced if 0 < f < self.whole and f % PAGE == 0} | {self.whole})
+        self.cutter = Cutter(FINE if fine else COARSE)
+        self.bufs: list[tuple[int, bytes]] = []  # pieces fed, from where `done` is
+        self.futures: list[Future] = []
+        self.done = 0  # where the last chunk ended
+        self.pos = 0   # bytes fed
+
+    def _emit(self, end: int) -> None:
+        parts = [memoryview(b)[max(self.done, o) - o:min(end, o + len(b)) - o]
+                 for o, b in self.bufs if o < end and o + len(b) > self.done]
+        self.futures.append(self.job._submit(parts[0] if len(parts) == 1 else b"".join(parts)))
+        self.done = end
+        self.bufs = [(o, b) for o, b in self.bufs if o + len(b) > self.done]
+
+    def feed(self, data: bytes) -> None:
+        start, end = self.pos, self.pos + len(data)
+        if end > self.size or (start % self.page and start < self.whole):
+            raise ValueError(f"bytes {start}-{end} do not follow whole pages within {self.size}")
+        self.bufs.append((start, data))
+        view, off = memoryview(data), start
+        for bound in self.bounds:
+            if bound <= off:
+                continue
+            stop = min(bound, end)
+            if stop > off:
+                for cut in self.cutter.feed(view[off - start:stop - start]):
+                    self._emit(cut)
+                off = stop
+            if stop == bound and (cut := self.cutter.force()) is not None:
+                self._emit(cut)
+            if stop == end:
+                break
+        self.pos = end
+
+    def finish(self) -> list[Future]:
+        """The futures of every chunk, in order, once all `size` bytes were fed."""
+        if self.pos != self.size:
+            raise ValueError(f"{self.pos} bytes fed of {self.size}")
+        if self.size > self.whole:
+            self._emit(self.size)
+        self.job.stats.bytes += self.size
+        return self.futures
 
 
 @dataclass
@@ -185,6 +209,32 @@ class Piece:
     offset: int  # in the file
     size: int
     chunk: Chunk | None
+
+
+class StreamIn:
+    """A file's content pushed into the store in order as it is produced (the copier's
+    pieces of GPU memory), never written as a file: feed() each piece, then close() for its
+    FileEntry, every new chunk durable.  Call under store.shared()."""
+
+    def __init__(self, store: ChunkStore, src: Source):
+        self.src = src
+        self.pool = ThreadPoolExecutor(max_workers=workers())
+        self.job = _Ingest(store, self.pool, None)
+        self.cut = _Cut(self.job, src.size, list(src.cuts), src.fine)
+
+    def feed(self, data: bytes) -> None:
+        self.cut.feed(data)
+
+    def close(self) -> FileEntry:
+        try:
+            chunks = self.job.chunks(self.cut.finish())
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.job.store.sync_dirs(self.job.new)
+        return FileEntry(path=self.src.path, size=self.src.size, chunks=chunks)
+
+    def abort(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ImageContent:
