@@ -128,6 +128,7 @@ struct gpuos_agent_alloc {
 	uint64_t ctx;
 	int32_t device;
 	uint32_t pad;
+	uint64_t last_use; /* the sequence number of the last recorded operation that touched it (0: none) */
 };
 
 struct gpuos_agent_part {

@@ -1138,7 +1138,9 @@ static void serve(int conn)
 			for (size_t i = 0; i < H.n; i++)
 				v[i] = (struct gpuos_agent_alloc){ .base = H.v[i].base, .size = H.v[i].end - H.v[i].base,
 								   .reserved = gpuos_movable_reserved(&H.v[i]),
-								   .ctx = H.v[i].ctx, .device = H.v[i].device };
+								   .ctx = H.v[i].ctx, .device = H.v[i].device,
+								   .last_use = __atomic_load_n(&H.v[i].last_use,
+											       __ATOMIC_RELAXED) };
 			int e = send_all(conn, v, H.n * sizeof *v, NULL, 0);
 			free(v);
 			if (e)

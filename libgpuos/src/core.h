@@ -256,7 +256,13 @@ struct gpuos_alloc {
 	uint32_t flags;  /* GPUOS_A_* */
 	int32_t device;
 	uint32_t pad;
+	uint64_t last_use; /* movable: the seq of the last recorded operation that touched it (atomic) */
 };
+
+/* The last recorded operation of seq touched p: a movable allocation's last_use (the read
+ * lock held).  At a restore, allocations are streamed back in the order of their last use
+ * before the checkpoint: the order the next iteration needs them (movable/filler.py). */
+static inline void gpuos_note_use_locked(uint64_t p, uint64_t seq);
 
 /* The GPUOS_BUF_* flags a buffer record of allocation a carries (managed, host). */
 static inline uint16_t gpuos_buf_flags(const struct gpuos_alloc *a)
@@ -291,6 +297,13 @@ static inline const struct gpuos_alloc *gpuos_map_find(const struct gpuos_map *m
 			hi = mid;
 	}
 	return p < v[lo].end ? &v[lo] : NULL;
+}
+
+static inline void gpuos_note_use_locked(uint64_t p, uint64_t seq)
+{
+	struct gpuos_alloc *a = (struct gpuos_alloc *)gpuos_map_find(&gpuos_allocs, p);
+	if (a && (a->flags & GPUOS_A_MOVABLE))
+		__atomic_store_n(&a->last_use, seq, __ATOMIC_RELAXED);
 }
 
 /* Write lock held for all of these. */

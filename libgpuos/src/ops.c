@@ -204,8 +204,13 @@ static void launch_record(struct gpuos_rec_launch *rec, uint16_t flags, const st
 
 static CUresult launch_end(struct launch *L, CUresult r)
 {
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
+		pthread_rwlock_rdlock(&gpuos_lock.v);
+		for (uint32_t i = 0; i < L->s->nbuf; i++)
+			gpuos_note_use_locked(L->s->bufs[i].base, L->rec.seq);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		launch_record(&L->rec, L->flags, L->s);
+	}
 	if (L->validating)
 		gpuos_val_end(&L->op, r);
 	return r;
@@ -328,6 +333,8 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 	rec.seq = gpuos_next_seq();
 	rec.arg_hash = s->hash;
 	rec.nbuf = s->nbuf;
+	for (uint32_t i = 0; i < s->nbuf; i++) /* the recording thread holds the read lock */
+		gpuos_note_use_locked(s->bufs[i].base, rec.seq);
 	launch_record(&rec, e->flags | s->lflags, s);
 }
 
@@ -514,6 +521,8 @@ void gpuos_play_copy(const struct gpuos_qe *e)
 	struct gpuos_rec_copy rec;
 	describe(d, &rec, NULL, d->kind == GPUOS_COPY_UNIFIED); /* the map decides its direction */
 	rec.seq = gpuos_next_seq();
+	gpuos_note_use_locked(d->dst, rec.seq); /* the recording thread holds the read lock */
+	gpuos_note_use_locked(d->src, rec.seq);
 	gpuos_ring_emit(GPUOS_REC_COPY, e->flags, &rec, sizeof rec, NULL, 0);
 	GPUOS_COUNT(n_copies, 1);
 }
@@ -548,6 +557,10 @@ static void copy_begin(struct copy *c, const struct copy_desc *d)
 static CUresult copy_end(struct copy *c, CUresult r)
 {
 	if (r == CUDA_SUCCESS) {
+		pthread_rwlock_rdlock(&gpuos_lock.v);
+		gpuos_note_use_locked(c->rec.dst, c->rec.seq);
+		gpuos_note_use_locked(c->rec.src, c->rec.seq);
+		pthread_rwlock_unlock(&gpuos_lock.v);
 		gpuos_ring_emit(GPUOS_REC_COPY, c->flags, &c->rec, sizeof c->rec, NULL, 0);
 		GPUOS_COUNT(n_copies, 1);
 	}

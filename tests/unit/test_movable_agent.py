@@ -93,13 +93,17 @@ def test_the_header_and_the_mirror_agree(tmp_path):
     if cc is None:
         pytest.skip("no C compiler")
     src = tmp_path / "l.c"
-    src.write_text('#include <stdio.h>\n#include "gpuos_agent.h"\nint main(void){printf("%zu %zu %zu %u %d %s\\n",'
-                   'sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), sizeof(struct gpuos_agent_alloc),'
-                   'GPUOS_AGENT_MAGIC, GPUOS_AGENT_FDS_PER_MSG, GPUOS_AGENT_NAME); return 0;}\n')
+    src.write_text('#include <stdio.h>\n#include "gpuos_agent.h"\nint main(void){printf("%zu %zu %zu %zu %u %d %s '
+                   '%d %llu %u %d\\n", sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), '
+                   'sizeof(struct gpuos_agent_alloc), sizeof(struct gpuos_agent_part), GPUOS_AGENT_MAGIC, '
+                   'GPUOS_AGENT_FDS_PER_MSG, GPUOS_AGENT_NAME, GPUOS_AGENT_FILL_PARTS, GPUOS_AGENT_FILL_LATER, '
+                   'GPUOS_AGENT_RESUME_FILLING, GPUOS_AGENT_PARTS_MAX); return 0;}\n')
     subprocess.run([cc, "-Wall", "-Werror", f"-I{REPO / 'libgpuos' / 'include'}", "-o", str(tmp_path / "l"), str(src)],
                    check=True)
     out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(A.REQ.size), str(A.REPLY.size), str(A.ALLOC.size), str(A.MAGIC), str(A.FDS_PER_MSG), A.NAME]
+    assert out == [str(A.REQ.size), str(A.REPLY.size), str(A.ALLOC.size), str(A.PART.size), str(A.MAGIC),
+                   str(A.FDS_PER_MSG), A.NAME, str(A.FILL_PARTS), str(A.FILL_LATER), str(A.RESUME_FILLING),
+                   str(A.PARTS_MAX)]
 
 
 def test_capture_hand_out_and_map_back_while_the_application_runs(app):
@@ -412,3 +416,32 @@ def test_a_call_that_may_touch_anything_waits_for_everything(build, tmp_path):
         assert a.proc.returncode == 0 and out.split()[-1] == "freed", err
     finally:
         a.kill()
+
+
+def test_list_says_when_each_allocation_was_last_used(app):
+    """Every recorded operation notes the movable allocations it touches: LIST's last_use
+    orders them as t_agent uses them, each iteration (a rotation of its order, if held
+    mid-iteration), which is the order a restore streams them back in."""
+    from gpuos.manifest import MovableMemory, MovableRange
+    from gpuos.movable.filler import order
+
+    time.sleep(0.2)  # iterations recorded
+    with Agent(app.pid) as ag:
+        ag.hold()
+        allocs = ag.list()
+        ag.resume()
+    assert all(a.last_use > 0 for a in allocs) and len({a.last_use for a in allocs}) == len(allocs)
+    by_use = [app.bases.index(a.base) for a in sorted(allocs, key=lambda a: a.last_use)]
+    assert by_use in ([0, 1, 2], [1, 2, 0], [2, 0, 1]), by_use
+    mem = MovableMemory(app.pid, "gpu-memory.bin", sum(a.reserved for a in allocs),
+                        [MovableRange(a.base, a.size, a.reserved, a.device, a.last_use) for a in allocs])
+    assert [app.bases.index(allocs[i].base) for i in order(mem)] == by_use
+
+
+def test_the_fill_order_puts_allocations_never_used_last():
+    from gpuos.manifest import MovableMemory, MovableRange
+    from gpuos.movable.filler import order
+
+    ranges = [MovableRange(base=i << 30, size=1, reserved=GRAN, device=0, last_use=u)
+              for i, u in enumerate([7, 0, 3, 0, 9])]
+    assert order(MovableMemory(1, "f", 5 * GRAN, ranges)) == [2, 0, 4, 1, 3]

@@ -68,6 +68,14 @@ class MovableRange:
     size: int      # as the application asked
     reserved: int  # its address range and physical memory: size rounded up
     device: int
+    # The seq of the last operation libgpuos recorded touching it before the checkpoint
+    # (0: none): a restore streams allocations back in this order, the order the next
+    # iteration needs them
+    last_use: int = 0
+
+    def same_place(self, other: "MovableRange") -> bool:
+        return (self.base, self.size, self.reserved, self.device) == \
+            (other.base, other.size, other.reserved, other.device)
 
 
 @dataclass

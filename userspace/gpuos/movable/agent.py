@@ -26,7 +26,7 @@ PARTS_MAX = 4096
 NONE_WANTED = (1 << 64) - 1
 REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
-ALLOC = struct.Struct("<QQQQiI")
+ALLOC = struct.Struct("<QQQQiIQ")
 PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 
 
@@ -41,6 +41,7 @@ class MovableAlloc:
     reserved: int  # its address range and physical memory
     ctx: int
     device: int
+    last_use: int  # the seq of the last recorded operation that touched it (0: none)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,11 @@ class Agent:
     def list(self) -> list[MovableAlloc]:
         r = self._request(LIST)
         raw = self._recv_exact(r.count * ALLOC.size) if r.count else b""
-        return [MovableAlloc(*ALLOC.unpack_from(raw, i * ALLOC.size)[:5]) for i in range(r.count)]
+        out = []
+        for i in range(r.count):
+            base, size, reserved, ctx, device, _, last_use = ALLOC.unpack_from(raw, i * ALLOC.size)
+            out.append(MovableAlloc(base, size, reserved, ctx, device, last_use))
+        return out
 
     def prepare(self, memfd: int, size: int) -> Reply:
         """Make memfd (`size` bytes) the staging area: registered (pinned) for the copies.

@@ -12,10 +12,11 @@ memory released (handout.py).  The filler
      its launches waits only until the allocations libgpuos predicts it touches are
      filled, each copy or memset for those it addresses, anything else for all of them
      (gpuos_agent.h);
-  4. streams the allocations in: the image's pieces (chunks, checked against their names
-     as they are read, in parallel) into one slot while the agent copies the other to the
-     GPU (FILL_PARTS); an allocation the process waits for, as the agent's reply says,
-     goes next;
+  4. streams the allocations in, in the order of their last use before the checkpoint
+     (libgpuos notes each operation's allocations: the last iteration's order is the next
+     one's): the image's pieces (chunks, checked against their names as they are read, in
+     parallel) into one slot while the agent copies the other to the GPU (FILL_PARTS); an
+     allocation the process waits for, as the agent's reply says, goes next;
   5. eager (stop the world): the same stream, and RESUME once all is in.
 
 A chunk that is missing or corrupt stops the fill before any byte of it reaches the GPU:
@@ -61,9 +62,16 @@ class _Part:
     offset: int
 
 
+def order(mem: MovableMemory) -> list[int]:
+    """The allocations in the order to fill them: by their last use before the checkpoint
+    (the order the next iteration uses them, profile-guided as gCROP), then those never
+    used, by address."""
+    return sorted(range(len(mem.ranges)), key=lambda i: (mem.ranges[i].last_use == 0, mem.ranges[i].last_use, i))
+
+
 def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
-    """The file's pieces by allocation (a piece across an allocation's start, which the
-    store never makes, is refused)."""
+    """The file's pieces by allocation, in the order to fill them (a piece across an
+    allocation's start, which the store never makes, is refused)."""
     starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(len(mem.ranges) + 1)]
     out, i = [], 0
     for p in content.pieces(content.entry(mem.file)):
@@ -73,7 +81,8 @@ def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
             raise AgentError(f"{mem.file}: a piece at byte {p.offset} ({p.size} bytes) crosses the start of "
                              f"allocation {i + 1} or is larger than a slot")
         out.append(_Part(p, i, p.offset - starts[i]))
-    return out
+    rank = {i: k for k, i in enumerate(order(mem))}
+    return sorted(out, key=lambda part: (rank[part.index], part.offset))
 
 
 def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolExecutor,
@@ -88,7 +97,7 @@ def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolEx
         ring = mmap.mmap(fd, SLOT * SLOTS)
         with Agent(pid) as ag:
             have = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
-            if have != mem.ranges:
+            if len(have) != len(mem.ranges) or not all(a.same_place(b) for a, b in zip(have, mem.ranges)):
                 raise AgentError(f"pid {pid}'s movable memory is not the image's: {len(have)} ranges, "
                                  f"the image has {len(mem.ranges)}")
             ag.prepare(fd, SLOT * SLOTS)

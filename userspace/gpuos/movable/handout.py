@@ -155,7 +155,7 @@ def hand_out(h: Handout, snapshot: bool) -> None:
                     h.prepared = h.size
                 r = ag.capture()
                 h.captured, h.capture_s = r.bytes, r.ns / 1e9
-            h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device) for a in ag.list()]
+            h.ranges = [MovableRange(a.base, a.size, a.reserved, a.device, a.last_use) for a in ag.list()]
             if h.snapshot:  # the snapshot is the memory's one copy once released
                 h.shadow_fds = ag.export(shadows=True)
             else:  # the staging file has it; the memory itself gives it back faster (MAP)
