@@ -343,3 +343,24 @@ def test_host_memory_is_cut_fine_and_gpu_memory_coarse(tmp_path: Path):
     entries, _ = ingest(list(by.values()), ChunkStore(tmp_path / "cs"))
     n = {e.path: len(e.chunks) for e in entries}
     assert n["criu/pages-1.img"] > 3 * n["gpu-memory-1.bin"]
+
+
+def test_no_room_to_read_an_image_out_is_one_clean_error(store: ImageStore, tmp_path: Path, monkeypatch):
+    """The disk (or tmpfs) full while a restore reads the image out: a GpuosError saying
+    where, not a traceback; the store untouched."""
+    from gpuos.errors import GpuosError
+
+    img = build_image(store, "job")
+    m = ImageStore.load(img)
+    real = os.pwrite
+
+    def full(fd, data, off):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(content_mod.os, "pwrite", full)
+    before = store.chunks().present()
+    with pytest.raises(GpuosError, match="No space left on device") as exc:
+        store.content(img, m).materialize((CRIU_DIR,), tmp_path / "out")
+    assert type(exc.value) is GpuosError and str(tmp_path / "out") in exc.value.message
+    monkeypatch.setattr(content_mod.os, "pwrite", real)
+    assert store.chunks().present() == before

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ImageCorrupt
+from ..errors import GpuosError, ImageCorrupt
 from ..manifest import CRIU_DIR, MANIFEST_NAME, Chunk, FileEntry, Manifest
 from ..observe import Progress
 from .chunks import ChunkStore, digest
@@ -340,21 +340,23 @@ class ImageContent:
             return self.image
         entries = [f for f in self.manifest.files if f.path.split("/", 1)[0] in prefixes]
         fds = []
-        dest.mkdir(parents=True, exist_ok=True)
         try:
+            dest.mkdir(parents=True, exist_ok=True)
             for e in entries:
                 path = dest / e.path
                 path.parent.mkdir(parents=True, exist_ok=True)
+                # not fallocated: on tmpfs that halves the rate (1 GiB: 0.31 s written as it
+                # comes, 0.67 s allocated first); no room shows as ENOSPC on a write
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 fds.append(fd)
-                if e.size:
-                    os.posix_fallocate(fd, 0, e.size)
                 if e.uid >= 0 and os.geteuid() == 0:
                     os.fchown(fd, e.uid, e.gid)
                 if e.mode >= 0:
                     os.fchmod(fd, e.mode)
             with ThreadPoolExecutor(max_workers=workers()) as pool:
                 self.write_files(list(zip(entries, fds)), pool, progress)
+        except OSError as exc:
+            raise GpuosError(f"reading {self.image}'s files out into {dest}: {exc.strerror or exc}") from None
         finally:
             for fd in fds:
                 os.close(fd)
