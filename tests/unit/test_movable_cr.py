@@ -464,3 +464,45 @@ def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home,
     restore("again", home.run, store, lambda: driver, criu)
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
+
+
+def test_an_image_of_format_4_with_gpu_memory_still_restores(app, criu_bin, home, store, tmp_path):
+    """An image as gpuos wrote them before the chunk store (whole files, sha256s): its GPU
+    memory file, read in pieces that do not fall on allocation starts, comes back whole;
+    t_agent checks every byte."""
+    from gpuos.store import ImageStore
+
+    from helpers import legacy_entries
+
+    pid, out, err, stop = app
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir()
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    res = checkpoint(CheckpointRequest(pid=pid, image="new"), home.run, store, lambda: driver, criu)
+    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    # the same image, as format 4: its files in the image directory
+    old = tmp_path / "old-store"
+    files = old / "old"
+    store.content(res.path, res.manifest).materialize(("criu", "links"), files)
+    (mem,) = res.manifest.movable
+    fd = os.open(files / mem.file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+        c = store.content(res.path, res.manifest)
+        with ThreadPoolExecutor(2) as pool:
+            c.write_files([(c.entry(mem.file), fd)], pool)
+    finally:
+        os.close(fd)
+    m = store.load(res.path)
+    m.format_version, m.chunk_dir = 4, ""
+    m.files = legacy_entries(files)
+    ImageStore.write_manifest(files, m)
+    import gpuos.store.content as content_mod
+    assert content_mod.COPY_PIECE % (2 << 20) == 0  # 16 MiB pieces: allocations of 2, 6, 8 MiB straddle them
+    old_store = ImageStore(old)
+    back = restore(str(files), home.run, old_store, lambda: driver, criu)
+    assert back.timings.get("verify") is not None  # a format-4 image is verified whole first
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
+    assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()

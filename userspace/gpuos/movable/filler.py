@@ -75,12 +75,19 @@ def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
     starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(len(mem.ranges) + 1)]
     out, i = [], 0
     for p in content.pieces(content.entry(mem.file)):
-        while i + 1 < len(starts) and p.offset >= starts[i + 1]:
-            i += 1
-        if p.offset + p.size > starts[i + 1] or p.size > SLOT:
-            raise AgentError(f"{mem.file}: a piece at byte {p.offset} ({p.size} bytes) crosses the start of "
-                             f"allocation {i + 1} or is larger than a slot")
-        out.append(_Part(p, i, p.offset - starts[i]))
+        if p.chunk is None:  # a whole file's range (formats 1-4): split at allocation starts
+            pieces = [Piece(a, min(p.offset + p.size, b) - a, None)
+                      for a, b in zip([p.offset] + [s for s in starts if p.offset < s < p.offset + p.size],
+                                      [s for s in starts if p.offset < s < p.offset + p.size] + [p.offset + p.size])]
+        else:
+            pieces = [p]
+        for q in pieces:
+            while i + 1 < len(starts) and q.offset >= starts[i + 1]:
+                i += 1
+            if q.offset + q.size > starts[i + 1] or q.size > SLOT:
+                raise AgentError(f"{mem.file}: a piece at byte {q.offset} ({q.size} bytes) crosses the start of "
+                                 f"allocation {i + 1} or is larger than a slot")
+            out.append(_Part(q, i, q.offset - starts[i]))
     rank = {i: k for k, i in enumerate(order(mem))}
     return sorted(out, key=lambda part: (rank[part.index], part.offset))
 
