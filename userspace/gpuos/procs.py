@@ -36,6 +36,12 @@ def stat(pid: int) -> ProcStat:
                     session=int(fields[3]), tty_nr=int(fields[4]), starttime=int(fields[19]))
 
 
+def age(pid: int) -> float:
+    """Seconds since the process started."""
+    uptime = float((PROC / "uptime").read_text().split()[0])
+    return uptime - stat(pid).starttime / os.sysconf("SC_CLK_TCK")
+
+
 def exists(pid: int) -> bool:
     return (PROC / str(pid)).exists()
 

@@ -167,11 +167,13 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     each launch waiting only for the memory it touches (--eager: once all is back).
     The processes continue where they were checkpointed. Needs root.
     """
+    startup = procs.age(os.getpid())  # the interpreter and gpuos's imports, for the report
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
                   observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager)
+    res.timings["startup"] = startup
     if as_json:
         emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
                    "fills": {str(p): f for p, f in res.fills.items()}})
