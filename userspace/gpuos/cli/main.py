@@ -8,21 +8,10 @@ import sys
 import click
 
 from .. import __version__, procs
-from ..checkpoint import CheckpointRequest, checkpoint
 from ..config import Paths
 from ..errors import GpuosError
-from ..restore import restore
 from ..runtime import Runtime
-from .driver import driver
-from .events import events
-from .faults import faults
-from .images import images
-from .kmod import kmod
-from .mps import mps
 from .output import Reporter, emit_json, fail, human_bytes, json_option, table
-from .policy import policy
-from .run import run_cmd
-from .trace import trace
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -48,8 +37,27 @@ Exit codes:
 """
 
 
+# The command groups, each imported when it is run (or help lists it): a command pays for
+# its own imports only (gpuos restore's start is part of a restore's time).
+LAZY = {"images": "images:images", "kmod": "kmod:kmod", "driver": "driver:driver", "policy": "policy:policy",
+        "events": "events:events", "trace": "trace:trace", "run": "run:run_cmd", "mps": "mps:mps",
+        "faults": "faults:faults"}
+
+
 class GpuosGroup(click.Group):
-    """Turns a GpuosError into a one-line message (or JSON) and its exit code."""
+    """Turns a GpuosError into a one-line message (or JSON) and its exit code; imports the
+    LAZY commands when they are wanted."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY and name not in self.commands:
+            import importlib
+
+            module, attr = LAZY[name].split(":")
+            self.add_command(getattr(importlib.import_module(f"{__package__}.{module}"), attr), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -117,6 +125,8 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
     _recover_first(rt, rep)
     procs.check_target(pid)  # say "no such process" before anything about criu
     rep.say(f"checkpointing pid {pid}")
+    from ..checkpoint import CheckpointRequest, checkpoint
+
     res = checkpoint(CheckpointRequest(pid=pid, image=image, leave_running=leave_running,
                                        lock_timeout_ms=int(lock_timeout * 1000)),
                      rt.paths.run, rt.store, rt.driver, rt.criu(), rep)
@@ -171,6 +181,8 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     rep = Reporter(quiet=as_json)
     _recover_first(rt, rep)
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
+    from ..restore import restore
+
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
                   observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager)
     res.timings["startup"] = startup
@@ -267,15 +279,7 @@ def demo_cmd(rt: Runtime, steps: int, keep: bool, as_json: bool) -> None:
         click.echo(f"logs: {report.workdir}")
 
 
-cli.add_command(images)
-cli.add_command(kmod)
-cli.add_command(driver)
-cli.add_command(policy)
-cli.add_command(events)
-cli.add_command(trace)
-cli.add_command(run_cmd)
-cli.add_command(mps)
-cli.add_command(faults)
+
 
 
 def main() -> None:
