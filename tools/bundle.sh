@@ -17,7 +17,7 @@
 #   --platform TAG        target wheel platform (default manylinux_2_28_x86_64: glibc >= 2.28;
 #                         older manylinux tags are accepted too)
 #   --only-gpuos          wheels/ holds the gpuos wheel and those of the dependencies a
-#                         GPU host seldom has (blake3); the target has the others
+#                         GPU host seldom has (blake3, zstandard); the target has the others
 #                         (click, numpy, nvidia-ml-py, cuda-bindings)
 #   --no-wheels           no wheels/ at all (CRIU only)
 #
@@ -38,7 +38,7 @@ CRIU_DEBS="criu libcompel1 libnet9 libnftables1 libprotobuf-c1 libnl-3-200 libnf
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 out="" pyver=3.12 platform=manylinux_2_28_x86_64 wheels=1 deps=1
-RARE_DEPS="blake3"  # --only-gpuos: dependencies a GPU host seldom has
+RARE_DEPS="blake3 zstandard"  # --only-gpuos: dependencies a GPU host seldom has
 while [ $# -gt 0 ]; do
   case $1 in
     -h|--help) usage; exit 0 ;;

@@ -146,7 +146,7 @@ def _chunks_of(env, image: str, prefix: str) -> list[Path]:
     from gpuos.store import ImageStore
     store = ImageStore(Path(env["GPUOS_HOME"]) / "images")
     m = store.load(store.resolve(image))
-    return [store.chunks().path(c.id) for f in m.files if f.path.startswith(prefix) for c in f.chunks]
+    return [store.chunks().stored(c.id) for f in m.files if f.path.startswith(prefix) for c in f.chunks]
 
 
 @pytest.mark.parametrize("where,damage", [("gpu-memory-", "corrupt"), ("gpu-memory-", "missing"),
@@ -164,7 +164,7 @@ def test_a_bad_chunk_is_refused_and_nothing_is_left_running(served, where, damag
             chunk.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
         res = gpuos(env, "restore", image, check=10)
         line = res.stderr.strip().splitlines()[-1]
-        assert f"chunk {chunk.parent.name}{chunk.name}" in line and ("is corrupt" if damage == "corrupt" else "is missing") in line
+        assert f"chunk {chunk.parent.name}{chunk.name.removesuffix('.zst')}" in line and ("is corrupt" if damage == "corrupt" else "is missing") in line
         assert "the image is intact" in line or "nothing was restored" in line
         assert not (d / "resp-1").exists()
         assert servers_alive(d) == []

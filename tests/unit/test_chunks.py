@@ -54,7 +54,7 @@ def test_cuts_do_not_depend_on_how_the_file_is_read(monkeypatch, tmp_path: Path,
         (entry,), _ = ingest([Source("f", tmp_path / "f", len(data), tuple(forced), fine)], store)
         got = [sum(c.size for c in entry.chunks[:i + 1]) for i in range(len(entry.chunks))]
         assert got == want, window
-        assert b"".join(store.path(c.id).read_bytes() for c in entry.chunks) == data
+        assert b"".join(store.read(c) for c in entry.chunks) == data
 
 
 def test_zeros_are_cut_at_the_largest_size_and_stored_once(tmp_path: Path):
@@ -297,7 +297,7 @@ def test_materialize_of_a_bad_chunk_fails_and_the_store_is_untouched(store: Imag
     other = build_image(store, "other", seed=b"other")
     m = ImageStore.load(img)
     entry = next(f for f in m.files if f.path == "criu/pages-1.img")
-    p = store.chunks().path(entry.chunks[0].id)
+    p = store.chunks().stored(entry.chunks[0].id)
     p.chmod(0o644)
     p.write_bytes(bytes(p.stat().st_size))
     before = store.chunks().present()
@@ -364,3 +364,31 @@ def test_no_room_to_read_an_image_out_is_one_clean_error(store: ImageStore, tmp_
     assert type(exc.value) is GpuosError and str(tmp_path / "out") in exc.value.message
     monkeypatch.setattr(content_mod.os, "pwrite", real)
     assert store.chunks().present() == before
+
+
+def test_a_compressed_chunk_reads_back_and_is_checked(tmp_path: Path):
+    store = ChunkStore(tmp_path / "cs", hot_base=tmp_path / "hot")
+    data = (os.urandom(64) + bytes(4032)) * 256  # 1 MiB of pages, mostly zeros: compresses
+    cid = content_mod.digest(data)
+    assert store.put(cid, data, compress=True) is True
+    assert store.put(cid, data, compress=True) is False and store.put(cid, data) is False  # there already
+    assert store.stored(cid).name.endswith(".zst") and not store.path(cid).exists()
+    c = Chunk(cid, len(data))
+    assert store.read(c) == data
+    assert store.warm([c]) == len(data) and store.hot_path(cid).read_bytes() == data  # memory holds it raw
+    store.cool([c])
+    noise = os.urandom(1 << 20)  # does not compress: kept raw
+    nid = content_mod.digest(noise)
+    store.put(nid, noise, compress=True)
+    assert store.stored(nid) == store.path(nid)
+    other = content_mod.digest(data[::-1])
+    packed = store.stored(cid).read_bytes()
+    bad = store.path(other).with_name(other[2:] + ".zst")
+    bad.parent.mkdir(exist_ok=True)
+    bad.write_bytes(packed)  # the right frame under a wrong name
+    with pytest.raises(ImageCorrupt, match="is corrupt: its content does not match"):
+        store.read(Chunk(other, len(data)))
+    with pytest.raises(ImageCorrupt, match="is longer"):
+        store.read(Chunk(cid, len(data) - 1))
+    store.collect({nid})
+    assert store.stored(cid) is None and store.stored(other) is None and store.stored(nid) is not None

@@ -101,9 +101,9 @@ def _human(n: int) -> str:
 def _corrupt(store: ImageStore, img: Path) -> None:
     """Flip a byte of the chunk that holds the start of criu/pages-1.img."""
     entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
-    chunk = store.chunks().path(entry.chunks[0].id)
+    chunk = store.chunks().stored(entry.chunks[0].id)
     data = bytearray(chunk.read_bytes())
-    data[100] ^= 0xFF
+    data[len(data) // 2] ^= 0xFF
     chunk.chmod(0o644)
     chunk.write_bytes(bytes(data))
 

@@ -212,7 +212,7 @@ def test_corrupt_image_is_refused_before_anything_is_restored(cr: CR):
     proc.wait(timeout=10)
     pages = max((f for f in ImageStore.load(cr.store.root / "job").files if "/pages-" in f.path),
                 key=lambda f: f.size)
-    chunk = cr.store.chunks().path(pages.chunks[-1].id)
+    chunk = cr.store.chunks().stored(pages.chunks[-1].id)
     data = bytearray(chunk.read_bytes())
     data[len(data) // 3] ^= 0x40
     chunk.chmod(0o644)

@@ -183,7 +183,7 @@ def test_recover_publishes_a_completed_dump(home, store, driver, manifest_writte
     assert {f.path for f in m.files} == set(new_files)
     content = store.content(final, m)
     for f in m.files:
-        got = b"".join(store.chunks().path(c.id).read_bytes() for c in f.chunks)
+        got = b"".join(store.chunks().read(c) for c in f.chunks)
         assert hashlib.sha256(got).hexdigest() == new_files[f.path]
     assert sorted(p.name for p in final.iterdir()) == [MANIFEST_NAME]  # the files dropped
     assert new_files != {k: v for k, v in old_digest.items() if k != MANIFEST_NAME}
@@ -367,7 +367,7 @@ def test_recover_publishes_gpu_memory_the_copier_stored_unless_its_chunks_are_go
         entry = into.close()
     if not kept:
         for c in entry.chunks:
-            store.chunks().path(c.id).unlink()
+            store.chunks().stored(c.id).unlink()
     staging, final = _checkpoint_journal(
         home, store, "job", "store",
         movable=[{"pid": 4242, "staging": "/nonexistent", "memory": asdict(mem), "stored": asdict(entry)}])

@@ -255,7 +255,7 @@ def test_gpuos_copies_the_snapshot_out_from_a_context_of_its_own(app, criu_bin, 
     store.verify(image, m)
     (mem,) = m.movable
     (entry,) = [f for f in m.files if f.path == mem.file]
-    data = b"".join(store.chunks().path(c.id).read_bytes() for c in entry.chunks)
+    data = b"".join(store.chunks().read(c) for c in entry.chunks)
     bases = [int(x) for x in out.read_text().split()[2:6]]  # "ready PID BASE..."
     by_index, off = {}, 0
     for r in mem.ranges:  # back to back in LIST (address) order, `reserved` bytes each
@@ -402,7 +402,7 @@ def _gpu_memory_chunk(store, image: str):
     m = store.load(store.resolve(image))
     (mem,) = m.movable
     (entry,) = [f for f in m.files if f.path == mem.file]
-    return store.chunks().path(entry.chunks[-1].id)
+    return store.chunks().stored(entry.chunks[-1].id)
 
 
 def test_a_corrupt_chunk_of_gpu_memory_fails_the_restore_and_ends_the_process(app, criu_bin, home, store, tmp_path):

@@ -239,7 +239,7 @@ class CriuNotToRun(Criu):
 def test_a_corrupt_chunk_is_refused_before_anything_is_restored(home, store):
     img = gpu_image(store, driver_version="580.65.06")
     entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
-    chunk = store.chunks().path(entry.chunks[0].id)
+    chunk = store.chunks().stored(entry.chunks[0].id)
     chunk.chmod(0o644)
     chunk.write_bytes(b"x" * chunk.stat().st_size)
     driver = FakeDriver(version="580.65.06")

@@ -71,7 +71,7 @@ def test_ingest_lists_every_file_but_the_manifest_as_chunks(store: ImageStore, t
     for rel, e in by_path.items():
         data = (root / rel).read_bytes()
         assert e.size == len(data)
-        assert b"".join(store.chunks().path(c.id).read_bytes() for c in e.chunks) == data
+        assert b"".join(store.chunks().read(c) for c in e.chunks) == data
         assert e.mode == (root / rel).stat().st_mode & 0o7777
     assert by_path["criu/empty.img"].chunks == []
     assert sum(seen) == stats.bytes == sum(e.size for e in entries)
@@ -178,7 +178,7 @@ def _verify_problem(store: ImageStore, img: Path) -> str:
 
 def _chunk_of(store: ImageStore, img: Path, rel: str) -> Path:
     entry = next(f for f in ImageStore.load(img).files if f.path == rel)
-    return store.chunks().path(entry.chunks[0].id)
+    return store.chunks().stored(entry.chunks[0].id)
 
 
 def test_verify_names_a_missing_chunk(store: ImageStore):
@@ -201,10 +201,26 @@ def test_verify_names_a_corrupt_chunk(store: ImageStore):
 
 def test_verify_names_a_short_chunk(store: ImageStore):
     img = build_image(store, "job")
-    chunk = _chunk_of(store, img, "criu/pages-1.img")
+    chunk = _chunk_of(store, img, "criu/core-4242.img")  # stored raw
     chunk.chmod(0o644)
     chunk.write_bytes(chunk.read_bytes()[:-1])
     assert "is short" in _verify_problem(store, img)
+
+
+def test_host_memory_is_stored_compressed_when_that_pays(store: ImageStore):
+    """CRIU's page images (host memory) are compressed (zstd) when that saves a tenth;
+    a damaged compressed chunk is refused like any other."""
+    img = build_image(store, "job")  # write_criu_files: pages-1.img repeats one digest: compresses
+    pages = _chunk_of(store, img, "criu/pages-1.img")
+    core = _chunk_of(store, img, "criu/core-4242.img")
+    assert pages.name.endswith(".zst") and not core.name.endswith(".zst")
+    entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
+    assert pages.stat().st_size < 0.5 * entry.size
+    assert store.chunks().present()[entry.chunks[0].id] == pages.stat().st_size  # what it takes on disk
+    store.verify(img, ImageStore.load(img))
+    pages.chmod(0o644)
+    pages.write_bytes(pages.read_bytes()[:-3])
+    assert "is corrupt: it does not decompress" in _verify_problem(store, img)
 
 
 def test_verify_counts_every_problem(store: ImageStore):

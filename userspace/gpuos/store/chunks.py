@@ -3,9 +3,12 @@ of a store.
 
 A chunk is a file named by the BLAKE3-256 of its content (``<dir>/ab/cdef...``), written
 aside, fsynced and renamed into place, never changed afterwards: two writers of the same
-chunk write the same bytes, and whatever name is there is complete.  Every read checks the
-content against the name (a corrupt chunk is an error naming it, and nothing is built
-from it).  Two tiers:
+chunk write the same bytes, and whatever name is there is complete.  A chunk of a
+process's host memory is stored compressed (zstd, ``<name>.zst``) when that saves a
+tenth or more: what replicas do not share of it is pointers and the driver's saved state,
+which compress, while GPU memory (weights) is kept as it is, for the restore's speed.  Every
+read checks the content against the name (a corrupt chunk is an error naming it, and
+nothing is built from it).  Two tiers:
 
     cold  the chunk directory on disk (the store's ``.chunks/``, or an image's own
           ``chunks/`` for an image outside a store); every chunk is there
@@ -33,6 +36,9 @@ from ..manifest import Chunk
 
 LOCK_NAME = "lock"
 TMP_DIR = "tmp"
+ZST = ".zst"        # a chunk stored compressed
+ZST_LEVEL = 3
+ZST_WORTH = 0.9     # kept compressed only below this share of its size
 HASH_THREADS = 1  # BLAKE3's own threads per chunk: chunks are hashed in parallel already
 
 
@@ -95,16 +101,20 @@ class ChunkStore:
             os.close(fd)
 
     # -- writing ----------------------------------------------------------
-    def put(self, cid: str, data: memoryview | bytes) -> bool:
+    def put(self, cid: str, data: memoryview | bytes, compress: bool = False) -> bool:
         """Store a chunk (its name already computed) unless it is there: whether it was
-        written.  Written aside, fsynced, renamed: a name is always a whole chunk.  The
-        directory is made durable by sync_dirs."""
+        written.  compress: as zstd if that saves a tenth.  Written aside, fsynced,
+        renamed: a name is always a whole chunk.  The directory is made durable by
+        sync_dirs."""
         final = self.path(cid)
-        try:
-            if final.stat().st_size == len(data):
-                return False
-        except FileNotFoundError:
-            pass
+        if final.exists() or final.with_name(final.name + ZST).exists():
+            return False
+        if compress:
+            import zstandard  # here: what only reads raw chunks does without it
+
+            packed = zstandard.ZstdCompressor(level=ZST_LEVEL).compress(data)
+            if len(packed) < len(data) * ZST_WORTH:
+                data, final = packed, final.with_name(final.name + ZST)
         tmpdir = self.root / TMP_DIR
         tmpdir.mkdir(parents=True, exist_ok=True)
         final.parent.mkdir(exist_ok=True)
@@ -132,40 +142,34 @@ class ChunkStore:
         has it; checked against its name unless verify is False.  ImageCorrupt if it is
         missing, short or changed (`where` says what the image wanted it for)."""
         what = f"chunk {chunk.id}" + (f" ({where})" if where else "")
-        path = self.hot_path(chunk.id)
-        fd = -1
-        if path is not None:
+        fd, packed = -1, False
+        for path, is_packed in ((self.hot_path(chunk.id), False), (self.path(chunk.id), False),
+                                (self.path(chunk.id).with_name(chunk.id[2:] + ZST), True)):
+            if path is None:
+                continue
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd, packed = os.open(path, os.O_RDONLY | os.O_CLOEXEC), is_packed
+                break
             except FileNotFoundError:
-                pass
+                continue
         if fd < 0:
-            try:
-                fd = os.open(self.path(chunk.id), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise ImageCorrupt(f"{what} is missing from {self.root}") from None
+            raise ImageCorrupt(f"{what} is missing from {self.root}")
         try:
-            got = 0
-            while got < chunk.size:
-                n = os.preadv(fd, [buf[got:]], got)
-                if n == 0:
-                    raise ImageCorrupt(f"{what} is short: {got} bytes, the image says {chunk.size}")
-                got += n
-            if os.pread(fd, 1, chunk.size):
-                raise ImageCorrupt(f"{what} is longer than the {chunk.size} bytes the image says")
+            if packed:
+                _unpack_into(fd, buf, what)
+            else:
+                got = 0
+                while got < chunk.size:
+                    n = os.preadv(fd, [buf[got:]], got)
+                    if n == 0:
+                        raise ImageCorrupt(f"{what} is short: {got} bytes, the image says {chunk.size}")
+                    got += n
+                if os.pread(fd, 1, chunk.size):
+                    raise ImageCorrupt(f"{what} is longer than the {chunk.size} bytes the image says")
         finally:
             os.close(fd)
         if verify and digest(buf) != chunk.id:
             raise ImageCorrupt(f"{what} is corrupt: its content does not match its name")
-
-    def check(self, chunk: Chunk) -> str | None:
-        """Why the chunk is not good (cold tier), or None."""
-        try:
-            buf = memoryview(bytearray(chunk.size))
-            self.read_into(chunk, buf, where="")
-        except ImageCorrupt as exc:
-            return exc.message
-        return None
 
     # -- tiers --------------------------------------------------------------
     def warm(self, chunks: Iterable[Chunk]) -> int:
@@ -194,12 +198,11 @@ class ChunkStore:
             hp = self.hot_path(c.id)
             if hp is not None and hp.exists():
                 continue
-            try:
-                fd = os.open(self.path(c.id), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            fd = self._open_stored(c.id)
+            if fd < 0:
                 continue  # the read says so
             try:
-                os.posix_fadvise(fd, 0, c.size, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
 
@@ -215,9 +218,8 @@ class ChunkStore:
                     dropped += c.size
                 except FileNotFoundError:
                     pass
-            try:
-                fd = os.open(self.path(c.id), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            fd = self._open_stored(c.id)
+            if fd < 0:
                 continue
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -225,9 +227,30 @@ class ChunkStore:
                 os.close(fd)
         return dropped
 
+    def stored(self, cid: str) -> Path | None:
+        """The cold tier's file of a chunk: raw, or compressed (ZST); None if neither."""
+        for path in (self.path(cid), self.path(cid).with_name(cid[2:] + ZST)):
+            if path.exists():
+                return path
+        return None
+
+    def read(self, chunk: Chunk) -> bytes:
+        """A chunk's content, checked."""
+        buf = bytearray(chunk.size)
+        self.read_into(chunk, memoryview(buf))
+        return bytes(buf)
+
+    def _open_stored(self, cid: str) -> int:
+        """stored(cid), open; -1 if there is none."""
+        path = self.stored(cid)
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC) if path else -1
+        except FileNotFoundError:
+            return -1
+
     # -- the whole store ------------------------------------------------------
     def present(self) -> dict[str, int]:
-        """Every chunk in the cold tier: name -> bytes."""
+        """Every chunk in the cold tier: name -> bytes it takes on disk."""
         found: dict[str, int] = {}
         if not self.root.is_dir():
             return found
@@ -235,7 +258,7 @@ class ChunkStore:
             if len(sub.name) != 2 or not sub.is_dir():
                 continue
             for f in sub.iterdir():
-                found[sub.name + f.name] = f.stat().st_size
+                found[sub.name + f.name.removesuffix(ZST)] = f.stat().st_size
         return found
 
     def hot_bytes(self) -> int:
@@ -250,6 +273,7 @@ class ChunkStore:
         for cid, size in self.present().items():
             if cid not in keep:
                 self.path(cid).unlink(missing_ok=True)
+                self.path(cid).with_name(cid[2:] + ZST).unlink(missing_ok=True)
                 count, freed = count + 1, freed + size
         if self.hot is not None and self.hot.is_dir():
             for f in self.hot.glob("??/*"):
@@ -257,6 +281,23 @@ class ChunkStore:
                     f.unlink(missing_ok=True)
         shutil.rmtree(self.root / TMP_DIR, ignore_errors=True)
         return count, freed
+
+
+def _unpack_into(fd: int, buf: memoryview, what: str) -> None:
+    """A compressed chunk's content into buf, exactly its size."""
+    import zstandard
+
+    packed = b""
+    while more := os.read(fd, 1 << 20):
+        packed += more
+    try:
+        data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=len(buf) + 1)
+    except zstandard.ZstdError as exc:
+        raise ImageCorrupt(f"{what} is corrupt: it does not decompress ({exc})") from None
+    if len(data) != len(buf):
+        raise ImageCorrupt(f"{what} is {'short' if len(data) < len(buf) else 'longer than the image says'}: "
+                           f"{len(data)} bytes, the image says {len(buf)}")
+    buf[:] = data
 
 
 def _fsync(path: Path) -> None:

@@ -65,22 +65,22 @@ class _Ingest:
         self.seen: set[str] = set()
         self.lock = threading.Lock()
 
-    def _store(self, data: memoryview | bytes) -> tuple[Chunk, bool]:
+    def _store(self, data: memoryview | bytes, compress: bool) -> tuple[Chunk, bool]:
         cid = digest(data)
         with self.lock:  # the same chunk twice in one image (zeros): written once
             first = cid not in self.seen
             self.seen.add(cid)
-        fresh = first and self.store.put(cid, data)
+        fresh = first and self.store.put(cid, data, compress)
         if self.progress:
             self.progress(len(data))
         return Chunk(cid, len(data)), fresh
 
-    def _submit(self, data: memoryview | bytes) -> Future:
+    def _submit(self, data: memoryview | bytes, compress: bool) -> Future:
         while self.pending and self.pending_bytes > IN_FLIGHT:
             fut, n = self.pending.popleft()
             fut.result()
             self.pending_bytes -= n
-        fut = self.pool.submit(self._store, data)
+        fut = self.pool.submit(self._store, data, compress)
         self.pending.append((fut, len(data)))
         self.pending_bytes += len(data)
         return fut
@@ -119,7 +119,7 @@ class _Cut:
     def __init__(self, job: _Ingest, size: int, forced: list[int], fine: bool):
         from .chunker import COARSE, FINE, PAGE, Cutter  # numpy: a checkpoint needs it, a restore not
 
-        self.job, self.size, self.page = job, size, PAGE
+        self.job, self.size, self.page, self.fine = job, size, PAGE, fine
         self.whole = size // PAGE * PAGE
         self.bounds = sorted({f for f in forced if 0 < f < self.whole and f % PAGE == 0} | {self.whole})
         self.cutter = Cutter(FINE if fine else COARSE)
@@ -131,7 +131,7 @@ class _Cut:
     def _emit(self, end: int) -> None:
         parts = [memoryview(b)[max(self.done, o) - o:min(end, o + len(b)) - o]
                  for o, b in self.bufs if o < end and o + len(b) > self.done]
-        self.futures.append(self.job._submit(parts[0] if len(parts) == 1 else b"".join(parts)))
+        self.futures.append(self.job._submit(parts[0] if len(parts) == 1 else b"".join(parts), self.fine))
         self.done = end
         self.bufs = [(o, b) for o, b in self.bufs if o + len(b) > self.done]
 
@@ -173,7 +173,7 @@ class Source:
     source: Path    # the file holding the content (in the staging directory, or elsewhere)
     size: int       # its first `size` bytes are the content
     cuts: tuple[int, ...] = ()  # offsets where a chunk must end (a movable allocation's start)
-    fine: bool = False  # cut into smaller chunks (chunker.FINE): a process's host memory
+    fine: bool = False  # a process's host memory: cut into smaller chunks (chunker.FINE), compressed
 
 
 def staged_files(root: Path, skip: tuple[str, ...] = ()) -> list[Source]:
