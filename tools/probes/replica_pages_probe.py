@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 import blake3
+import zstandard
 
 from gpuos.store import ImageStore
 from gpuos.store import chunker
+from gpuos.store.chunks import ZST_LEVEL, ZST_WORTH
 
 PAGE = 4096
 
@@ -37,9 +39,15 @@ def pages_of(image: Path, out: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted((base / "criu").glob("pages-*.img")))
 
 
-def chunk_set(data: bytes, min_pages: int, mask: int, max_pages: int) -> dict[str, int]:
+def chunk_set(data: bytes, min_pages: int, mask: int, max_pages: int) -> dict[str, tuple[int, int]]:
+    """name -> (bytes, bytes as stored: compressed where zstd saves a tenth)."""
     ends = chunker.chunk_ends(data, profile=chunker.Profile(min_pages, mask, max_pages))
-    return {blake3.blake3(data[a:b]).hexdigest(): b - a for a, b in zip([0] + ends[:-1], ends)}
+    z = zstandard.ZstdCompressor(level=ZST_LEVEL)
+    out = {}
+    for a, b in zip([0] + ends[:-1], ends):
+        packed = len(z.compress(data[a:b]))
+        out[blake3.blake3(data[a:b]).hexdigest()] = (b - a, packed if packed < (b - a) * ZST_WORTH else b - a)
+    return out
 
 
 def main() -> None:
@@ -77,10 +85,12 @@ def main() -> None:
                   "b_zero_pages": sum(h == zero for h in pb) / len(pb), "chunkings": []}
         for min_pages, mask, max_pages in ((64, 0x1FF, 2048), (16, 0x3F, 512), (4, 0xF, 128), (1, 0x3, 32)):
             ca, cb = chunk_set(a, min_pages, mask, max_pages), chunk_set(b, min_pages, mask, max_pages)
-            added = sum(n for c, n in cb.items() if c not in ca)
+            added = sum(n for c, (n, _) in cb.items() if c not in ca)
+            stored = sum(z for c, (_, z) in cb.items() if c not in ca)
             result["chunkings"].append({"min_pages": min_pages, "avg_kib": (mask + 1 + min_pages) * 4,
                                         "max_pages": max_pages, "chunks_b": len(cb), "b_adds_bytes": added,
-                                        "b_adds_share": added / len(b)})
+                                        "b_adds_share": added / len(b), "b_adds_stored_bytes": stored,
+                                        "a_stored_bytes": sum(z for _, z in ca.values())})
         print(json.dumps(result, indent=1))
     finally:
         shutil.rmtree(home, ignore_errors=True)
