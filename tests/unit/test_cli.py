@@ -246,3 +246,31 @@ def test_checkpoint_as_non_root_exits_4(home, processes, tmp_path, monkeypatch):
     out = json.loads(res.output)
     assert out["error"] == "not-permitted" and "root" in out["message"]
     assert procs.alive(target.pid)
+
+
+def test_images_warm_cool_and_gc(env, store, home):
+    """warm copies an image's chunks into the hot tier ($GPUOS_HOT) and says how much;
+    cool drops them; gc frees what no image uses, and says busy (exit 18) while a
+    restore or checkpoint holds the store; list shows own and shared bytes."""
+    from helpers import build_v4_image
+
+    a = build_image(store, "a", seed=b"a")
+    build_image(store, "b", seed=b"a")  # the same content: everything shared
+    code, data = gpuos_json(env, "images", "warm", "a")
+    total = sum(ImageStore.load(a).chunk_set().values())
+    assert code == 0 and data["bytes"] == total and data["copied"] == total
+    assert Path(data["hot"]).is_relative_to(home.hot)
+    assert gpuos_json(env, "images", "warm", "a")[1]["copied"] == 0
+    code, data = gpuos_json(env, "images", "list")
+    assert data["hot_bytes"] == total
+    rows = {i["name"]: i for i in data["images"]}
+    assert rows["a"]["own_bytes"] == 0 and rows["a"]["shared_bytes"] == total
+    code, data = gpuos_json(env, "images", "cool", "a")
+    assert code == 0 and data["dropped"] == total
+    assert gpuos_json(env, "images", "list")[1]["hot_bytes"] == 0
+    build_v4_image(store, "old")
+    assert "without chunks" in one_error_line(gpuos(env, "images", "warm", "old"), 1)
+    with store.chunks().shared():
+        assert "in use" in one_error_line(gpuos(env, "images", "gc"), 18)
+    code, data = gpuos_json(env, "images", "gc")
+    assert code == 0 and data["chunks"] == 0 and data["kept"] == len(store.chunks().present())
