@@ -925,7 +925,12 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 	pthread_mutex_lock(&fill_mu);
 	for (size_t k = 0; k < n; k++) {
 		uint64_t *left = &fill_left[p[k].index];
-		if (*left && !(*left -= p[k].length))
+		if (!*left)
+			continue;
+		/* saturating: overlapping parts (a client's bug) must not wrap an allocation
+		 * round to "never filled" */
+		*left -= p[k].length < *left ? p[k].length : *left;
+		if (!*left)
 			fill_pending--;
 	}
 	r->arg = fill_wanted;
