@@ -181,7 +181,6 @@ def test_recover_publishes_a_completed_dump(home, store, driver, manifest_writte
     m = ImageStore.load(final)
     store.verify(final, m)
     assert {f.path for f in m.files} == set(new_files)
-    content = store.content(final, m)
     for f in m.files:
         got = b"".join(store.chunks().read(c) for c in f.chunks)
         assert hashlib.sha256(got).hexdigest() == new_files[f.path]
