@@ -492,6 +492,38 @@ static int staged_enough(struct gpuos_agent_reply *r)
 	return 0;
 }
 
+/* The agent's own streams for a context made current: NSTREAMS, non-blocking. */
+static CUresult streams_create(CUstream st[NSTREAMS])
+{
+	CUresult res = CUDA_SUCCESS;
+	for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
+		res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
+	return res;
+}
+
+/* Wait for the streams' copies, destroy them and pop their context: res, or the first
+ * error of the waits. */
+static CUresult streams_finish(CUstream st[NSTREAMS], CUresult res)
+{
+	for (int s = 0; s < NSTREAMS; s++)
+		if (st[s]) {
+			CUresult e = gpuos_drv.stream_sync(st[s]);
+			if (res == CUDA_SUCCESS)
+				res = e;
+			gpuos_drv.stream_destroy(st[s]);
+		}
+	CUcontext c;
+	gpuos_drv.ctx_pop(&c);
+	return res;
+}
+
+/* n bytes of a copy at staging offset `at`, cut at the end of its registered window: a
+ * copy never spans two registrations. */
+static uint64_t in_window(uint64_t at, uint64_t n)
+{
+	return n > WINDOW - at % WINDOW ? WINDOW - at % WINDOW : n;
+}
+
 /* Copy every allocation to (to_host) or from the staging memfd, laid out back to back in
  * LIST order: all copies of a context issued on NSTREAMS streams of its own, then waited for. */
 static CUresult copy_all(int to_host, int from_shadows)
@@ -504,12 +536,10 @@ static CUresult copy_all(int to_host, int from_shadows)
 			first &= H.v[j].ctx != H.v[i].ctx;
 		if (!first)
 			continue;
-		CUcontext c;
 		CUstream st[NSTREAMS] = { 0 };
 		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)H.v[i].ctx)) != CUDA_SUCCESS)
 			break;
-		for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
-			res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
+		res = streams_create(st);
 		off = 0;
 		uint64_t k = 0;
 		for (size_t j = 0; j < H.n; j++) {
@@ -517,22 +547,13 @@ static CUresult copy_all(int to_host, int from_shadows)
 			size_t size = gpuos_movable_reserved(a);
 			uint64_t dev = from_shadows ? SH[j].va : a->base;
 			for (uint64_t o = 0, n; a->ctx == H.v[i].ctx && o < size && res == CUDA_SUCCESS; o += n, k++) {
-				n = size - o < PIECE ? size - o : PIECE;
-				if (n > WINDOW - (off + o) % WINDOW)
-					n = WINDOW - (off + o) % WINDOW; /* within one registered window */
+				n = in_window(off + o, size - o < PIECE ? size - o : PIECE);
 				res = to_host ? gpuos_drv.memcpy_dtoh_async(stage.p + off + o, dev + o, n, st[k % NSTREAMS])
 					      : gpuos_drv.memcpy_htod_async(dev + o, stage.p + off + o, n, st[k % NSTREAMS]);
 			}
 			off += size;
 		}
-		for (int s = 0; s < NSTREAMS; s++)
-			if (st[s]) {
-				CUresult e = gpuos_drv.stream_sync(st[s]);
-				if (res == CUDA_SUCCESS)
-					res = e;
-				gpuos_drv.stream_destroy(st[s]);
-			}
-		gpuos_drv.ctx_pop(&c);
+		res = streams_finish(st, res);
 	}
 	return res;
 }
@@ -893,32 +914,20 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 		size_t end = k;
 		while (end < n && H.v[p[end].index].ctx == ctx)
 			end++;
-		CUcontext c;
 		CUstream st[NSTREAMS] = { 0 };
 		if ((res = gpuos_drv.ctx_push((CUcontext)(uintptr_t)ctx)) != CUDA_SUCCESS)
 			break;
-		for (int s = 0; s < NSTREAMS && res == CUDA_SUCCESS; s++)
-			res = gpuos_drv.stream_create(&st[s], CU_STREAM_NON_BLOCKING);
+		res = streams_create(st);
 		uint64_t q = 0;
 		for (; k < end && res == CUDA_SUCCESS; k++) {
 			uint64_t dev = H.v[p[k].index].base + p[k].offset;
 			for (uint64_t o = 0, m; o < p[k].length && res == CUDA_SUCCESS; o += m, q++) {
-				uint64_t at = p[k].stage + o;
-				m = p[k].length - o;
-				if (at / WINDOW != (at + m - 1) / WINDOW)
-					m = WINDOW - at % WINDOW; /* within one registered window */
-				res = gpuos_drv.memcpy_htod_async(dev + o, stage.p + at, m, st[q % NSTREAMS]);
+				m = in_window(p[k].stage + o, p[k].length - o);
+				res = gpuos_drv.memcpy_htod_async(dev + o, stage.p + p[k].stage + o, m, st[q % NSTREAMS]);
 			}
 			bytes += p[k].length;
 		}
-		for (int s = 0; s < NSTREAMS; s++)
-			if (st[s]) {
-				CUresult e = gpuos_drv.stream_sync(st[s]);
-				if (res == CUDA_SUCCESS)
-					res = e;
-				gpuos_drv.stream_destroy(st[s]);
-			}
-		gpuos_drv.ctx_pop(&c);
+		res = streams_finish(st, res);
 	}
 	if (res != CUDA_SUCCESS)
 		return say(r, EIO, "copy from the host: %s", cuerr(res));
