@@ -292,9 +292,22 @@ def test_a_snapshot_is_one_instant_captured_while_the_application_runs(app):
 
 # -- filling while the application runs (restore on demand) -----------------------------------
 
-def _parts_of(allocs, index: int, at: int = 0) -> list[tuple[int, int, int, int]]:
-    """One part per allocation `index`, the whole of it, staged at `at`."""
-    return [(index, 0, allocs[index].reserved, at)]
+def _parts_of(allocs, index: int) -> list[tuple[int, int, int, int]]:
+    """Allocation `index`, the whole of it, from where CAPTURE put it in the staging area."""
+    return [(index, 0, allocs[index].reserved, sum(a.reserved for a in allocs[:index]))]
+
+
+def _captured_then_emptied(ag: Agent) -> tuple[list, int, int]:
+    """HOLD, CAPTURE into a staging memfd (left prepared), RELEASE, FILL_LATER: new memory
+    whose contents are to come.  (allocations, the memfd, bytes)."""
+    _, nbytes = ag.hold()
+    allocs = ag.list()
+    fd = memfd(nbytes)
+    ag.prepare(fd, nbytes)
+    ag.capture()
+    ag.release()
+    assert ag.fill_later().bytes == nbytes
+    return allocs, fd, nbytes
 
 
 def _wanted(ag: Agent, timeout: float = 10.0) -> int:
@@ -315,13 +328,7 @@ def test_filling_lets_the_application_go_on_waiting_only_for_what_it_touches(app
     goes on to wait for the next one it touches, not for all of them.  Filled one by one,
     every byte checked by t_agent: nothing stale is ever read."""
     with Agent(app.pid) as ag:
-        _, nbytes = ag.hold()
-        allocs = ag.list()
-        fd = memfd(nbytes)
-        ag.prepare(fd, nbytes)
-        ag.capture()
-        ag.release()
-        assert ag.fill_later().bytes == nbytes
+        allocs, fd, _ = _captured_then_emptied(ag)
         with pytest.raises(AgentError, match="not prepared|out of bounds"):
             ag.send_parts([(0, 0, allocs[0].reserved + GRAN, 0)])  # more than the allocation has
             ag.recv_parts()
@@ -329,14 +336,13 @@ def test_filling_lets_the_application_go_on_waiting_only_for_what_it_touches(app
         with pytest.raises(AgentError, match="still being filled"):
             ag.hold()
         order = [sorted(app.bases[:3]).index(b) for b in app.bases[:3]]  # t_agent's order, in LIST indices
-        starts = [sum(a.reserved for a in allocs[:i]) for i in range(len(allocs))]
         first = _wanted(ag)  # the one it was about to touch when held
-        ag.send_parts(_parts_of(allocs, first, starts[first]))
+        ag.send_parts(_parts_of(allocs, first))
         ag.recv_parts()
         after = order[(order.index(first) + 1) % len(order)]
         assert _wanted(ag) == after  # it went on, and waits for the next one it touches
         for i in set(order) - {first}:
-            ag.send_parts(_parts_of(allocs, i, starts[i]))
+            ag.send_parts(_parts_of(allocs, i))
             ag.recv_parts()
         ag.hold()  # all filled: the gate is open, a HOLD works again
         ag.resume()
@@ -384,16 +390,9 @@ def test_a_call_that_may_touch_anything_waits_for_everything(build, tmp_path):
     a = App(build, tmp_path, app_args=("free-early",))
     try:
         with Agent(a.pid) as ag:
-            _, nbytes = ag.hold()
-            allocs = ag.list()
-            fd = memfd(nbytes)
-            ag.prepare(fd, nbytes)
-            ag.capture()
-            ag.release()
-            ag.fill_later()
+            allocs, fd, _ = _captured_then_emptied(ag)
             a.stop.touch()  # it frees after the next allocation it touches
             ag.resume(filling=True)
-            starts = [sum(x.reserved for x in allocs[:i]) for i in range(len(allocs))]
             filled: set[int] = set()
             deadline, seen = time.monotonic() + 10, None
             while seen is None and time.monotonic() < deadline:
@@ -402,14 +401,14 @@ def test_a_call_that_may_touch_anything_waits_for_everything(build, tmp_path):
                 if r.count:
                     seen = r
                 elif r.arg != A.NONE_WANTED and r.arg not in filled:  # what it touches first
-                    ag.send_parts(_parts_of(allocs, r.arg, starts[r.arg]))
+                    ag.send_parts(_parts_of(allocs, r.arg))
                     ag.recv_parts()
                     filled.add(r.arg)
                 time.sleep(0.01)
             assert seen is not None and seen.msg.startswith("cuMemFree"), "the free did not wait"
             assert len(filled) < len(allocs) and a.proc.poll() is None  # it waits for the rest
             for i in set(range(len(allocs))) - filled:
-                ag.send_parts(_parts_of(allocs, i, starts[i]))
+                ag.send_parts(_parts_of(allocs, i))
                 ag.recv_parts()
             os.close(fd)
         out, err = a.proc.communicate(timeout=60)
