@@ -73,15 +73,22 @@ def app(libgpuos_build, tmp_path):
     run.wait()
 
 
+def checkpointed(pid: int, image: str, home, store, criu_bin, tmp_path):
+    """The process checkpointed into `image` (and ended by CRIU), with a FakeDriver for the
+    driver's API: (driver, criu, the checkpoint's result)."""
+    driver = FakeDriver()
+    driver.add(pid)
+    (tmp_path / "plugins").mkdir(exist_ok=True)
+    criu = Criu(criu_bin, tmp_path / "plugins")
+    res = checkpoint(CheckpointRequest(pid=pid, image=image), home.run, store, lambda: driver, criu)
+    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    return driver, criu, res
+
+
 @pytest.mark.parametrize("on_demand", [True, False], ids=["on-demand", "eager"])
 def test_checkpoint_and_restore_move_the_memory_through_the_image(app, criu_bin, home, store, tmp_path, on_demand):
     pid, out, err, stop = app
-    driver = FakeDriver()
-    driver.add(pid)
-    criu = Criu(criu_bin, tmp_path / "plugins")
-    (tmp_path / "plugins").mkdir()
-    res = checkpoint(CheckpointRequest(pid=pid, image="moved"), home.run, store, lambda: driver, criu)
-    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    driver, criu, res = checkpointed(pid, "moved", home, store, criu_bin, tmp_path)
     (mem,) = res.manifest.movable
     assert mem.pid == pid and sorted(r.size for r in mem.ranges) == sorted(SIZES)
     assert mem.bytes == sum((n + GRAN - 1) // GRAN * GRAN for n in SIZES)
@@ -413,12 +420,7 @@ def test_a_corrupt_chunk_of_gpu_memory_fails_the_restore_and_ends_the_process(ap
     from gpuos.errors import ImageCorrupt
 
     pid, out, err, stop = app
-    driver = FakeDriver()
-    driver.add(pid)
-    (tmp_path / "plugins").mkdir()
-    criu = Criu(criu_bin, tmp_path / "plugins")
-    checkpoint(CheckpointRequest(pid=pid, image="bad"), home.run, store, lambda: driver, criu)
-    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    driver, criu, _ = checkpointed(pid, "bad", home, store, criu_bin, tmp_path)
     chunk = _gpu_memory_chunk(store, "bad")
     good = chunk.read_bytes()
     chunk.chmod(0o644)
@@ -438,12 +440,7 @@ def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home,
     """gpuos SIGKILLed at the start of movable-fill: the restored process waits for memory
     only that gpuos had; `gpuos recover` kills it, and the image restores again."""
     pid, out, err, stop = app
-    driver = FakeDriver()
-    driver.add(pid)
-    (tmp_path / "plugins").mkdir()
-    criu = Criu(criu_bin, tmp_path / "plugins")
-    checkpoint(CheckpointRequest(pid=pid, image="again"), home.run, store, lambda: driver, criu)
-    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    driver, criu, _ = checkpointed(pid, "again", home, store, criu_bin, tmp_path)
     hold = tmp_path / "held"
     child = os.fork()
     if child == 0:
@@ -475,12 +472,7 @@ def test_an_image_of_format_4_with_gpu_memory_still_restores(app, criu_bin, home
     from helpers import legacy_entries
 
     pid, out, err, stop = app
-    driver = FakeDriver()
-    driver.add(pid)
-    (tmp_path / "plugins").mkdir()
-    criu = Criu(criu_bin, tmp_path / "plugins")
-    res = checkpoint(CheckpointRequest(pid=pid, image="new"), home.run, store, lambda: driver, criu)
-    wait_for(lambda: not procs.alive(pid), "CRIU to end the process")
+    driver, criu, res = checkpointed(pid, "new", home, store, criu_bin, tmp_path)
     # the same image, as format 4: its files in the image directory
     old = tmp_path / "old-store"
     files = old / "old"
