@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from gpuos.config import Paths, find_criu
-from gpuos.criu import Criu
-from gpuos.errors import CriuUnavailable
 from gpuos.store import ImageStore
 
-from helpers import Processes
+from helpers import Processes, criu_unusable
 from vmproxy import pytest_collection_modifyitems, pytest_pycollect_makemodule  # noqa: F401  (tests/vm)
 
 
@@ -43,11 +40,7 @@ def processes(tmp_path: Path):
 @pytest.fixture(scope="session")
 def criu_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A criu that works here, or the test is skipped."""
-    if os.geteuid() != 0:
-        pytest.skip("criu tests need root")
-    try:
-        path = find_criu()
-        Criu(path, tmp_path_factory.mktemp("plugins")).check_version()
-    except CriuUnavailable as exc:
-        pytest.skip(f"no working criu: {exc.message}")
-    return path
+    why = criu_unusable(tmp_path_factory.mktemp("plugins"))
+    if why:
+        pytest.skip(f"criu tests: {why}")
+    return find_criu()

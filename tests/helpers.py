@@ -24,6 +24,21 @@ import pytest
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
+def criu_unusable(plugins: Path = Path("/tmp/gpuos-criu-plugins")) -> str | None:
+    """Why CRIU tests cannot run here (not root, no working criu), or None."""
+    from gpuos.config import find_criu
+    from gpuos.criu import Criu
+    from gpuos.errors import CriuUnavailable
+
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        Criu(find_criu(), plugins).check_version()
+    except CriuUnavailable as exc:
+        return f"no working criu: {exc.message}"
+    return None
+
+
 # -- images -------------------------------------------------------------------
 
 

@@ -22,20 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from helpers import criu_unusable
+
 pytestmark = pytest.mark.gpu
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def _ready() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        from gpuos.config import find_criu
-        from gpuos.criu import Criu
-        Criu(find_criu(), Path("/tmp/gpuos-criu-plugins")).check_version()
-    except Exception as exc:  # noqa: BLE001 - any reason means: skip
-        return f"no working criu: {exc}"
+    why = criu_unusable()
+    if why:
+        return why
     p = subprocess.run([sys.executable, "-c", "import torch, torchvision; assert torch.cuda.is_available()"],
                        capture_output=True, text=True, timeout=300)
     return None if p.returncode == 0 else f"needs torch, torchvision and a GPU: {p.stderr.strip()[-200:]}"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import criu_unusable
+
 from gpuos.workloads import TORCHJOB, results, steps_done
 
 pytestmark = pytest.mark.gpu
@@ -27,14 +29,9 @@ SLEEP = 0.03
 
 
 def _gpu_ready() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        from gpuos.config import find_criu
-        from gpuos.criu import Criu
-        Criu(find_criu(), Path("/tmp/gpuos-criu-plugins")).check_version()
-    except Exception as exc:  # noqa: BLE001 - any reason means: skip
-        return f"no working criu: {exc}"
+    why = criu_unusable()
+    if why:
+        return why
     probe = subprocess.run(
         [sys.executable, "-c", "from gpuos.cudadrv import CudaDriver; CudaDriver().devices()"],
         capture_output=True, text=True)
