@@ -294,43 +294,24 @@ class ImageContent:
 
     def write_files(self, targets: list[tuple[FileEntry, int]], pool: ThreadPoolExecutor,
                     progress: Progress | None = None) -> None:
-        """Each entry's content into its descriptor (from offset 0), every chunk (or piece)
+        """Each entry's content into its descriptor (from offset 0), every piece (chunk)
         a task of the pool."""
         tasks = []
         for entry, fd in targets:
-            if self.chunks is not None:
-                off = 0
-                for c in entry.chunks:
-                    tasks.append(pool.submit(self._chunk_to, c, fd, off, f"{entry.path} at byte {off}", progress))
-                    off += c.size
-                if off != entry.size:
-                    raise ImageCorrupt(f"{self.image}: {entry.path}'s chunks add up to {off} bytes, "
-                                       f"the manifest says {entry.size}")
-            else:
-                for off in range(0, entry.size, COPY_PIECE):
-                    tasks.append(pool.submit(self._piece_to, entry, fd, off, progress))
+            pieces = self.pieces(entry)
+            if sum(p.size for p in pieces) != entry.size:
+                raise ImageCorrupt(f"{self.image}: {entry.path}'s chunks add up to "
+                                   f"{sum(p.size for p in pieces)} bytes, the manifest says {entry.size}")
+            tasks += [pool.submit(self._piece_to, entry, p, fd, progress) for p in pieces]
         for t in tasks:
             t.result()
 
-    def _chunk_to(self, c: Chunk, fd: int, off: int, where: str, progress: Progress | None) -> None:
-        buf = memoryview(bytearray(c.size))
-        self.chunks.read_into(c, buf, self.verify, where)
-        _pwrite_all(fd, buf, off)
+    def _piece_to(self, entry: FileEntry, piece: Piece, fd: int, progress: Progress | None) -> None:
+        buf = memoryview(bytearray(piece.size))
+        self.read_piece(entry, piece, buf)
+        _pwrite_all(fd, buf, piece.offset)
         if progress:
-            progress(c.size)
-
-    def _piece_to(self, entry: FileEntry, fd: int, off: int, progress: Progress | None) -> None:
-        src = os.open(self.image / entry.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            n = min(COPY_PIECE, entry.size - off)
-            data = os.pread(src, n, off)
-            if len(data) != n:
-                raise ImageCorrupt(f"{self.image / entry.path} is shorter than its {entry.size} bytes")
-            _pwrite_all(fd, memoryview(data), off)
-        finally:
-            os.close(src)
-        if progress:
-            progress(n)
+            progress(piece.size)
 
     def materialize(self, prefixes: tuple[str, ...], dest: Path, progress: Progress | None = None) -> Path:
         """The image's files under the top directories `prefixes` (e.g. "criu") as files
