@@ -44,7 +44,6 @@ from pathlib import Path
 
 from cr_baseline import open_bench
 
-from gpuos.runtime import Runtime
 from gpuos.store import ImageStore
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
@@ -142,7 +141,7 @@ def served(proc: subprocess.Popen, d: Path) -> int:
     return int((d / "ready").read_text())
 
 
-def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None, request_s: float,
+def timed_restore(env: dict, image: str, d: Path, n: int, reference: str, request_s: float,
                   eager: bool) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for stale in d.glob(f"resp-{n}*"):
@@ -158,11 +157,11 @@ def timed_restore(env: dict, image: str, d: Path, n: int, reference: str | None,
     first = got["answered"] - t0
     return {"first_answer_s": first, "overhead_s": first - request_s, "restore_cmd_s": after_restore - t0,
             "timings": res.get("timings", {}), "fills": res.get("fills", {}),
-            "correct": reference is None or got["output"] == reference,
+            "correct": got["output"] == reference,
             "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}
 
 
-def run_model(model: str, rt: Runtime, home: Path, replicas: int) -> dict:
+def run_model(model: str, home: Path, replicas: int) -> dict:
     work = home / "work"
     work.mkdir(exist_ok=True)
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot-tier"))
@@ -295,14 +294,14 @@ def main() -> None:
     args = ap.parse_args()
     PR_SET_CHILD_SUBREAPER = 36
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    rt, home, result = open_bench("coldstart", args.home)
+    _, home, result = open_bench("coldstart", args.home)
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"coldstart-{tag}-{result['date'][:10]}.json"
     try:
         for model in args.models.split(","):
-            result["rows"].append(run_model(model, rt, home, args.replicas))
+            result["rows"].append(run_model(model, home, args.replicas))
             path.write_text(json.dumps(result, indent=2) + "\n")
             print(f"{model} done; wrote {path}", flush=True)
     finally:

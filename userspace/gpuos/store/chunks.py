@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import Busy, ImageCorrupt
+from ..errors import Busy, GpuosError, ImageCorrupt
 from ..manifest import Chunk
 
 LOCK_NAME = "lock"
@@ -142,18 +142,15 @@ class ChunkStore:
         has it; checked against its name unless verify is False.  ImageCorrupt if it is
         missing, short or changed (`where` says what the image wanted it for)."""
         what = f"chunk {chunk.id}" + (f" ({where})" if where else "")
-        fd, packed = -1, False
-        for path, is_packed in ((self.hot_path(chunk.id), False), (self.path(chunk.id), False),
-                                (self.path(chunk.id).with_name(chunk.id[2:] + ZST), True)):
-            if path is None:
-                continue
-            try:
-                fd, packed = os.open(path, os.O_RDONLY | os.O_CLOEXEC), is_packed
-                break
-            except FileNotFoundError:
-                continue
+        hot = self.hot_path(chunk.id)
+        path = hot if hot is not None and hot.exists() else self.stored(chunk.id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if path else -1
+        except FileNotFoundError:
+            fd = -1
         if fd < 0:
             raise ImageCorrupt(f"{what} is missing from {self.root}")
+        packed = path.name.endswith(ZST)
         try:
             if packed:
                 _unpack_into(fd, buf, what)
@@ -175,7 +172,7 @@ class ChunkStore:
     def warm(self, chunks: Iterable[Chunk]) -> int:
         """Copy chunks into the hot tier (those it lacks); bytes copied."""
         if self.hot is None:
-            raise ImageCorrupt("no hot tier configured")  # not reached: callers pass hot_base
+            raise GpuosError("no hot tier configured ($GPUOS_HOT)")
         copied = 0
         for c in {c.id: c for c in chunks}.values():
             dst = self.hot_path(c.id)
