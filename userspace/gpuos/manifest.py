@@ -88,6 +88,13 @@ class MovableMemory:
     bytes: int
     ranges: list[MovableRange]
 
+    def offsets(self) -> list[int]:
+        """Where each range starts in the file, and (last) where the file ends."""
+        out = [0]
+        for r in self.ranges:
+            out.append(out[-1] + r.reserved)
+        return out
+
     @classmethod
     def from_dict(cls, d: dict) -> "MovableMemory":
         """From its JSON form (a manifest's or a journal's)."""

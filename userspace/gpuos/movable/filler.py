@@ -72,7 +72,7 @@ def order(mem: MovableMemory) -> list[int]:
 def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
     """The file's pieces by allocation, in the order to fill them (a piece across an
     allocation's start, which the store never makes, is refused)."""
-    starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(len(mem.ranges) + 1)]
+    starts = mem.offsets()
     out, i = [], 0
     for p in content.pieces(content.entry(mem.file)):
         if p.chunk is None:  # a whole file's range (formats 1-4): split at allocation starts

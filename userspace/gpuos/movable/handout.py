@@ -293,8 +293,7 @@ def source(h: Handout) -> Source:
 def staged_source(path: Path, mem: MovableMemory) -> Source:
     """The contents captured into `path`, as the store takes them: cut at every
     allocation's start, so that an allocation's chunks do not depend on its neighbours."""
-    starts = [sum(r.reserved for r in mem.ranges[:i]) for i in range(1, len(mem.ranges))]
-    return Source(mem.file, path, mem.bytes, tuple(starts))
+    return Source(mem.file, path, mem.bytes, tuple(mem.offsets()[1:-1]))
 
 
 
