@@ -20,10 +20,13 @@ For each model (gpuos.workloads.serve: `gpt2-large` 774M parameters, `resnet50`,
 Reported per restore: time to the first answer from the start of `gpuos restore`, the
 restore overhead (that minus the request's own time), gpuos's phases, the bytes the
 restore read (logical, and from the disk), and whether the answer is the reference's.
-Per model: image size; and with `--replicas N`, N servers of the same model each
-checkpointed into the same store: the store's bytes against one image's.
+Per model: image size; scale-out (`--scale 1,2,4,8`): `gpuos restore --replicas N` of
+the image, timed until all N replicas answered a waiting request correctly; and with
+`--replicas N`, N servers of the same model each checkpointed into the same store: the
+store's bytes against one image's.
 
-    python3 bench/coldstart.py [--models gpt2-large,resnet50] [--replicas 4] [--home /var/tmp]
+    python3 bench/coldstart.py [--models gpt2-large,resnet50] [--replicas 4] [--scale 1,2,4,8]
+                               [--home /var/tmp]
 
 Writes bench/results/coldstart-<gpu>-<date>.json after every model, prints a Markdown table.
 """
@@ -161,7 +164,42 @@ def timed_restore(env: dict, image: str, d: Path, n: int, reference: str, reques
             "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}
 
 
-def run_model(model: str, home: Path, replicas: int) -> dict:
+def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
+    """`gpuos restore --replicas n` (on demand, warm store) with a request waiting: the time
+    until every replica answered it (each appends its answer to d/answers)."""
+    request(d, 1)
+    t0 = time.time()
+    print(f"{image}: {n} replicas", flush=True)
+    try:
+        res = cli(env, "restore", image, "--replicas", str(n))
+    except RuntimeError as exc:  # e.g. not enough GPU memory for n copies: refused, said
+        (d / "req-1").unlink()
+        return {"n": n, "error": str(exc)[-500:]}
+    after_restore = time.time()
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            got = [a for a in map(json.loads, (d / "answers").read_text().splitlines())
+                   if a["request"] == 1 and a["answered"] >= t0]
+            if len(got) >= n or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+    finally:
+        for r in res["replicas"]:
+            kill(r["init"])  # a replica's pid 1: the whole replica ends with it
+        (d / "req-1").unlink()
+    out = {"n": n, "answered": len(got), "restore_cmd_s": after_restore - t0,
+           "first_answer_s": min(a["answered"] for a in got) - t0 if got else None,
+           "all_answered_s": max(a["answered"] for a in got) - t0 if len(got) == n else None,
+           "distinct_replicas": len({a["token"] for a in got}),
+           "correct": len(got) == n and all(a["output"] == reference for a in got),
+           "timings": res.get("timings", {})}
+    print(f"{image}: {n} replicas: all answered after {out['all_answered_s']} s, correct={out['correct']}, "
+          f"phases {json.dumps(out['timings'])}", flush=True)
+    return out
+
+
+def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
     work = home / "work"
     work.mkdir(exist_ok=True)
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot-tier"))
@@ -203,6 +241,8 @@ def run_model(model: str, home: Path, replicas: int) -> dict:
         if cache == "hot":
             cli(env, "images", "cool", image)
     row["restore"] = restores
+    if scale:
+        row["scale_out"] = [scale_out(env, image, d, n, cold["reference"]) for n in scale]
     cli(env, "images", "cool", image)
 
     if replicas > 1:
@@ -285,13 +325,36 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def scale_markdown(results: list[dict]) -> str:
+    """Scale-out: seconds from `gpuos restore --replicas N` to every replica's first correct
+    answer, and that per replica."""
+    lines = ["| model | N | all N answered | first answer | restore command | per replica | vs N = 1 | answers identical |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for result in results:
+        for r in result["rows"]:
+            base = next((x["all_answered_s"] for x in r.get("scale_out", []) if x["n"] == 1 and x.get("all_answered_s")), None)
+            for x in r.get("scale_out", []):
+                name = f"{r['model']} ({result['device'].replace('NVIDIA ', '')})"
+                if x.get("all_answered_s") is None:
+                    lines.append(f"| {name} | {x['n']} | - | - | - | - | - | {x.get('error', 'not all answered')[:80]} |")
+                    continue
+                rel = f"{x['all_answered_s'] / base:.2f}x" if base else "-"
+                lines.append(f"| {name} | {x['n']} | {x['all_answered_s']:.2f} s | {x['first_answer_s']:.2f} s "
+                             f"| {x['restore_cmd_s']:.2f} s | {x['all_answered_s'] / x['n']:.2f} s "
+                             f"| {rel} | {x['correct']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gpt2-large,resnet50")
     ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--scale", default="1,2,4,8",
+                    help="Replica counts for `gpuos restore --replicas N` (empty: none)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--home", default="/var/tmp", help="Where the store goes: a disk, not a tmpfs")
     args = ap.parse_args()
+    scale = [int(x) for x in args.scale.split(",") if x]
     PR_SET_CHILD_SUBREAPER = 36
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _, home, result = open_bench("coldstart", args.home)
@@ -301,12 +364,13 @@ def main() -> None:
     path = outdir / f"coldstart-{tag}-{result['date'][:10]}.json"
     try:
         for model in args.models.split(","):
-            result["rows"].append(run_model(model, home, args.replicas))
+            result["rows"].append(run_model(model, home, args.replicas, scale))
             path.write_text(json.dumps(result, indent=2) + "\n")
             print(f"{model} done; wrote {path}", flush=True)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     print(markdown([result]))
+    print(scale_markdown([result]))
 
 
 if __name__ == "__main__":

@@ -126,8 +126,23 @@ class FakeDriver:
     # -- plumbing ------------------------------------------------------------
     def _state(self, pid: int) -> str:
         if pid not in self.states:
+            self._adopt_replica(pid)
+        if pid not in self.states:
             raise GpuosError(f"cuCheckpointProcessGetState (pid {pid}) failed: CUDA_ERROR_NOT_FOUND")
         return self.states[pid]
+
+    def _adopt_replica(self, pid: int) -> None:
+        """A real process in a pid namespace of its own that calls itself a pid we know is a
+        replica restored from that process's image: checkpointed, like the image, and, like
+        the driver, we name its restore thread as it sees it."""
+        try:
+            own = procs.own_pid(pid)
+        except GpuosError:
+            return
+        if own != pid and own in self.states:
+            self.states[pid] = CHECKPOINTED
+            self.usage[pid] = self.usage[own]
+            self.runners[pid] = self.runners[own]
 
     def _maybe_fail(self, method: str, pid: int) -> None:
         pending = self._failures.get((method, pid))
@@ -139,8 +154,9 @@ class FakeDriver:
             states = procs.thread_states(pid)
         except GpuosError:
             return  # not a real process
+        runner = procs.thread_by_own_id(pid, self.runners.get(pid, pid))
         self.running_threads += [(method, pid, tid, st) for tid, st in states.items()
-                                 if tid != self.runners.get(pid, pid) and st not in ("t", "T")]
+                                 if tid != runner and st not in ("t", "T")]
 
     def _transition(self, method: str, pid: int, before: str, after: str) -> None:
         self.calls.append((method, pid))

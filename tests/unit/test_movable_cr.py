@@ -10,6 +10,7 @@ or a working criu."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -59,7 +60,7 @@ def app(libgpuos_build, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
     env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
                LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"), GPUOS_HOME=str(tmp_path / "runhome"))
-    with open(out, "w") as o, open(err, "w") as e:
+    with open(out, "a") as o, open(err, "a") as e:  # appended: replicas of it write there too
         run = subprocess.Popen([*GPUOS, "run", "-q", "--", str(libgpuos_build / "tests" / "t_agent"), str(stop), "5"],
                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     pid = wait_for(lambda: ready_pid(out), "t_agent to allocate")
@@ -458,6 +459,60 @@ def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home,
     actions = recover(home.run, store, lambda: driver)
     assert any(f"killed pids {pid}" in a.action for a in actions), actions
     wait_for(lambda: not procs.exists(pid), "recovery to end the process, and it to be reaped")
+    restore("again", home.run, store, lambda: driver, criu)
+    stop.touch()
+    wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
+
+
+def test_replicas_each_get_their_gpu_memory_back(app, criu_bin, home, store, tmp_path):
+    """Two replicas of one image, each in namespaces of its own: the driver, the restore
+    thread and the agent are reached by our pids, each gets all its memory, on demand,
+    and each t_agent checks every byte of it to the end."""
+    pid, out, err, stop = app
+    driver, criu, res = checkpointed(pid, "many", home, store, criu_bin, tmp_path)
+    (mem,) = res.manifest.movable
+    back = restore("many", home.run, store, lambda: driver, criu, replicas=2)
+    try:
+        hosts = [pl.pids[pid] for pl in back.placements]
+        assert len(set(hosts)) == 2 and [procs.own_pid(h) for h in hosts] == [pid, pid]
+        assert all(pl.init and procs.stat(pl.root).ppid == pl.init for pl in back.placements)
+        assert sorted(back.fills) == sorted(hosts)
+        assert all(f.bytes == mem.bytes and f.on_demand for f in back.fills.values())
+        assert all(driver.calls_for(h)[-2:] == ["restore", "unlock"] for h in hosts)
+        assert driver.running_threads == []  # the restore thread found by its id in the namespace
+        stop.touch()
+        wait_for(lambda: out.read_text().count("ok ") == 2, "both replicas to finish", timeout=60)
+        assert err.read_text() == "", err.read_text()
+    finally:
+        for pl in back.placements:
+            pl.kill()
+
+
+def test_gpuos_killed_while_replicas_fill_leaves_none(app, criu_bin, home, store, tmp_path):
+    """Replicas are all or none: gpuos SIGKILLed while it fills them, `gpuos recover` ends
+    every replica (their pid 1), and the image restores again."""
+    pid, out, err, stop = app
+    driver, criu, _ = checkpointed(pid, "again", home, store, criu_bin, tmp_path)
+    hold = tmp_path / "held"
+    child = os.fork()
+    if child == 0:
+        try:
+            os.environ.update(GPUOS_TEST_HOLD_AT="movable-fill", GPUOS_TEST_HOLD_FILE=str(hold))
+            drv = FakeDriver()
+            drv.add(pid)
+            restore("again", home.run, store, lambda: drv, Criu(criu_bin, tmp_path / "plugins"), replicas=3)
+        finally:
+            os._exit(0)
+    wait_for(hold.exists, "gpuos to reach movable-fill")
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    (journal,) = home.run.glob("op-*.json")
+    inits = [p for p, _ in json.loads(journal.read_text())["replica_inits"]]
+    assert len(inits) == 3 and all(procs.alive(p) for p in inits)
+    actions = recover(home.run, store, lambda: driver)
+    assert all(a.ok for a in actions) and any("ended the replicas" in a.action for a in actions), actions
+    wait_for(lambda: not any(procs.alive(p) for p in inits), "recovery to end every replica")
+    assert list(home.run.glob("op-*.json")) == []
     restore("again", home.run, store, lambda: driver, criu)
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)

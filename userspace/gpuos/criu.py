@@ -69,10 +69,13 @@ class Criu:
                 f"criu {text} at {self.binary} is too old; gpuos needs {'.'.join(map(str, MIN_VERSION))} or newer")
         return text
 
+    def command(self, args: list[str]) -> list[str]:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        return [str(self.binary), *args, "--libdir", str(self.plugin_dir), "-v4"]
+
     def _run(self, args: list[str], log: Path, what: str, pass_fds: tuple[int, ...] = (),
              job_tty: int | None = None) -> float:
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [str(self.binary), *args, "--libdir", str(self.plugin_dir), "-v4"]
+        cmd = self.command(args)
         t0 = time.monotonic()
         # Its own session: a tree restored with --shell-job joins criu's session and process
         # group, and must not join the terminal's (a ^C there would reach it). A shell's job
@@ -104,12 +107,22 @@ class Criu:
         time taken. ``inherit`` maps CRIU's name of an external resource (``tty[rdev:dev]``)
         to an open fd of ours that stands for it; ``job_tty``: the terminal a shell's job
         comes back on (our controlling terminal; criu then runs in our session)."""
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / PIDFILE).unlink(missing_ok=True)
-        args = ["restore", "-D", str(images), "-W", str(workdir), "-o", RESTORE_LOG,
-                "--restore-detached", "--leave-stopped", "--pidfile", PIDFILE, *options]
+        args = self.restore_args(images, workdir, options)
         for key, fd in (inherit or {}).items():
             args += ["--inherit-fd", f"fd[{fd}]:{key}"]
         elapsed = self._run(args, workdir / RESTORE_LOG, "restore", tuple((inherit or {}).values()),
                             job_tty)
-        return int((workdir / PIDFILE).read_text().strip()), elapsed
+        return restored_root(workdir), elapsed
+
+    @staticmethod
+    def restore_args(images: Path, workdir: Path, options: list[str]) -> list[str]:
+        """A detached restore that leaves every task stopped and writes the root's pid (as
+        CRIU sees it) in ``workdir``."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / PIDFILE).unlink(missing_ok=True)
+        return ["restore", "-D", str(images), "-W", str(workdir), "-o", RESTORE_LOG,
+                "--restore-detached", "--leave-stopped", "--pidfile", PIDFILE, *options]
+
+
+def restored_root(workdir: Path) -> int:
+    return int((workdir / PIDFILE).read_text().strip())

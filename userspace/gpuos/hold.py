@@ -265,10 +265,16 @@ def hold(pid: int, runner: int | None = None, timeout: float = 10.0) -> ThreadHo
     return h
 
 
+def restore_thread(driver: "GpuDriver", pid: int) -> int:
+    """The driver's restore thread of ``pid``, by our id: the driver names it as the
+    process sees it, which differs for a process in a pid namespace of its own (a replica)."""
+    return procs.thread_by_own_id(pid, driver.restore_thread(pid))
+
+
 def checkpoint_gpu(driver: "GpuDriver", pid: int) -> None:
     """The driver's checkpoint of a locked process, which is left stopped as a whole (for
     CRIU), or, if the checkpoint fails, left locked and running as before."""
-    h = hold(pid, driver.restore_thread(pid))
+    h = hold(pid, restore_thread(driver, pid))
     try:
         driver.checkpoint(pid)
     except BaseException:
@@ -283,7 +289,7 @@ def resume_gpu(driver: "GpuDriver", pid: int, gpu_pairs: dict[str, str]) -> str:
     the error raised. Returns what was done."""
     # The driver answers through the restore thread: ask only once it runs (a query of a
     # stopped process waits for ever; measured on H100, r580).
-    h = hold(pid, driver.restore_thread(pid))
+    h = hold(pid, restore_thread(driver, pid))
     try:
         state = driver.state(pid)
     except BaseException:

@@ -60,6 +60,7 @@ class JournalRecord:
     # restore: the processes CRIU brought back, [pid, starttime] (a restore that dies before
     # they are whole leaves them waiting for memory only it had: recovery ends them)
     restored: list[list[int]] = field(default_factory=list)
+    replica_inits: list[list[int]] = field(default_factory=list)  # [pid 1 of each replica, start time]
 
 
 class Operation:
@@ -230,6 +231,21 @@ def _end_restored(restored: list[list[int]]) -> str:
             "before their GPU memory was back; the image is intact")
 
 
+def _end_replicas(inits: list[list[int]]) -> str:
+    """A restore of replicas whose gpuos died: every replica it had started ends (killing a
+    replica's pid 1 ends everything in its namespace)."""
+    killed = []
+    for pid, start in inits:
+        try:
+            if procs.stat(pid).starttime == start:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (NoSuchProcess, ProcessLookupError):
+            pass
+    return (f"ended the replicas of pid 1 {', '.join(map(str, killed)) or '(none left)'}, restored by a gpuos "
+            "that died before all were back; the image is intact")
+
+
 def recover(run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver]) -> list[RecoveryAction]:
     """Finish or undo every operation whose gpuos died; see the module comment."""
@@ -246,7 +262,9 @@ def recover(run_dir: Path, store: ImageStore,
                 actions.append(RecoveryAction(jpath.stem, f"unreadable journal {jpath}: {exc}", False))
                 continue
             ok = True
-            for pid in rec.gpu_pids:
+            if rec.kind == "restore" and rec.replica_inits:  # replicas: all or none
+                actions.append(RecoveryAction(rec.op_id, _end_replicas(rec.replica_inits), True))
+            for pid in rec.gpu_pids if not rec.replica_inits else []:
                 try:
                     if driver is None:
                         driver = driver_factory()
@@ -254,7 +272,7 @@ def recover(run_dir: Path, store: ImageStore,
                 except GpuosError as exc:
                     msg, ok = f"pid {pid}: {exc.message}", False
                 actions.append(RecoveryAction(rec.op_id, msg, ok))
-            if rec.kind == "restore" and rec.phase == "movable-fill":
+            if rec.kind == "restore" and rec.phase == "movable-fill" and not rec.replica_inits:
                 actions.append(RecoveryAction(rec.op_id, _end_restored(rec.restored), True))
             if rec.kind == "restore":
                 shutil.rmtree(run_dir / f"restore-{rec.op_id}", ignore_errors=True)

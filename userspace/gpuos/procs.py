@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,39 @@ def tree(pid: int) -> list[int]:
         except NoSuchProcess:
             order.remove(p)
     return order
+
+
+def ns_pids(pid: int, tid: int | None = None) -> list[int]:
+    """The task's ids from ours to its innermost pid namespace (``NSpid``): one entry for a
+    task of our own namespace; the last is the id the task itself sees."""
+    where = PROC / str(pid) / ("task/" + str(tid) if tid is not None else "") / "status"
+    try:
+        text = where.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        raise NoSuchProcess(f"no process with pid {pid}") from None
+    m = re.search(r"^NSpid:\s*(.*)$", text, re.M)
+    return [int(x) for x in m.group(1).split()] if m else [pid]
+
+
+def own_pid(pid: int) -> int:
+    """The id process ``pid`` (ours) has in its own pid namespace: what its getpid() says."""
+    return ns_pids(pid)[-1]
+
+
+def thread_by_own_id(pid: int, own_tid: int) -> int:
+    """The id here of the thread of ``pid`` that calls itself ``own_tid`` (a process in a pid
+    namespace of its own reports its threads by its namespace's ids)."""
+    if len(ns_pids(pid)) == 1:
+        return own_tid
+    for tid in tids(pid):
+        try:
+            if ns_pids(pid, tid)[-1] == own_tid:
+                return tid
+        except NoSuchProcess:
+            continue
+    if own_tid in tids(pid):  # named by our ids after all
+        return own_tid
+    raise NoSuchProcess(f"pid {pid} has no thread {own_tid} in its namespace")
 
 
 @dataclass

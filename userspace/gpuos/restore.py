@@ -19,7 +19,7 @@ import shutil
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,17 +35,22 @@ from .journal import Operation
 from .manifest import CRIU_DIR, GpuInfo, Manifest
 from .movable import filler
 from .observe import Observer, Silent
+from .replicas import Placement, restore_one
 from .store import ImageStore
 from .store.content import workers
 
 
+MAX_REPLICAS = 256
+
+
 @dataclass
 class RestoreResult:
-    pid: int
+    pid: int  # our pid of the restored root (the first replica's)
     manifest: Manifest
     timings: dict[str, float]
     gpu_map: dict[str, str]  # image GPU UUID -> GPU restored onto
-    fills: dict[int, filler.FillStats]  # per process with movable memory
+    fills: dict[int, filler.FillStats]  # per process with movable memory, by our pid
+    placements: list[Placement]  # one per copy: where the image's pids landed
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -80,9 +85,10 @@ def resolve_onto(specs: list[str], wanted: list[GpuInfo], devices: list[GpuDevic
 
 
 def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice],
-              onto: dict[str, str] | None = None) -> dict[str, str]:
+              onto: dict[str, str] | None = None, copies: int = 1) -> dict[str, str]:
     """Map each of the image's GPUs to one here: the one ``onto`` names, else the same UUID
-    if present, else a free GPU of the same model with room for what the image held."""
+    if present, else a free GPU of the same model with room for what the image held
+    (``copies`` times: replicas share their GPUs)."""
     mapping: dict[str, str] = {}
     by_uuid = {d.uuid: d for d in devices}
     onto = onto or {}
@@ -92,17 +98,18 @@ def plan_gpus(wanted: list[GpuInfo], devices: list[GpuDevice],
         if here is None or (g.uuid not in onto and here.uuid in taken):
             same = [d for d in devices if d.name == g.name and d.uuid not in taken
                     and d.uuid not in {w.uuid for w in wanted}]
-            here = next((d for d in same if d.memory_free >= g.memory_used_by_image),
+            here = next((d for d in same if d.memory_free >= g.memory_used_by_image * copies),
                         same[0] if same else None)
         if here is None:
             have = ", ".join(sorted({d.name for d in devices})) or "none"
             raise GpuMismatch(f"the image needs a {g.name} (was {g.uuid}); GPUs here: {have}")
         if here.name != g.name:
             raise GpuMismatch(f"GPU {g.uuid} is now a {here.name}, the image was made on a {g.name}")
-        if here.memory_free < g.memory_used_by_image:
+        if here.memory_free < g.memory_used_by_image * copies:
             raise InsufficientGpuMemory(
                 f"{here.name} {here.uuid} has {here.memory_free >> 20} MiB free; "
-                f"the image needs {g.memory_used_by_image >> 20} MiB")
+                f"the image needs {g.memory_used_by_image >> 20} MiB"
+                + (f", {copies} replicas {g.memory_used_by_image * copies >> 20} MiB" if copies > 1 else ""))
         taken.add(here.uuid)
         mapping[g.uuid] = here.uuid
     return mapping
@@ -219,9 +226,14 @@ def read_dir(store: ImageStore, run_dir: Path, op_id: str, size: int) -> Path:
 def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
             observer: Observer = Silent(), tty: str | None = None,
-            gpus: list[str] | None = None, on_demand: bool = True) -> RestoreResult:
+            gpus: list[str] | None = None, on_demand: bool = True,
+            replicas: int | None = None) -> RestoreResult:
     """on_demand: a process under `gpuos run` goes on as soon as its context is back, its
-    movable memory streamed in behind it; else (eager) once all of it is back."""
+    movable memory streamed in behind it; else (eager) once all of it is back.  replicas:
+    that many copies, each in namespaces of its own (replicas.py), all or none; None: one
+    copy in ours, with the image's own pids."""
+    if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+        raise RestoreFailed(f"--replicas {replicas}: between 1 and {MAX_REPLICAS}")
     t_open = time.monotonic()
     image = store.resolve(image_ref)
     manifest = store.load(image)
@@ -238,11 +250,11 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             held.callback(ahead.join)  # a readahead of what the restore has read already stops
             held.callback(done.set)
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus, on_demand, time.monotonic() - t_open)
+                        observer, tty, gpus, on_demand, replicas, time.monotonic() - t_open)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus, on_demand, open_s) -> RestoreResult:
+             tty, gpus, on_demand, replicas, open_s) -> RestoreResult:
     timings: dict[str, float] = {"open": open_s}  # the manifest read, the store locked
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
@@ -261,8 +273,13 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
             raise GpuMismatch(f"the image was made with driver {manifest.driver.version}; "
                               f"this host runs {here.version}")
         devices = driver.devices()
-        gpu_map = plan_gpus(manifest.gpus, devices, resolve_onto(gpus or [], manifest.gpus, devices))
-    check_pids_free(manifest)
+        gpu_map = plan_gpus(manifest.gpus, devices, resolve_onto(gpus or [], manifest.gpus, devices),
+                            copies=replicas or 1)
+    if replicas is None:
+        check_pids_free(manifest)
+    elif manifest.terminals:
+        raise RestoreFailed(f"the image's processes had terminal {manifest.terminals[0].path}; replicas "
+                            "run detached, in namespaces of their own: restore it without --replicas")
     criu.check_version()
     timings["checks"] = time.monotonic() - t0
 
@@ -309,10 +326,17 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         op.finish()
         raise
     relinked = links.put_back(base)
+    placements: list[Placement] = []
     try:
         with phase("criu-restore"):
-            root, _ = criu.restore(base / CRIU_DIR, workdir, manifest.criu_options, terminal_fds, job_tty)
+            if replicas is None:
+                root, _ = criu.restore(base / CRIU_DIR, workdir, manifest.criu_options, terminal_fds, job_tty)
+                placements.append(Placement(root=root, pids={p.pid: p.pid for p in manifest.processes}))
+            else:
+                placements.extend(_restore_replicas(replicas, criu, base / CRIU_DIR, workdir, manifest, op))
     except GpuosError as exc:
+        for pl in placements:
+            pl.kill()
         links.remove(relinked)
         cleanup()
         op.finish()
@@ -321,29 +345,72 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
             os.close(fd)
     cleanup()  # CRIU has read it all
-    op.record.restored = [[p.pid, procs.stat(p.pid).starttime] for p in manifest.processes if procs.exists(p.pid)]
+    op.record.restored = [s for pl in placements for s in pl.starts()]
+    op.record.gpu_pids = [pl.pids[gp] for pl in placements for gp in gpu_pids]
     op.save()
     fills: dict[int, filler.FillStats] = {}
     try:
-        if gpu_pids:
-            with phase("gpu-restore"):
-                for gp in gpu_pids:
-                    resume_gpu(driver, gp, pairs)
-        if manifest.movable:  # they wait at their CUDA calls for their movable memory
-            with phase("movable-fill"), ThreadPoolExecutor(max_workers=workers()) as pool:
-                for mem in manifest.movable:
-                    fills[mem.pid] = filler.fill(mem.pid, mem, content, pool, on_demand)
+        with ThreadPoolExecutor(max_workers=len(placements) * max(1, len(manifest.movable))) as each:
+            if gpu_pids:
+                with phase("gpu-restore"):
+                    _all(each, [(resume_gpu, driver, pl.pids[gp], pairs) for pl in placements for gp in gpu_pids])
+            if manifest.movable:  # they wait at their CUDA calls for their movable memory
+                with phase("movable-fill"), ThreadPoolExecutor(max_workers=workers()) as pool:
+                    jobs = [(pl.pids[mem.pid], mem) for pl in placements for mem in manifest.movable]
+                    done = _all(each, [(filler.fill, pid, mem, content, pool, on_demand) for pid, mem in jobs])
+                    fills = {pid: f for (pid, _), f in zip(jobs, done)}
     except GpuosError as exc:
-        _kill_tree([p.pid for p in manifest.processes])
+        for pl in placements:
+            pl.kill()
+        _kill_tree([pid for pl in placements for pid in pl.pids.values()])
         op.finish()
         failed = ImageCorrupt if isinstance(exc, ImageCorrupt) else RestoreFailed  # a chunk: exit 10
         raise failed(f"{exc.message}; the restored processes were killed, the image is intact") from None
-    for p in manifest.processes:  # criu left every task stopped; the CUDA ones run already
-        if p.pid not in gpu_pids:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    for pl in placements:  # criu left every task stopped; the CUDA ones run already
+        for p in manifest.processes:
+            if p.pid not in gpu_pids:
+                try:
+                    os.kill(pl.pids[p.pid], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
-    return RestoreResult(pid=root, manifest=manifest, timings=dict(op.timings), gpu_map=gpu_map, fills=fills)
+    return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),
+                         gpu_map=gpu_map, fills=fills, placements=placements)
+
+
+def _all(pool: ThreadPoolExecutor, calls: list[tuple]) -> list:
+    """Run every call on the pool; their results in order, or the first error once all ended
+    (none is left running behind a failure)."""
+    futures = [pool.submit(fn, *args) for fn, *args in calls]
+    wait(futures)
+    for f in futures:
+        if f.exception() is not None:
+            raise f.exception()
+    return [f.result() for f in futures]
+
+
+def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest: Manifest,
+                      op: Operation) -> list[Placement]:
+    """N replicas restored by CRIU at once, all or none. Each replica's pid 1 goes into the
+    journal as soon as it exists: a gpuos that dies now leaves none behind (`gpuos recover`)."""
+    lock = threading.Lock()
+
+    def noted(pid: int) -> None:
+        with lock:
+            op.record.replica_inits.append([pid, procs.stat(pid).starttime])
+            op.save()
+
+    image_pids = [p.pid for p in manifest.processes]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(restore_one, criu, images, workdir / f"replica-{k}",
+                               manifest.criu_options, image_pids, noted) for k in range(n)]
+        wait(futures)
+    placed = [f.result() for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for pl in placed:
+            pl.kill()
+        err = failed[0]
+        raise err if isinstance(err, GpuosError) else GpuosError(str(err))
+    return placed

@@ -157,10 +157,13 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 @click.option("--gpu", "gpus", metavar="N|UUID|OLD=N", multiple=True,
               help="Restore onto this GPU (index or UUID) instead of the one the image used; "
                    "for an image of several GPUs, OLD_UUID=N once per GPU to move.")
+@click.option("--replicas", type=click.IntRange(1, 256), metavar="N",
+              help="Start N copies of the image's processes, each in pid, network and mount "
+                   "namespaces of its own (as in a container: loopback only), all or none.")
 @json_option
 @click.pass_obj
 def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str | None,
-                gpus: tuple[str, ...], as_json: bool) -> None:
+                gpus: tuple[str, ...], replicas: int | None, as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
     Checks first, changing nothing if any fails: the image is complete, a GPU of
@@ -176,6 +179,12 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     `gpuos run` goes on at once while gpuos streams its GPU memory back behind it,
     each launch waiting only for the memory it touches (--eager: once all is back).
     The processes continue where they were checkpointed. Needs root.
+
+    --replicas N starts N copies at once from one read of the image, for a
+    scale-out: each copy keeps the image's pids inside a pid namespace of its
+    own (its processes have other pids here), has a network of its own with
+    loopback only, and ends when its pid 1 is killed. If one copy fails, none
+    is left running.
     """
     startup = procs.age(os.getpid())  # the interpreter and gpuos's imports, for the report
     rep = Reporter(quiet=as_json)
@@ -184,13 +193,22 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     from ..restore import restore
 
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
-                  observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager)
+                  observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager, replicas=replicas)
     res.timings["startup"] = startup
     if as_json:
-        emit_json({"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
-                   "fills": {str(p): f for p, f in res.fills.items()}})
+        out = {"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
+               "fills": {str(p): f for p, f in res.fills.items()}}
+        if replicas is not None:
+            out["replicas"] = [{"pid": pl.root, "init": pl.init, "pids": {str(k): v for k, v in pl.pids.items()}}
+                               for pl in res.placements]
+        emit_json(out)
         return
-    click.echo(f"restored pid {res.pid} ({' '.join(res.manifest.processes[0].cmdline)[:80]})")
+    what = " ".join(res.manifest.processes[0].cmdline)[:80]
+    if replicas is None:
+        click.echo(f"restored pid {res.pid} ({what})")
+    else:
+        click.echo(f"restored {len(res.placements)} replicas of {what}: pids "
+                   + ", ".join(f"{pl.root} (pid 1 {pl.init})" for pl in res.placements))
     click.echo(table(["phase", "seconds"], [[k, f"{v:.3f}"] for k, v in res.timings.items()]))
     for pid, f in res.fills.items():
         click.echo(f"pid {pid}: {human_bytes(f.bytes)} of GPU memory back in {f.seconds:.3f} s, "

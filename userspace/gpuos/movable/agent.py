@@ -3,11 +3,14 @@ here; tests/unit/test_movable_agent.py checks the layouts against the header).""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import struct
+import threading
 from dataclasses import dataclass
 
+from .. import procs
 from ..errors import GpuosError
 
 MAGIC = 0x544E4741
@@ -28,6 +31,10 @@ REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiIQ")
 PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
+
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class AgentError(GpuosError):
@@ -54,8 +61,45 @@ class Reply:
     msg: str
 
 
-def agent_address(pid: int) -> bytes:
-    return b"\0" + f"{NAME}{pid}".encode()
+def agent_name(pid: int) -> str:
+    """libgpuos names its agent by its pid as the process sees it (a replica's, in a pid
+    namespace of its own, is not ours)."""
+    try:
+        return f"{NAME}{procs.own_pid(pid)}"
+    except GpuosError:
+        return f"{NAME}{pid}"
+
+
+def _socket_in_net_of(pid: int) -> socket.socket:
+    """A unix socket in the network namespace of ``pid``, where its agent's abstract name
+    lives: made on a thread of ours that joined that namespace (a thread's own, setns(2))."""
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        theirs = None
+    if theirs is None or theirs == os.stat("/proc/self/ns/net").st_ino:
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    made: list = []
+
+    def make() -> None:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err))
+            finally:
+                os.close(fd)
+            made.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        except OSError as exc:
+            made.append(exc)
+
+    t = threading.Thread(target=make, name="gpuos-netns")  # the thread ends, its namespace with it
+    t.start()
+    t.join()
+    if isinstance(made[0], OSError):
+        raise AgentError(f"cannot join the network namespace of pid {pid}: {made[0].strerror or made[0]}")
+    return made[0]
 
 
 def agent_sockets(pid: int) -> list[str]:
@@ -63,7 +107,8 @@ def agent_sockets(pid: int) -> list[str]:
     "listening" or "not listening" (accepted connections carry the listener's name)."""
     try:
         with open(f"/proc/{pid}/net/unix", "rb") as f:
-            lines = [ln.split() for ln in f if ln.rstrip().endswith(b" @" + f"{NAME}{pid}".encode())]
+            name = b" @" + agent_name(pid).encode()
+            lines = [ln.split() for ln in f if ln.rstrip().endswith(name)]
     except OSError:
         return []
     return ["listening" if int(ln[3], 16) & 0x10000 else "not listening" for ln in lines]  # __SO_ACCEPTCON
@@ -80,10 +125,10 @@ class Agent:
 
     def __init__(self, pid: int, timeout: float = 120.0):
         self.pid = pid
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = _socket_in_net_of(pid)
         self.sock.settimeout(timeout)
         try:
-            self.sock.connect(agent_address(pid))
+            self.sock.connect(b"\0" + agent_name(pid).encode())
         except OSError as exc:
             self.sock.close()
             seen = agent_sockets(pid)

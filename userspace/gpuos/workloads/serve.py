@@ -14,7 +14,8 @@ Models (random weights from the seed, so that a run needs no download):
 
 A request is a file `req-<n>` (any content) in DIR; the answer is written to `resp-<n>`
 (atomically) as one JSON line: the request, a hash of the output, the time the request
-was seen and answered.  The server polls DIR every millisecond, and writes `ready` (its
+was seen and answered, and a random token; the line is also appended to DIR/answers
+(replicas of one server share DIR: each of their answers is there).  The server polls DIR every millisecond, and writes `ready` (its
 pid) once the model is built.  Answers depend only on the model's seed and the request
 number, so a restored server must answer exactly as a server that never stopped.
 """
@@ -108,12 +109,20 @@ def main() -> None:
                 seen = time.time()
                 out = answer(n)
                 h = output_hash(out)
+                # Replicas (`gpuos restore --replicas`) share the directory, and their pids:
+                # a random token tells their answers apart, each appended to `answers`.
+                token = os.urandom(8).hex()
                 line = json.dumps({"request": n, "output": h, "seen": seen, "answered": time.time(),
-                                   "pid": os.getpid()})
-                tmp = os.path.join(d, f"resp-{n}.tmp")
+                                   "pid": os.getpid(), "token": token}) + "\n"
+                tmp = os.path.join(d, f"resp-{n}.{token}.tmp")
                 with open(tmp, "w") as f:
-                    f.write(line + "\n")
+                    f.write(line)
                 os.rename(tmp, os.path.join(d, f"resp-{n}"))
+                fd = os.open(os.path.join(d, "answers"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
                 done.add(n)
 
 
