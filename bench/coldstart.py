@@ -131,11 +131,14 @@ def cold_start(model: str, work: Path) -> dict:
 
 
 def start_served(model: str, d: Path, env: dict) -> subprocess.Popen:
-    """The server under `gpuos run`, not waited for (served() waits)."""
+    """The server under `gpuos run`, not waited for (served() waits). Its output goes
+    nowhere: CRIU restores an open file only at the size it had at the checkpoint, and a
+    log that restored copies wrote to would have grown."""
     d.mkdir()
     request(d, 0)
     return subprocess.Popen([*GPUOS, "run", "-q", "--", *SERVE, "--model", model, "--requests", str(d)],
-                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def served(proc: subprocess.Popen, d: Path) -> int:
