@@ -164,11 +164,15 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                             _journal_capture(op, h)
             if gpu_pids:
                 with phase("lock"):
+                    maps_before = {gp: procs.mappings(gp) for gp in gpu_pids}
                     for gp in gpu_pids:
                         driver.lock(gp, req.lock_timeout_ms)
                 with phase("gpu-checkpoint"):
                     for gp in gpu_pids:
                         checkpoint_gpu(driver, gp)
+                    for p in processes:
+                        if p.pid in maps_before:
+                            p.driver_saved = driver_saved(maps_before[p.pid], procs.mappings(p.pid))
             if inherited:
                 with phase("drop-inherited"):
                     for inh in inherited:
@@ -244,6 +248,13 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                 f"gpuos restore {final}` continues it from the image")
         op.finish()
         return CheckpointResult(path=final, manifest=draft, timings=dict(op.timings), stall=stall)
+
+
+def driver_saved(before: list[procs.Mapping], after: list[procs.Mapping]) -> list[list[int]]:
+    """The mappings the driver's checkpoint added or changed: where it put the GPU state
+    its restore reads back (a lazy restore must bring those pages in first)."""
+    had = {(m.start, m.end, m.perms, m.path) for m in before}
+    return [[m.start, m.end] for m in after if (m.start, m.end, m.perms, m.path) not in had]
 
 
 def _room_for_snapshots(driver: GpuDriver | None, processes: list[ProcessInfo], movable: list[int]) -> bool:

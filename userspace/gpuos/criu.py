@@ -69,9 +69,9 @@ class Criu:
                 f"criu {text} at {self.binary} is too old; gpuos needs {'.'.join(map(str, MIN_VERSION))} or newer")
         return text
 
-    def command(self, args: list[str]) -> list[str]:
+    def command(self, args: list[str], verbosity: int = 4) -> list[str]:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        return [str(self.binary), *args, "--libdir", str(self.plugin_dir), "-v4"]
+        return [str(self.binary), *args, "--libdir", str(self.plugin_dir), f"-v{verbosity}"]
 
     def _run(self, args: list[str], log: Path, what: str, pass_fds: tuple[int, ...] = (),
              job_tty: int | None = None) -> float:

@@ -61,6 +61,7 @@ class JournalRecord:
     # they are whole leaves them waiting for memory only it had: recovery ends them)
     restored: list[list[int]] = field(default_factory=list)
     replica_inits: list[list[int]] = field(default_factory=list)  # [pid 1 of each replica, start time]
+    lazy_helpers: list[list[int]] = field(default_factory=list)  # [page server / criu lazy-pages, start time]
 
 
 class Operation:
@@ -231,6 +232,21 @@ def _end_restored(restored: list[list[int]]) -> str:
             "before their GPU memory was back; the image is intact")
 
 
+def _end_lazy_helpers(helpers: list[list[int]]) -> str:
+    ended = [str(pid) for pid, start in helpers if _kill_if_same(pid, start)]
+    return f"ended the lazy-pages helpers {', '.join(ended) or '(none left)'} of a restore that never ran"
+
+
+def _kill_if_same(pid: int, start: int) -> bool:
+    try:
+        if procs.stat(pid).starttime == start:
+            os.kill(pid, signal.SIGKILL)
+            return True
+    except (NoSuchProcess, ProcessLookupError):
+        pass
+    return False
+
+
 def _end_replicas(inits: list[list[int]]) -> str:
     """A restore of replicas whose gpuos died: every replica it had started ends (killing a
     replica's pid 1 ends everything in its namespace)."""
@@ -262,6 +278,9 @@ def recover(run_dir: Path, store: ImageStore,
                 actions.append(RecoveryAction(jpath.stem, f"unreadable journal {jpath}: {exc}", False))
                 continue
             ok = True
+            if rec.kind == "restore" and rec.lazy_helpers and rec.phase in ("read", "criu-restore"):
+                # nothing runs on them yet (a later phase: they finish the restored processes' memory)
+                actions.append(RecoveryAction(rec.op_id, _end_lazy_helpers(rec.lazy_helpers), True))
             if rec.kind == "restore" and rec.replica_inits:  # replicas: all or none
                 actions.append(RecoveryAction(rec.op_id, _end_replicas(rec.replica_inits), True))
             for pid in rec.gpu_pids if not rec.replica_inits else []:

@@ -40,6 +40,10 @@ class ProcessInfo:
     uses_gpu: bool
     gpu_memory: int = 0  # bytes, as NVML reported before the checkpoint
     gpu_uuids: list[str] = field(default_factory=list)
+    # A GPU process: the [start, end) address ranges the driver's checkpoint added to or
+    # changed in its memory map (the GPU state it saved there, which its restore reads
+    # back: restored before the process runs, never lazily). None: not recorded.
+    driver_saved: list[list[int]] | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ untouched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -36,11 +37,13 @@ from .manifest import CRIU_DIR, GpuInfo, Manifest
 from .movable import filler
 from .observe import Observer, Silent
 from .replicas import Placement, restore_one
+from .hostmem import lazy
 from .store import ImageStore
 from .store.content import workers
 
 
 MAX_REPLICAS = 256
+PAGES_IMAGE = re.compile(rf"{CRIU_DIR}/pages-\d+\.img")
 
 
 @dataclass
@@ -51,6 +54,7 @@ class RestoreResult:
     gpu_map: dict[str, str]  # image GPU UUID -> GPU restored onto
     fills: dict[int, filler.FillStats]  # per process with movable memory, by our pid
     placements: list[Placement]  # one per copy: where the image's pids landed
+    host_memory: dict  # {"on_demand": bool, "why_not": reason it was not, "served": page server's counts}
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -227,11 +231,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
             observer: Observer = Silent(), tty: str | None = None,
             gpus: list[str] | None = None, on_demand: bool = True,
-            replicas: int | None = None) -> RestoreResult:
+            replicas: int | None = None, lazy_host: bool = False) -> RestoreResult:
     """on_demand: a process under `gpuos run` goes on as soon as its context is back, its
     movable memory streamed in behind it; else (eager) once all of it is back.  replicas:
     that many copies, each in namespaces of its own (replicas.py), all or none; None: one
-    copy in ours, with the image's own pids."""
+    copy in ours, with the image's own pids.  lazy_host: host memory on demand too (CRIU's
+    lazy pages, hostmem/), where it can be; else (or where not) restored before it runs."""
     if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
         raise RestoreFailed(f"--replicas {replicas}: between 1 and {MAX_REPLICAS}")
     t_open = time.monotonic()
@@ -250,11 +255,11 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             held.callback(ahead.join)  # a readahead of what the restore has read already stops
             held.callback(done.set)
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus, on_demand, replicas, time.monotonic() - t_open)
+                        observer, tty, gpus, on_demand, replicas, lazy_host, time.monotonic() - t_open)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus, on_demand, replicas, open_s) -> RestoreResult:
+             tty, gpus, on_demand, replicas, lazy_host, open_s) -> RestoreResult:
     timings: dict[str, float] = {"open": open_s}  # the manifest read, the store locked
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
@@ -281,6 +286,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         raise RestoreFailed(f"the image's processes had terminal {manifest.terminals[0].path}; replicas "
                             "run detached, in namespaces of their own: restore it without --replicas")
     criu.check_version()
+    host = {"on_demand": False, "why_not": None}
+    if lazy_host:
+        host["why_not"] = ("replicas get their host memory before they run" if replicas is not None
+                           else "an image of format 4 or older" if not manifest.chunked
+                           else lazy.unsupported(criu))
+        host["on_demand"] = host["why_not"] is None
     timings["checks"] = time.monotonic() - t0
 
     op = Operation(run_dir, "restore")
@@ -304,7 +315,14 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
 
     try:
         with phase("read"):
-            base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes))
+            if host["on_demand"]:  # CRIU's pages images: only where CRIU reads them itself
+                holes = {f.path: [] for f in manifest.files if PAGES_IMAGE.fullmatch(f.path)}
+                base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes), holes)
+                eager = {p.pid: [tuple(r) for r in p.driver_saved] if p.driver_saved is not None else None
+                         for p in manifest.processes if p.uses_gpu}
+                content.fill(base, lazy.plan(base / CRIU_DIR, eager))
+            else:
+                base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes))
     except BaseException as exc:
         cleanup()
         op.finish()
@@ -327,16 +345,25 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         raise
     relinked = links.put_back(base)
     placements: list[Placement] = []
+    helpers: lazy.LazyHost | None = None
     try:
         with phase("criu-restore"):
             if replicas is None:
-                root, _ = criu.restore(base / CRIU_DIR, workdir, manifest.criu_options, terminal_fds, job_tty)
+                options = list(manifest.criu_options)
+                if host["on_demand"]:
+                    helpers = lazy.LazyHost(criu, image, base / CRIU_DIR, workdir, store.hot_base, verify)
+                    op.record.lazy_helpers = [[pid, procs.stat(pid).starttime] for pid in helpers.pids]
+                    op.save()
+                    options.append("--lazy-pages")
+                root, _ = criu.restore(base / CRIU_DIR, workdir, options, terminal_fds, job_tty)
                 placements.append(Placement(root=root, pids={p.pid: p.pid for p in manifest.processes}))
             else:
                 placements.extend(_restore_replicas(replicas, criu, base / CRIU_DIR, workdir, manifest, op))
     except GpuosError as exc:
         for pl in placements:
             pl.kill()
+        if helpers:
+            helpers.abort()
         links.remove(relinked)
         cleanup()
         op.finish()
@@ -359,24 +386,30 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                     jobs = [(pl.pids[mem.pid], mem) for pl in placements for mem in manifest.movable]
                     done = _all(each, [(filler.fill, pid, mem, content, pool, on_demand) for pid, mem in jobs])
                     fills = {pid: f for (pid, _), f in zip(jobs, done)}
+        for pl in placements:  # criu left every task stopped; the CUDA ones run already
+            for p in manifest.processes:
+                if p.pid not in gpu_pids:
+                    try:
+                        os.kill(pl.pids[p.pid], signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+        if helpers:  # they run; each page of host memory comes in when first touched, or behind
+            with phase("host-fill"):
+                host["served"] = helpers.finish()
     except GpuosError as exc:
         for pl in placements:
             pl.kill()
         _kill_tree([pid for pl in placements for pid in pl.pids.values()])
+        if helpers:
+            helpers.abort()
         op.finish()
         failed = ImageCorrupt if isinstance(exc, ImageCorrupt) else RestoreFailed  # a chunk: exit 10
-        raise failed(f"{exc.message}; the restored processes were killed, the image is intact") from None
-    for pl in placements:  # criu left every task stopped; the CUDA ones run already
-        for p in manifest.processes:
-            if p.pid not in gpu_pids:
-                try:
-                    os.kill(pl.pids[p.pid], signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        raise failed(f"{exc.message}; the restored processes were killed, the image is intact "
+                     f"(log: {workdir})") from None
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
     return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),
-                         gpu_map=gpu_map, fills=fills, placements=placements)
+                         gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host)
 
 
 def _all(pool: ThreadPoolExecutor, calls: list[tuple]) -> list:

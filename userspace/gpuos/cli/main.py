@@ -157,13 +157,17 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 @click.option("--gpu", "gpus", metavar="N|UUID|OLD=N", multiple=True,
               help="Restore onto this GPU (index or UUID) instead of the one the image used; "
                    "for an image of several GPUs, OLD_UUID=N once per GPU to move.")
+@click.option("--host-memory", type=click.Choice(["eager", "lazy"]), default="eager", show_default=True,
+              help="lazy: the processes' host memory comes in as it is first touched, the rest "
+                   "behind it (CRIU's lazy pages, served from the chunks; what the driver reads "
+                   "comes first); said and done eagerly where the kernel refuses userfaultfd.")
 @click.option("--replicas", type=click.IntRange(1, 256), metavar="N",
               help="Start N copies of the image's processes, each in pid, network and mount "
                    "namespaces of its own (as in a container: loopback only), all or none.")
 @json_option
 @click.pass_obj
 def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str | None,
-                gpus: tuple[str, ...], replicas: int | None, as_json: bool) -> None:
+                gpus: tuple[str, ...], host_memory: str, replicas: int | None, as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
     Checks first, changing nothing if any fails: the image is complete, a GPU of
@@ -193,11 +197,12 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     from ..restore import restore
 
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
-                  observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager, replicas=replicas)
+                  observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager, replicas=replicas,
+                  lazy_host=host_memory == "lazy")
     res.timings["startup"] = startup
     if as_json:
         out = {"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
-               "fills": {str(p): f for p, f in res.fills.items()}}
+               "fills": {str(p): f for p, f in res.fills.items()}, "host_memory": res.host_memory}
         if replicas is not None:
             out["replicas"] = [{"pid": pl.root, "init": pl.init, "pids": {str(k): v for k, v in pl.pids.items()}}
                                for pl in res.placements]
@@ -210,6 +215,13 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
         click.echo(f"restored {len(res.placements)} replicas of {what}: pids "
                    + ", ".join(f"{pl.root} (pid 1 {pl.init})" for pl in res.placements))
     click.echo(table(["phase", "seconds"], [[k, f"{v:.3f}"] for k, v in res.timings.items()]))
+    host = res.host_memory
+    if host["on_demand"]:
+        served = host.get("served", {})
+        click.echo(f"host memory on demand: {served.get('pages', 0) * 4096 >> 20} MiB served lazily "
+                   f"in {served.get('requests', 0)} requests")
+    elif host["why_not"]:
+        click.echo(f"host memory restored before the processes ran: {host['why_not']}")
     for pid, f in res.fills.items():
         click.echo(f"pid {pid}: {human_bytes(f.bytes)} of GPU memory back in {f.seconds:.3f} s, "
                    + (f"the process going on after {f.resumed_after:.3f} s" if f.on_demand else "then it went on")

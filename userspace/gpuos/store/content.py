@@ -293,15 +293,20 @@ class ImageContent:
             os.close(fd)
 
     def write_files(self, targets: list[tuple[FileEntry, int]], pool: ThreadPoolExecutor,
-                    progress: Progress | None = None) -> None:
+                    progress: Progress | None = None,
+                    parts: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Each entry's content into its descriptor (from offset 0), every piece (chunk)
-        a task of the pool."""
+        a task of the pool; of a file in ``parts``, only the pieces that overlap its
+        (offset, length) ranges."""
         tasks = []
         for entry, fd in targets:
             pieces = self.pieces(entry)
             if sum(p.size for p in pieces) != entry.size:
                 raise ImageCorrupt(f"{self.image}: {entry.path}'s chunks add up to "
                                    f"{sum(p.size for p in pieces)} bytes, the manifest says {entry.size}")
+            if parts is not None and entry.path in parts:
+                wanted = parts[entry.path]
+                pieces = [p for p in pieces if any(o < p.offset + p.size and p.offset < o + n for o, n in wanted)]
             tasks += [pool.submit(self._piece_to, entry, p, fd, progress) for p in pieces]
         for t in tasks:
             t.result()
@@ -313,10 +318,13 @@ class ImageContent:
         if progress:
             progress(piece.size)
 
-    def materialize(self, prefixes: tuple[str, ...], dest: Path, progress: Progress | None = None) -> Path:
+    def materialize(self, prefixes: tuple[str, ...], dest: Path, progress: Progress | None = None,
+                    parts: dict[str, list[tuple[int, int]]] | None = None) -> Path:
         """The image's files under the top directories `prefixes` (e.g. "criu") as files
         under dest (a chunked image), with their modes and owners; or (formats 1-4) the
-        image's own directory, read in place.  The directory that holds them."""
+        image's own directory, read in place.  The directory that holds them.  A file in
+        ``parts`` gets only the chunks overlapping its (offset, length) ranges, at its full
+        size (the rest a hole: e.g. pages CRIU restores lazily, or later with fill())."""
         if self.chunks is None:
             return self.image
         entries = [f for f in self.manifest.files if f.path.split("/", 1)[0] in prefixes]
@@ -334,14 +342,32 @@ class ImageContent:
                     os.fchown(fd, e.uid, e.gid)
                 if e.mode >= 0:
                     os.fchmod(fd, e.mode)
+                if parts is not None and e.path in parts:
+                    os.ftruncate(fd, e.size)
             with ThreadPoolExecutor(max_workers=workers()) as pool:
-                self.write_files(list(zip(entries, fds)), pool, progress)
+                self.write_files(list(zip(entries, fds)), pool, progress, parts)
         except OSError as exc:
             raise GpuosError(f"reading {self.image}'s files out into {dest}: {exc.strerror or exc}") from None
         finally:
             for fd in fds:
                 os.close(fd)
         return dest
+
+    def fill(self, dest: Path, parts: dict[str, list[tuple[int, int]]], progress: Progress | None = None) -> None:
+        """Into files materialize() left partly holes: the chunks overlapping these ranges."""
+        fds = []
+        try:
+            targets = []
+            for rel in parts:
+                fds.append(os.open(dest / rel, os.O_WRONLY | os.O_CLOEXEC))
+                targets.append((self.entry(rel), fds[-1]))
+            with ThreadPoolExecutor(max_workers=workers()) as pool:
+                self.write_files(targets, pool, progress, parts)
+        except OSError as exc:
+            raise GpuosError(f"reading {self.image}'s files out into {dest}: {exc.strerror or exc}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def check_all(self, progress: Progress | None = None) -> list[str]:
         """Chunked image: every chunk read and checked; the problems (empty: all good)."""
