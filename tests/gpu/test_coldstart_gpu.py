@@ -128,15 +128,48 @@ def restored_answer(env, d: Path, image: str, *flags: str) -> tuple[str, dict]:
         (d / "resp-1").unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("flags", [(), ("--eager",)], ids=["on-demand", "eager"])
+@pytest.mark.parametrize("flags", [(), ("--eager",), ("--host-memory", "lazy")],
+                         ids=["on-demand", "eager", "lazy-host-memory"])
 def test_a_restored_server_answers_as_one_that_never_stopped(served, flags):
     env, d, image, reference = served
     got, res = restored_answer(env, d, image, *flags)
     assert got == reference
     (fill,) = res["fills"].values()
-    assert fill["on_demand"] == (not flags) and fill["bytes"] > 0
-    if not flags:
+    assert fill["on_demand"] == ("--eager" not in flags) and fill["bytes"] > 0
+    if "--eager" not in flags:
         assert fill["resumed_after"] < fill["seconds"]  # it went on before its memory was back
+    host = res["host_memory"]
+    assert host["on_demand"] == ("lazy" in flags), host
+    if "lazy" in flags:  # its host memory came through gpuos's page server
+        assert host["served"]["pages"] > 1000, host
+
+
+def test_replicas_each_answer_as_one_that_never_stopped(served):
+    """Three replicas of the server, each in namespaces of its own, restored at once: each
+    answers request 1 exactly as the server that never stopped, and runs as the image's pid
+    inside its own pid namespace."""
+    env, d, image, reference = served
+    t0 = time.time()
+    res = json.loads(gpuos(env, "restore", image, "--replicas", "3", "--json").stdout)
+    try:
+        (orig,) = {int(k) for r in res["replicas"] for k in r["pids"]}
+        for r in res["replicas"]:
+            status = Path(f"/proc/{r['pid']}/status").read_text()
+            assert status.split("NSpid:")[1].split()[-1] == str(orig)  # the image's pid, in its namespace
+        deadline = time.monotonic() + 120
+        while True:
+            got = [a for a in map(json.loads, (d / "answers").read_text().splitlines())
+                   if a["request"] == 1 and a["answered"] >= t0]
+            if len(got) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(got) == 3 and len({a["token"] for a in got}) == 3, got
+        assert all(a["output"] == reference for a in got)
+        assert len(res["fills"]) == 3 and all(f["bytes"] > 0 for f in res["fills"].values())
+    finally:
+        for r in res["replicas"]:
+            end(r["init"])  # the replica's pid 1: the whole replica ends with it
+        (d / "resp-1").unlink(missing_ok=True)
 
 
 def _chunks_of(env, image: str, prefix: str) -> list[Path]:

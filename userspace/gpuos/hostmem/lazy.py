@@ -72,6 +72,18 @@ def plan(criu_dir: Path, eager: dict[int, list[tuple[int, int]] | None]) -> dict
     return parts
 
 
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+BUFFER = 8 << 20
+
+
+def _big_buffers(sk: socket.socket) -> None:
+    for force, plain in ((SO_SNDBUFFORCE, socket.SO_SNDBUF), (SO_RCVBUFFORCE, socket.SO_RCVBUF)):
+        try:
+            sk.setsockopt(socket.SOL_SOCKET, force, BUFFER)  # past net.core.*mem_max: root
+        except OSError:
+            sk.setsockopt(socket.SOL_SOCKET, plain, BUFFER)
+
+
 class LazyHost:
     """The page server and the lazy-pages daemon of one restore."""
 
@@ -83,6 +95,8 @@ class LazyHost:
         self.lines: list[str] = []
         self.changed = threading.Condition()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for sk in (ours, theirs):  # a whole 4 MiB answer in flight (the daemon's largest request)
+            _big_buffers(sk)
         r, w = os.pipe()
         self.server = self.daemon = None
         try:

@@ -71,7 +71,8 @@ class ChunkReader:
                 self.cache.popitem(last=False)
             return f
 
-    def read(self, off: int, n: int) -> bytes:
+    def read(self, off: int, n: int) -> list[memoryview]:
+        """The bytes [off, off + n) as views of the cached chunks (sent as they are)."""
         if off < 0 or off + n > self.entry.size:
             raise GpuosError(f"{self.entry.path}: bytes {off}-{off + n} are past its end ({self.entry.size})")
         out = []
@@ -79,14 +80,14 @@ class ChunkReader:
         end = off + n
         while off < end:
             p = self.pieces[k]
-            data = self._chunk(k).result()
+            data = memoryview(self._chunk(k).result())
             take = min(end, p.offset + p.size) - off
             out.append(data[off - p.offset:off - p.offset + take])
             off += take
             k += 1
         for j in range(k, min(k + READ_AHEAD, len(self.pieces))):
             self._chunk(j)
-        return b"".join(out)
+        return out
 
 
 class Pages:
@@ -106,7 +107,7 @@ class Pages:
             lazy = [e for e in m.entries if e.lazy]
             self.maps[int(pid)] = ([e.vaddr for e in lazy], lazy, readers[rel])
 
-    def get(self, pid: int, vaddr: int, nr_pages: int) -> tuple[int, bytes]:
+    def get(self, pid: int, vaddr: int, nr_pages: int) -> tuple[int, list[memoryview]]:
         """Up to nr_pages from vaddr, within one entry: (pages, their bytes)."""
         found = self.maps.get(pid)
         if found is None:
@@ -130,6 +131,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
+def _send_all(sock: socket.socket, bufs: list[memoryview]) -> None:
+    while bufs:
+        sent = sock.sendmsg(bufs)
+        while bufs and sent >= len(bufs[0]):
+            sent -= len(bufs[0])
+            bufs.pop(0)
+        if bufs:
+            bufs[0] = bufs[0][sent:]
+
+
 def serve(sock: socket.socket, pages: Pages) -> dict:
     stats = {"requests": 0, "pages": 0, "seconds": 0.0}
     t0 = time.monotonic()
@@ -141,7 +152,8 @@ def serve(sock: socket.socket, pages: Pages) -> dict:
         op = cmd & ((1 << PS_CMD_BITS) - 1)
         if op == PS_IOV_GET:
             n, data = pages.get(pid, vaddr, nr)
-            sock.sendall(IOV.pack((pm.PE_PRESENT << PS_CMD_BITS) | PS_IOV_ADD_F, n, vaddr, pid) + data)
+            _send_all(sock, [memoryview(IOV.pack((pm.PE_PRESENT << PS_CMD_BITS) | PS_IOV_ADD_F, n, vaddr, pid)),
+                             *data])
             stats["requests"] += 1
             stats["pages"] += n
         elif op in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
