@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -107,3 +108,39 @@ def test_bad_replica_counts_are_refused(env, home, store, processes, tmp_path):
         res = gpuos(env, "restore", "job", "--replicas", n)
         assert res.returncode == 2, (n, res.stderr)
         assert "--replicas" in res.stderr
+
+
+GHOST_HOLDER = """\
+import os, sys, time
+held = open(sys.argv[2], "w")  # open, then deleted: CRIU saves it as a ghost file
+held.write("x" * 10000)
+held.flush()
+os.unlink(sys.argv[2])
+log = open(sys.argv[1], "a", buffering=1)
+i = 0
+while True:
+    log.write(f"{i}\\n")
+    i += 1
+    time.sleep(0.01)
+"""
+
+
+def test_replicas_of_a_process_holding_a_deleted_file_all_restore(env, home, store, processes, tmp_path,
+                                                                  replicas_left):
+    """CRIU recreates a deleted open file under one fixed name for each restore: the
+    replicas of such an image must not race for it."""
+    script, log = tmp_path / "ghost.py", tmp_path / "count.log"
+    script.write_text(GHOST_HOLDER)
+    proc = processes.start([sys.executable, str(script), str(log), str(tmp_path / "held.tmp")], "ghost")
+    wait_for(lambda: len(counted(log)) >= 5, what="the ghost holder to count")
+    code, out = gpuos_json(env, "checkpoint", str(proc.pid), "--image", "ghost")
+    assert code == 0, out
+    proc.wait(timeout=10)
+    at_dump = len(counted(log))
+    assert list((tmp_path).glob("held.tmp*")) == []
+    code, res = gpuos_json(env, "restore", "ghost", "--replicas", "3")
+    assert code == 0, res
+    replicas_left.extend(r["init"] for r in res["replicas"])
+    wait_for(lambda: sum(1 for c in copies_after(log, at_dump).values() if c == 3) >= 10,
+             what="three copies to count on")
+    assert list((tmp_path).glob("held.tmp*")) == []  # no ghost left behind
