@@ -154,8 +154,9 @@ def test_replicas_each_answer_as_one_that_never_stopped(served):
     try:
         (orig,) = {int(k) for r in res["replicas"] for k in r["pids"]}
         for r in res["replicas"]:
-            status = Path(f"/proc/{r['pid']}/status").read_text()
-            assert status.split("NSpid:")[1].split()[-1] == str(orig)  # the image's pid, in its namespace
+            status = Path(f"/proc/{r['pid']}/status").read_text().splitlines()
+            nspid = next(ln for ln in status if ln.startswith("NSpid:")).split()[1:]
+            assert len(nspid) == 2 and nspid[-1] == str(orig)  # the image's pid, in a namespace of its own
         deadline = time.monotonic() + 120
         while True:
             got = [a for a in map(json.loads, (d / "answers").read_text().splitlines())
