@@ -36,6 +36,7 @@ from .cudadrv import RUNNING, UNINITIALIZED, GpuDriver
 from .errors import (CheckpointFailed, DriverUnsupported, GpuosError, NoSuchProcess, NotPermitted,
                      ProcessLeftStopped)
 from .hold import checkpoint_gpu, resume_gpu
+from .hostmem import trim
 from .journal import Operation, put_back, pid_lock
 from .movable import handout
 from .manifest import CRIU_DIR, MANIFEST_NAME, GpuInfo, Manifest, ProcessInfo, TerminalInfo
@@ -219,6 +220,8 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         why = exc.message if isinstance(exc, GpuosError) else str(exc)
                         raise _abandon(op, handouts, staging, final,
                                        f"copying pid {h.pid}'s GPU memory after it resumed failed ({why})") from None
+            with phase("trim"):  # zero pages need not be saved: they come back as zero pages
+                trim.drop_zero_pages(staging / CRIU_DIR)
             sources = {f.path: f for f in staged_files(staging, skip=(OWN_CHUNKS,))}
             stored = []  # what the copier put into the store already
             for h in handouts:

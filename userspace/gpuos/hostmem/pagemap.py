@@ -13,12 +13,11 @@ image is unchanged, its layout being the entries' order.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, replace
 
 from ..errors import ImageCorrupt
+from .criuimg import entries, field, frame, varints
 
-IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4
 PAGE = 4096
@@ -56,92 +55,29 @@ class Pagemap:
                 if e.offset >= 0 and not (lazy_ok and e.lazy)]
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        if i >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        b = data[i]
-        value |= (b & 0x7F) << shift
-        i += 1
-        if not b & 0x80:
-            return value, i
-        shift += 7
-
-
-def _fields(msg: bytes) -> dict[int, int]:
-    """The varint fields of a protobuf message (the only kind pagemap messages have);
-    others are skipped."""
-    out: dict[int, int] = {}
-    i = 0
-    while i < len(msg):
-        key, i = _varint(msg, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            out[field], i = _varint(msg, i)
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            n, i = _varint(msg, i)
-            i += n
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"wire type {wire}")
-    return out
-
-
-def _put_varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _field(number: int, value: int) -> bytes:
-    return _put_varint(number << 3) + _put_varint(value)
-
-
 def parse(data: bytes, name: str = "pagemap") -> Pagemap:
     try:
-        magic, kind = struct.unpack_from("<II", data)
-        if (magic, kind) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
-            raise ValueError(f"magic {magic:#x} {kind:#x}")
-        i, msgs = 8, []
-        while i < len(data):
-            (n,) = struct.unpack_from("<I", data, i)
-            if i + 4 + n > len(data):
-                raise ValueError("truncated entry")
-            msgs.append(_fields(data[i + 4:i + 4 + n]))
-            i += 4 + n
+        msgs = [varints(m) for m in entries(data, PAGEMAP_MAGIC)]
         if not msgs:
             raise ValueError("no head")
         pages_id = msgs[0].get(1, 0)
-        entries, off = [], 0
+        out, off = [], 0
         for m in msgs[1:]:
             nr = m.get(5, m.get(2, 0))
             flags = m[4] if 4 in m else (PE_PARENT if m.get(3) else PE_PRESENT)
             present = bool(flags & PE_PRESENT)
-            entries.append(Entry(vaddr=m[1], nr_pages=nr, flags=flags, offset=off if present else -1))
+            out.append(Entry(vaddr=m[1], nr_pages=nr, flags=flags, offset=off if present else -1))
             if present:
                 off += nr * PAGE
-    except (ValueError, KeyError, struct.error) as exc:
+    except (ValueError, KeyError) as exc:
         raise ImageCorrupt(f"{name} is not a CRIU pagemap image: {exc}") from None
-    return Pagemap(pages_id=pages_id, entries=entries)
+    return Pagemap(pages_id=pages_id, entries=out)
 
 
 def encode(pm: Pagemap) -> bytes:
-    out = [struct.pack("<II", IMG_COMMON_MAGIC, PAGEMAP_MAGIC)]
-    for msg in [_field(1, pm.pages_id)] + [
-            _field(1, e.vaddr) + _field(2, e.nr_pages & 0xFFFFFFFF) + _field(4, e.flags) + _field(5, e.nr_pages)
-            for e in pm.entries]:
-        out.append(struct.pack("<I", len(msg)) + msg)
-    return b"".join(out)
+    return frame(PAGEMAP_MAGIC, [field(1, pm.pages_id)] + [
+        field(1, e.vaddr) + field(2, e.nr_pages & 0xFFFFFFFF) + field(4, e.flags) + field(5, e.nr_pages)
+        for e in pm.entries])
 
 
 def make_eager(pm: Pagemap, ranges: list[tuple[int, int]]) -> Pagemap:
