@@ -284,17 +284,20 @@ def _unpack_into(fd: int, buf: memoryview, what: str) -> None:
     """A compressed chunk's content into buf, exactly its size."""
     import zstandard
 
-    packed = b""
-    while more := os.read(fd, 1 << 20):
-        packed += more
-    try:
-        data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=len(buf) + 1)
+    packed = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    try:  # straight into buf: no buffer of its own to fault in and copy from
+        with zstandard.ZstdDecompressor().stream_reader(packed) as reader:
+            got = 0
+            while got < len(buf) and (n := reader.readinto(buf[got:])):
+                got += n
+            longer = got == len(buf) and reader.read(1)
     except zstandard.ZstdError as exc:
         raise ImageCorrupt(f"{what} is corrupt: it does not decompress ({exc})") from None
-    if len(data) != len(buf):
-        raise ImageCorrupt(f"{what} is {'short' if len(data) < len(buf) else 'longer than the image says'}: "
-                           f"{len(data)} bytes, the image says {len(buf)}")
-    buf[:] = data
+    if got < len(buf):  # a frame cut short reads as fewer bytes, not as an error
+        raise ImageCorrupt(f"{what} is corrupt: it does not decompress to the {len(buf)} bytes the image "
+                           f"says (only {got})")
+    if longer:
+        raise ImageCorrupt(f"{what} is longer than the {len(buf)} bytes the image says")
 
 
 def _fsync(path: Path) -> None:

@@ -312,7 +312,7 @@ class ImageContent:
             t.result()
 
     def _piece_to(self, entry: FileEntry, piece: Piece, fd: int, progress: Progress | None) -> None:
-        buf = memoryview(bytearray(piece.size))
+        buf = _scratch(piece.size)
         self.read_piece(entry, piece, buf)
         _pwrite_all(fd, buf, piece.offset)
         if progress:
@@ -396,6 +396,18 @@ class ImageContent:
         with ThreadPoolExecutor(max_workers=workers()) as pool:
             problems += [p for p in pool.map(one, sorted(sizes)) if p]
         return problems
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> memoryview:
+    """A buffer of this thread's, reused: a fresh one per chunk costs its pages' faults and
+    zeroing every time (malloc maps buffers this big anew)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _SCRATCH.buf = bytearray(max(size, 4 << 20))
+    return memoryview(buf)[:size]
 
 
 def _pwrite_all(fd: int, buf: memoryview, off: int) -> None:
