@@ -39,6 +39,7 @@ from .observe import Observer, Silent
 from .replicas import Placement, restore_one
 from .hostmem import lazy
 from .store import ImageStore
+from .store.streamer import ImageStreamer
 from .store.content import workers
 
 
@@ -208,9 +209,7 @@ def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
-        time.sleep(0.02)
+    _wait_gone(pids, timeout)
 
 
 def read_dir(store: ImageStore, run_dir: Path, op_id: str, size: int) -> Path:
@@ -321,6 +320,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 eager = {p.pid: [tuple(r) for r in p.driver_saved] if p.driver_saved is not None else None
                          for p in manifest.processes if p.uses_gpu}
                 content.fill(base, lazy.plan(base / CRIU_DIR, eager))
+            elif manifest.chunked:  # CRIU's files stream to it from the chunks (store/streamer.py)
+                base = content.materialize((links.LINKS_DIR,), out)
             else:
                 base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes))
     except BaseException as exc:
@@ -346,29 +347,39 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     relinked = links.put_back(base)
     placements: list[Placement] = []
     helpers: lazy.LazyHost | None = None
+    streamer = ImageStreamer(content, CRIU_DIR) if manifest.chunked and not host["on_demand"] else None
+    streamed = ["--stream"] if streamer else []
+    images = streamer.directory if streamer else base / CRIU_DIR
     try:
         with phase("criu-restore"):
             if replicas is None:
-                options = list(manifest.criu_options)
+                options = list(manifest.criu_options) + streamed
                 if host["on_demand"]:
                     helpers = lazy.LazyHost(criu, image, base / CRIU_DIR, workdir, store.hot_base, verify)
                     op.record.lazy_helpers = [[pid, procs.stat(pid).starttime] for pid in helpers.pids]
                     op.save()
                     options.append("--lazy-pages")
-                root, _ = criu.restore(base / CRIU_DIR, workdir, options, terminal_fds, job_tty)
+                root, _ = criu.restore(images, workdir, options, terminal_fds, job_tty)
                 placements.append(Placement(root=root, pids={p.pid: p.pid for p in manifest.processes}))
             else:
-                placements.extend(_restore_replicas(replicas, criu, base / CRIU_DIR, workdir, manifest, op))
+                placements.extend(_restore_replicas(replicas, criu, images, workdir, manifest, op, streamed))
     except GpuosError as exc:
         for pl in placements:
             pl.kill()
+        if replicas is None:  # what a failed CRIU began, it kills: gone before we say so
+            _wait_gone([p.pid for p in manifest.processes])
         if helpers:
             helpers.abort()
         links.remove(relinked)
         cleanup()
         op.finish()
+        if streamer and streamer.errors:  # a chunk CRIU wanted was bad: exit 10 (CRIU's log says no more)
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise ImageCorrupt(f"{streamer.errors[0]}; nothing was restored") from None
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
     finally:
+        if streamer:
+            streamer.close()
         for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
             os.close(fd)
     cleanup()  # CRIU has read it all
@@ -412,6 +423,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                          gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host)
 
 
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
+        time.sleep(0.01)
+
+
 def _all(pool: ThreadPoolExecutor, calls: list[tuple]) -> list:
     """Run every call on the pool; their results in order, or the first error once all ended
     (none is left running behind a failure)."""
@@ -424,7 +441,7 @@ def _all(pool: ThreadPoolExecutor, calls: list[tuple]) -> list:
 
 
 def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest: Manifest,
-                      op: Operation) -> list[Placement]:
+                      op: Operation, extra: list[str]) -> list[Placement]:
     """N replicas restored by CRIU at once, all or none. Each replica's pid 1 goes into the
     journal as soon as it exists: a gpuos that dies now leaves none behind (`gpuos recover`)."""
     lock = threading.Lock()
@@ -438,10 +455,10 @@ def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest:
     # A file open but deleted at the checkpoint is recreated by CRIU under a fixed name
     # next to where it was, linked, opened and removed again: two restores at once collide
     # there (measured: "Can't link ...ghost"). Such images restore their replicas in turn.
-    at_once = 1 if any(images.glob("ghost-file-*.img")) else n
+    at_once = 1 if any(f.path.startswith(f"{CRIU_DIR}/ghost-file-") for f in manifest.files) else n
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = [pool.submit(restore_one, criu, images, workdir / f"replica-{k}",
-                               manifest.criu_options, image_pids, noted) for k in range(n)]
+                               manifest.criu_options + extra, image_pids, noted) for k in range(n)]
         wait(futures)
     placed = [f.result() for f in futures if f.exception() is None]
     failed = [f.exception() for f in futures if f.exception() is not None]

@@ -1,0 +1,157 @@
+"""CRIU's image streamer, played by gpuos: a restore's CRIU files go from the chunks
+straight into CRIU (``criu restore --stream``), never written out as files.
+
+CRIU connects to ``<images dir>/streamer-serve.sock`` (criu/img-streamer.c) and, for each
+image it opens, sends a request (u32 length, protobuf {1: file name}); the streamer
+answers (u32 length, protobuf {1: exists}); for a file that exists CRIU then passes the
+write end of a pipe (one byte and SCM_RIGHTS), and the streamer writes the file's content
+into it and closes it. CRIU reads each image it opens from start to end, so the chunks are
+read (a few ahead, in parallel), checked against their names and written while CRIU
+restores.
+
+A corrupt or missing chunk closes that pipe early: CRIU fails on a short image, and
+``error`` says which chunk, so the restore reports the image as corrupt (exit 10).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ..errors import GpuosError
+from ..manifest import FileEntry
+from .content import ImageContent, workers
+
+SOCKET = "streamer-serve.sock"
+F_SETPIPE_SZ = 1031
+PIPE_SIZE = 4 << 20
+AHEAD = 8  # chunks of one file read ahead of the pipe
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        got = sock.recv(n - len(buf))
+        if not got:
+            return buf
+        buf += got
+    return buf
+
+
+def _request(sock: socket.socket) -> str | None:
+    """The next file name CRIU asks for; None when it hung up."""
+    head = _recv_exact(sock, 4)
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head)
+    msg = _recv_exact(sock, n)
+    # {1: string}: tag 0x0a, a varint length (names are short: one or two bytes), the name
+    if len(msg) < 2 or msg[0] != 0x0A:
+        raise GpuosError(f"criu sent the image streamer a request it cannot read: {msg[:40]!r}")
+    length, i = msg[1] & 0x7F, 2
+    if msg[1] & 0x80:
+        length, i = length | (msg[2] << 7), 3
+    return msg[i:i + length].decode()
+
+
+class ImageStreamer:
+    """Serves the files under ``prefix`` of an image to every CRIU that connects to
+    ``directory``/streamer-serve.sock, until closed. ``directory`` (CRIU's -D) is a new one
+    of its own, with a short name: a socket's path has at most 107 bytes."""
+
+    def __init__(self, content: ImageContent, prefix: str):
+        self.content, self.prefix = content, prefix
+        self.files: dict[str, FileEntry] = {f.path.split("/", 1)[1]: f for f in content.manifest.files
+                                            if f.path.startswith(prefix + "/")}
+        self.errors: list[str] = []
+        self.pool = ThreadPoolExecutor(max_workers=workers())
+        self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
+        self.path = self.directory / SOCKET
+        self.path.unlink(missing_ok=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.path))
+        self.listener.listen(64)
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+        t = threading.Thread(target=self._accept, name="gpuos-streamer", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            t = threading.Thread(target=self._serve, args=(conn,), name="gpuos-streamer-conn", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    name = _request(conn)
+                except (OSError, GpuosError) as exc:
+                    self.errors.append(str(exc))
+                    return
+                if name is None:
+                    return
+                entry = self.files.get(name)
+                try:
+                    conn.sendall(struct.pack("<I", 2) + bytes([0x08, 1 if entry else 0]))
+                    if entry is None:
+                        continue
+                    _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+                except OSError as exc:
+                    self.errors.append(f"talking to criu: {exc}")
+                    return
+                if len(fds) != 1:
+                    self.errors.append(f"criu sent no pipe for {name}")
+                    return
+                t = threading.Thread(target=self._write, args=(entry, fds[0]), name="gpuos-streamer-file",
+                                     daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _write(self, entry: FileEntry, fd: int) -> None:
+        try:
+            try:
+                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass  # the system's limit: a smaller pipe, more writes
+            pieces = self.content.pieces(entry)
+            ahead: list[Future] = []
+            k = 0
+            for piece in pieces:
+                while k < len(pieces) and len(ahead) < AHEAD:
+                    ahead.append(self.pool.submit(self._read, entry, pieces[k]))
+                    k += 1
+                view = memoryview(ahead.pop(0).result())
+                while view:
+                    view = view[os.write(fd, view):]
+        except GpuosError as exc:
+            self.errors.append(exc.message)  # the pipe closes short: criu fails on it
+        except OSError as exc:
+            if not self.closed:
+                self.errors.append(f"streaming {entry.path} to criu: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+
+    def _read(self, entry: FileEntry, piece) -> bytearray:
+        buf = bytearray(piece.size)
+        self.content.read_piece(entry, piece, memoryview(buf))
+        return buf
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.directory, ignore_errors=True)  # the socket, CRIU's stats
