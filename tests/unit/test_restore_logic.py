@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpuos.criu import Criu
-from gpuos.errors import GpuMismatch, ImageCorrupt, InsufficientGpuMemory, PidTaken
+from gpuos.errors import GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemory, PidTaken
 from gpuos.manifest import DriverInfo, GpuInfo
 from gpuos.store import ImageStore
 from gpuos.restore import check_pids_free, plan_gpus, resolve_onto, restore
@@ -235,16 +237,56 @@ class CriuNotToRun(Criu):
     def restore(self, *args, **kwargs):
         raise AssertionError("criu ran on an image with a corrupt chunk")
 
+    def command(self, args, verbosity: int = 4):
+        raise AssertionError("criu ran on an image with a corrupt chunk")
 
-def test_a_corrupt_chunk_is_refused_before_anything_is_restored(home, store):
+
+class CriuThatStreams(Criu):
+    """A criu whose restore asks the image streamer for the image's pages, as CRIU does
+    (tests/streaming_criu.py, a process of its own), and fails if it cannot read them."""
+
+    def check_version(self) -> str:
+        return "4.2.1"
+
+    def restore(self, images, workdir, options, inherit=None, job_tty=None):
+        assert "--stream" in options
+        workdir.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "streaming_criu.py"),
+                              str(images), str(workdir), "core-4242.img", "pages-1.img"], timeout=60)
+        self.seen = (workdir / "seen").read_text() if (workdir / "seen").exists() else ""
+        if res.returncode:
+            raise GpuosError(f"criu restore failed (exit {res.returncode})")
+        raise AssertionError("criu read a whole image with a corrupt chunk")
+
+
+def corrupt_pages(store) -> Path:
     img = gpu_image(store, driver_version="580.65.06")
     entry = next(f for f in ImageStore.load(img).files if f.path == "criu/pages-1.img")
     chunk = store.chunks().stored(entry.chunks[0].id)
     chunk.chmod(0o644)
     chunk.write_bytes(b"x" * chunk.stat().st_size)
+    return img
+
+
+def test_a_corrupt_chunk_stops_criu_before_it_reads_a_whole_file(home, store):
+    corrupt_pages(store)
+    driver = FakeDriver(version="580.65.06")
+    criu = CriuThatStreams(Path("/bin/false"), home.run)
+    with pytest.raises(ImageCorrupt) as exc:
+        restore("gpujob", home.run, store, lambda: driver, criu)
+    assert exc.value.exit_code == 10
+    assert "(criu/pages-1.img at byte 0) is corrupt" in exc.value.message
+    assert "nothing was restored" in exc.value.message
+    assert criu.seen == "core-4242.img EOF\n"  # killed inside pages-1.img, never at its end
+    assert driver.calls == [] and journals(home.run) == []
+    assert not list(home.hot.glob("restore-*")) and not list(home.run.glob("restore-*"))
+
+
+def test_a_corrupt_chunk_is_refused_before_replicas_are_restored(home, store):
+    corrupt_pages(store)  # replicas read the image out first: CRIU never starts
     driver = FakeDriver(version="580.65.06")
     with pytest.raises(ImageCorrupt) as exc:
-        restore("gpujob", home.run, store, lambda: driver, CriuNotToRun(Path("/bin/false"), home.run))
+        restore("gpujob", home.run, store, lambda: driver, CriuNotToRun(Path("/bin/false"), home.run), replicas=2)
     assert exc.value.exit_code == 10
     assert "(criu/pages-1.img at byte 0) is corrupt" in exc.value.message
     assert "nothing was restored" in exc.value.message

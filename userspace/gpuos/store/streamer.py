@@ -9,8 +9,11 @@ into it and closes it. CRIU reads each image it opens from start to end, so the 
 read (a few ahead, in parallel), checked against their names and written while CRIU
 restores.
 
-A corrupt or missing chunk closes that pipe early: CRIU fails on a short image, and
-``error`` says which chunk, so the restore reports the image as corrupt (exit 10).
+A corrupt or missing chunk must never look like a shorter image (CRIU reads entries to the
+end of a file: a pagemap cut at an entry's end would restore fewer pages). So the pipe is
+not closed: the CRIU that asked, and every task it has made, is killed first (its pid from
+the socket's credentials), then the pipe closed; ``errors`` says which chunk, and the
+restore reports the image as corrupt (exit 10).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import struct
 import tempfile
@@ -25,6 +29,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from .. import procs
 from ..errors import GpuosError
 from ..manifest import FileEntry
 from .content import ImageContent, workers
@@ -61,6 +66,27 @@ def _request(sock: socket.socket) -> str | None:
     return msg[i:i + length].decode()
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL pid and all its descendants: stopped first, until no new one appears (a
+    stopped process forks no more), then killed."""
+    seen: set[int] = set()
+    while True:
+        found = set(procs.tree(pid)) - seen
+        if not found:
+            break
+        for p in found:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        seen |= found
+    for p in seen:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class ImageStreamer:
     """Serves the files under ``prefix`` of an image to every CRIU that connects to
     ``directory``/streamer-serve.sock, until closed. ``directory`` (CRIU's -D) is a new one
@@ -95,6 +121,7 @@ class ImageStreamer:
             self.threads.append(t)
 
     def _serve(self, conn: socket.socket) -> None:
+        pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         with conn:
             while True:
                 try:
@@ -116,12 +143,12 @@ class ImageStreamer:
                 if len(fds) != 1:
                     self.errors.append(f"criu sent no pipe for {name}")
                     return
-                t = threading.Thread(target=self._write, args=(entry, fds[0]), name="gpuos-streamer-file",
+                t = threading.Thread(target=self._write, args=(entry, fds[0], pid), name="gpuos-streamer-file",
                                      daemon=True)
                 t.start()
                 self.threads.append(t)
 
-    def _write(self, entry: FileEntry, fd: int) -> None:
+    def _write(self, entry: FileEntry, fd: int, criu_pid: int) -> None:
         try:
             try:
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
@@ -138,7 +165,8 @@ class ImageStreamer:
                 while view:
                     view = view[os.write(fd, view):]
         except GpuosError as exc:
-            self.errors.append(exc.message)  # the pipe closes short: criu fails on it
+            self.errors.append(exc.message)
+            _kill_tree(criu_pid)  # before the pipe closes: nothing reads it short
         except OSError as exc:
             if not self.closed:
                 self.errors.append(f"streaming {entry.path} to criu: {exc.strerror or exc}")

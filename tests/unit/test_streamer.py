@@ -1,0 +1,62 @@
+"""gpuos as CRIU's image streamer (store/streamer.py), against a process that plays CRIU's
+side of the protocol (tests/streaming_criu.py): files come through whole and checked; a
+corrupt chunk never reaches the reader as a file that merely ends early."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuos.manifest import CRIU_DIR
+from gpuos.store import ImageStore
+from gpuos.store.content import ImageContent
+from gpuos.store.streamer import ImageStreamer
+
+from helpers import build_image
+
+CLIENT = str(Path(__file__).parent.parent / "streaming_criu.py")
+
+
+def stream(img: Path, out: Path, *names: str) -> subprocess.CompletedProcess:
+    s = ImageStreamer(ImageContent(img, ImageStore.load(img)), CRIU_DIR)
+    try:
+        out.mkdir()
+        return subprocess.run([sys.executable, CLIENT, str(s.directory), str(out), *names], timeout=60)
+    finally:
+        s.close()
+        assert not s.directory.exists()
+
+
+def test_files_come_through_whole(store, tmp_path):
+    img = build_image(store, "job")
+    m = ImageStore.load(img)
+    names = [f.path.split("/", 1)[1] for f in m.files if f.path.startswith(CRIU_DIR + "/")]
+    res = stream(img, tmp_path / "got", *names)
+    assert res.returncode == 0
+    whole = ImageContent(img, m).materialize((CRIU_DIR,), tmp_path / "whole") / CRIU_DIR
+    for n in names:
+        assert (tmp_path / "got" / n).read_bytes() == (whole / n).read_bytes(), n
+
+
+def test_a_file_it_lacks_is_said_not_to_exist(store, tmp_path):
+    assert stream(build_image(store, "job"), tmp_path / "got", "no-such.img").returncode == 3
+
+
+def test_a_corrupt_chunk_kills_the_reader_before_its_file_ends(store, tmp_path):
+    img = build_image(store, "job")
+    entry = next(f for f in ImageStore.load(img).files if f.path == f"{CRIU_DIR}/pages-1.img")
+    chunk = store.chunks().stored(entry.chunks[-1].id)
+    chunk.chmod(0o644)
+    chunk.write_bytes(b"x" * chunk.stat().st_size)
+    s = ImageStreamer(ImageContent(img, ImageStore.load(img)), CRIU_DIR)
+    try:
+        (tmp_path / "got").mkdir()
+        res = subprocess.run([sys.executable, CLIENT, str(s.directory), str(tmp_path / "got"), "pages-1.img"],
+                             timeout=60)
+        assert res.returncode == -signal.SIGKILL
+        assert not (tmp_path / "got" / "seen").exists()  # it never saw the end of the file
+        assert any("is corrupt" in e for e in s.errors), s.errors
+    finally:
+        s.close()
