@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gpuos import procs
 from gpuos.config import find_criu
 from gpuos.hostmem import pagemap as pm
 from gpuos.hostmem import trim
@@ -102,3 +103,53 @@ def test_only_zero_pages_of_private_anonymous_memory_are_dropped(tmp_path):
     assert [(e.vaddr, e.nr_pages, e.flags, e.offset) for e in m.entries] == [
         (0x10000 + P, 1, lazy, 0), (0x30000, 2, pm.PE_PRESENT, P)]
     assert (tmp_path / "pages-2.img").read_bytes() == b"A" * P + b"\0" * P + b"B" * P
+
+
+FORKING_HOLDER = """\
+import hashlib, os, sys, time
+mb = int(sys.argv[2])
+data = bytearray(mb << 20)
+zeros = bytearray(mb << 20)
+for off in range(0, len(data), 4096):
+    data[off:off + 8] = (off // 4096 + 1).to_bytes(8, "little")
+    zeros[off] = 0
+child = os.fork()  # shares both, copy on write
+me = "child" if child == 0 else "parent"
+if child == 0:  # the child makes some of the parent's data pages zero, and some zero pages data
+    for off in range(0, len(data) // 2, 4096):
+        data[off:off + 8] = bytes(8)
+        zeros[off] = 7
+want_data = hashlib.sha256(data).hexdigest()
+want_zeros = hashlib.sha256(zeros).hexdigest()
+log = open(sys.argv[1], "a", buffering=1)
+i = 0
+while True:
+    ok = hashlib.sha256(data).hexdigest() == want_data and hashlib.sha256(zeros).hexdigest() == want_zeros
+    log.write(f"{me} {i} {'ok' if ok else 'BAD'}\\n")
+    i += 1
+    time.sleep(0.01)
+"""
+
+
+def test_a_forked_child_gets_its_own_zero_pages_back_not_its_parents_data(env, home, store, processes, tmp_path):
+    """CRIU restores a child's private memory from its parent's (copy on write) and drops
+    the pages the child's image lacks: the zero pages trimmed from the child's image must
+    come back as zeros, not as the parent's data."""
+    script, log = tmp_path / "forker.py", tmp_path / "forker.log"
+    script.write_text(FORKING_HOLDER)
+    proc = processes.start([sys.executable, str(script), str(log), str(MB)], "forker")
+    wait_for(lambda: sum(ln.startswith("child") for ln in lines(log)) >= 3, timeout=60, what="both to start")
+    code, out = gpuos_json(env, "checkpoint", str(proc.pid), "--image", "fork")
+    assert code == 0, out
+    assert len(out["pids"]) == 2
+    proc.wait(timeout=10)
+    wait_for(lambda: not any(procs.exists(p) for p in out["pids"]), what="the child to be reaped")
+    n = len(lines(log))
+    code, res = gpuos_json(env, "restore", "fork")
+    assert code == 0, res
+    processes.adopt(proc.pid, str(script))
+    for pid in out["pids"]:
+        processes.adopt(pid, str(script))
+    wait_for(lambda: sum(ln.startswith("child") for ln in lines(log)[n:]) >= 10
+             and sum(ln.startswith("parent") for ln in lines(log)[n:]) >= 10, what="both to check their memory")
+    assert all(ln.endswith(" ok") for ln in lines(log)), [ln for ln in lines(log) if not ln.endswith(" ok")][:3]
