@@ -90,6 +90,13 @@ def test_three_replicas_each_continue_in_namespaces_of_their_own(env, home, stor
     assert journals(home.run) == [] and hidden_entries(store.root) == []
     assert not list(home.run.glob("restore-*"))
 
+    # A replica cannot be checkpointed (CRIU dumps a pid namespace only whole): said up
+    # front, and it runs on untouched.
+    res = gpuos(env, "checkpoint", str(reps[1]["pid"]), "--image", "of-a-replica", "--leave-running")
+    assert res.returncode == 8 and "pid namespace of its own" in res.stderr and "nothing was changed" in res.stderr
+    n = len(counted(log))
+    wait_for(lambda: len(counted(log)) > n + 10, what="the replicas to count on")
+
     # The image restores again, as replicas or alone, while these run.
     for r in reps[1:]:
         os.kill(r["init"], signal.SIGKILL)

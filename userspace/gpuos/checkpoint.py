@@ -105,6 +105,10 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
     tree = procs.tree(req.pid)
     if os.getpid() in tree:
         raise NotPermitted(f"pid {req.pid}'s process tree contains gpuos itself")
+    if len(procs.ns_pids(req.pid)) > 1:  # CRIU dumps a pid namespace only whole, with its init
+        raise CheckpointFailed(
+            f"pid {req.pid} runs in a pid namespace of its own (a replica of `gpuos restore --replicas`, "
+            "or a container): gpuos checkpoints processes of its own pid namespace only; nothing was changed")
     driver, gpu_pids = _gpu_processes(tree, driver_factory)
     inherited = _inherited(tree, gpu_pids)
     criu_version = criu.check_version()
