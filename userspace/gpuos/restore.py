@@ -349,17 +349,19 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     relinked = links.put_back(base)
     placements: list[Placement] = []
     helpers: lazy.LazyHost | None = None
-    # One restore: CRIU's files stream to it from the chunks, checked as they go (measured on
-    # the H200: GPT-2-large's read-out and restore 1.7 -> 1.1 s). Replicas share one read-out
-    # instead: four CRIUs streaming at once took 3.4 s.
-    streamer = (ImageStreamer(content, CRIU_DIR)
-                if manifest.chunked and not host["on_demand"] and replicas is None else None)
-    streamed = ["--stream"] if streamer else []
-    images = streamer.directory if streamer else base / CRIU_DIR
+    streamer: ImageStreamer | None = None
     try:
         with phase("criu-restore"):
             if replicas is None:
-                options = list(manifest.criu_options) + streamed
+                options = list(manifest.criu_options)
+                images = base / CRIU_DIR
+                if manifest.chunked and not host["on_demand"]:
+                    # CRIU's files stream to it from the chunks, checked as they go (on the H200:
+                    # GPT-2-large's read-out and restore 1.7 -> 1.1 s). Replicas share one
+                    # read-out instead: four CRIUs streaming at once took 3.4 s.
+                    streamer = ImageStreamer(content, CRIU_DIR)
+                    images = streamer.directory
+                    options.append("--stream")
                 if host["on_demand"]:
                     helpers = lazy.LazyHost(criu, image, base / CRIU_DIR, workdir, store.hot_base, verify)
                     op.record.lazy_helpers = [[pid, procs.stat(pid).starttime] for pid in helpers.pids]
@@ -368,7 +370,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 root, _ = criu.restore(images, workdir, options, terminal_fds, job_tty)
                 placements.append(Placement(root=root, pids={p.pid: p.pid for p in manifest.processes}))
             else:
-                placements.extend(_restore_replicas(replicas, criu, images, workdir, manifest, op, streamed))
+                placements.extend(_restore_replicas(replicas, criu, base / CRIU_DIR, workdir, manifest, op))
     except GpuosError as exc:
         for pl in placements:
             pl.kill()
@@ -447,7 +449,7 @@ def _all(pool: ThreadPoolExecutor, calls: list[tuple]) -> list:
 
 
 def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest: Manifest,
-                      op: Operation, extra: list[str]) -> list[Placement]:
+                      op: Operation) -> list[Placement]:
     """N replicas restored by CRIU at once, all or none. Each replica's pid 1 goes into the
     journal as soon as it exists: a gpuos that dies now leaves none behind (`gpuos recover`)."""
     lock = threading.Lock()
@@ -464,7 +466,7 @@ def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest:
     at_once = 1 if any(f.path.startswith(f"{CRIU_DIR}/ghost-file-") for f in manifest.files) else n
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = [pool.submit(restore_one, criu, images, workdir / f"replica-{k}",
-                               manifest.criu_options + extra, image_pids, noted) for k in range(n)]
+                               manifest.criu_options, image_pids, noted) for k in range(n)]
         wait(futures)
     placed = [f.result() for f in futures if f.exception() is None]
     failed = [f.exception() for f in futures if f.exception() is not None]

@@ -97,13 +97,15 @@ class ImageStreamer:
         self.files: dict[str, FileEntry] = {f.path.split("/", 1)[1]: f for f in content.manifest.files
                                             if f.path.startswith(prefix + "/")}
         self.errors: list[str] = []
+        try:
+            self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
+            self.path = self.directory / SOCKET
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(str(self.path))
+            self.listener.listen(64)
+        except OSError as exc:
+            raise GpuosError(f"cannot open CRIU's image streamer socket in /tmp: {exc.strerror or exc}") from None
         self.pool = ThreadPoolExecutor(max_workers=workers())
-        self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
-        self.path = self.directory / SOCKET
-        self.path.unlink(missing_ok=True)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(self.path))
-        self.listener.listen(64)
         self.threads: list[threading.Thread] = []
         self.closed = False
         t = threading.Thread(target=self._accept, name="gpuos-streamer", daemon=True)
