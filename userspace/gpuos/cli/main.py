@@ -177,9 +177,9 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     is the same, every pid the image needs is free, and a terminal the processes
     had open is still there (or --tty names one). Then criu restores the tree
     with its original pids, in a session of its own (a shell's job on a terminal
-    comes back as a job of the terminal this is run from), from the image's files read
-    out of the chunk store, every chunk checked against its name as it is read (a bad
-    one: nothing is restored). The driver restores the GPU state; a process under
+    comes back as a job of the terminal this is run from), its files streamed to it
+    from the chunk store, every chunk checked against its name before criu sees it
+    (a bad one: nothing is left restored). The driver restores the GPU state; a process under
     `gpuos run` goes on at once while gpuos streams its GPU memory back behind it,
     each launch waiting only for the memory it touches (--eager: once all is back).
     The processes continue where they were checkpointed. Needs root.
@@ -188,7 +188,11 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
     scale-out: each copy keeps the image's pids inside a pid namespace of its
     own (its processes have other pids here), has a network of its own with
     loopback only, and ends when its pid 1 is killed. If one copy fails, none
-    is left running.
+    is left running. A replica cannot be checkpointed yet.
+
+    --host-memory lazy lets the processes run before their host memory is back
+    (slower than eager for a process that soon touches most of it, as an
+    inference server's first request does; see the README).
     """
     startup = procs.age(os.getpid())  # the interpreter and gpuos's imports, for the report
     rep = Reporter(quiet=as_json)
