@@ -359,7 +359,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                     # CRIU's files stream to it from the chunks, checked as they go (on the H200:
                     # GPT-2-large's read-out and restore 1.7 -> 1.1 s). Replicas share one
                     # read-out instead: four CRIUs streaming at once took 3.4 s.
-                    streamer = ImageStreamer(content, CRIU_DIR)
+                    streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes))
                     images = streamer.directory
                     options.append("--stream")
                 if host["on_demand"]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import procs
 from ..errors import GpuosError
 from ..manifest import FileEntry
+from ..observe import Progress
 from .content import ImageContent, workers
 
 SOCKET = "streamer-serve.sock"
@@ -92,8 +93,8 @@ class ImageStreamer:
     ``directory``/streamer-serve.sock, until closed. ``directory`` (CRIU's -D) is a new one
     of its own, with a short name: a socket's path has at most 107 bytes."""
 
-    def __init__(self, content: ImageContent, prefix: str):
-        self.content, self.prefix = content, prefix
+    def __init__(self, content: ImageContent, prefix: str, progress: Progress | None = None):
+        self.content, self.prefix, self.progress = content, prefix, progress
         self.files: dict[str, FileEntry] = {f.path.split("/", 1)[1]: f for f in content.manifest.files
                                             if f.path.startswith(prefix + "/")}
         self.errors: list[str] = []
@@ -164,8 +165,11 @@ class ImageStreamer:
                     ahead.append(self.pool.submit(self._read, entry, pieces[k]))
                     k += 1
                 view = memoryview(ahead.pop(0).result())
+                sent = len(view)
                 while view:
                     view = view[os.write(fd, view):]
+                if self.progress:
+                    self.progress(sent)
         except GpuosError as exc:
             self.errors.append(exc.message)
             _kill_tree(criu_pid)  # before the pipe closes: nothing reads it short
