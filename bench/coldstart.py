@@ -318,8 +318,9 @@ def markdown(results: list[dict]) -> str:
     lines = ["| model | image | cold start | restore, stop-the-world, warm | on demand, warm "
              "| on demand + lazy host memory, warm | on demand, hot tier "
              "| stop-the-world, cold | on demand, cold | on demand + lazy host memory, cold "
-             "| restore overhead (best warm) | answers identical | N replicas' store / one image's store |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| restore overhead (best warm) | read from disk by the restore (on demand, cold) | answers identical "
+             "| N replicas' store / one image's store |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for result in results:
         for r in result["rows"]:
             x = r["restore"]
@@ -331,6 +332,7 @@ def markdown(results: list[dict]) -> str:
                 f"| {cell('lazy-host warm')} | {cell('on-demand hot')} | {cell('eager cold')} | {cell('on-demand cold')} "
                 f"| {cell('lazy-host cold')} "
                 f"| {min(v['overhead_s'] for k, v in x.items() if k.endswith('warm')):.2f} s "
+                f"| {x['on-demand cold']['disk_read_bytes'] / 1e9:.2f} GB "
                 f"| {all(v['correct'] for v in x.values())} | "
                 + (f"{rep['ratio_to_one_stored']:.2f} (N = {rep['n']})" if rep else "-") + " |")
     return "\n".join(lines)
