@@ -305,6 +305,10 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     criu_bytes = sum(f.size for f in manifest.files if f.path.split("/", 1)[0] in read_out)
     out = read_dir(store, run_dir, op.op_id, criu_bytes) if manifest.chunked else None
     op.record.staging = str(out) if out else None
+    # One restore: CRIU's files stream to it from the chunks, checked as they go (on the H200:
+    # GPT-2-large's read-out and restore 1.7 -> 1.1 s). Replicas share one read-out instead
+    # (four CRIUs streaming at once took 3.4 s); lazy host memory needs the pagemaps out.
+    stream = manifest.chunked and replicas is None and not host["on_demand"]
 
     def phase(name: str):
         observer.phase(name)
@@ -322,7 +326,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 eager = {p.pid: [tuple(r) for r in p.driver_saved] if p.driver_saved is not None else None
                          for p in manifest.processes if p.uses_gpu}
                 content.fill(base, lazy.plan(base / CRIU_DIR, eager))
-            elif manifest.chunked and replicas is None:  # CRIU's files stream to it (store/streamer.py)
+            elif stream:  # but for the files known by another name (links.py)
                 base = content.materialize((links.LINKS_DIR,), out)
             else:
                 base = content.materialize(read_out, out, observer.bytes_progress("read", criu_bytes))
@@ -355,10 +359,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
             if replicas is None:
                 options = list(manifest.criu_options)
                 images = base / CRIU_DIR
-                if manifest.chunked and not host["on_demand"]:
-                    # CRIU's files stream to it from the chunks, checked as they go (on the H200:
-                    # GPT-2-large's read-out and restore 1.7 -> 1.1 s). Replicas share one
-                    # read-out instead: four CRIUs streaming at once took 3.4 s.
+                if stream:
                     streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes))
                     images = streamer.directory
                     options.append("--stream")
