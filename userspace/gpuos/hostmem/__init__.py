@@ -1,3 +1,5 @@
-"""On-demand host memory for a restore: CRIU's lazy pages (userfaultfd), the pages served
-from the image's chunks by gpuos's page server (server.py), the pages the driver reads at
-its restore kept eager (pagemap.py).  lazy.py runs it for one restore."""
+"""A process's host memory in CRIU's images: zero pages left out at the checkpoint
+(trim.py), and brought back on demand at a restore (lazy.py: CRIU's lazy pages over
+userfaultfd, served from the image's chunks by gpuos's page server, server.py, with the
+pages the driver reads kept eager, pagemap.py). criuimg.py reads and writes the little
+of CRIU's image format these need."""
