@@ -219,16 +219,9 @@ def _finish_image(rec: JournalRecord, store: ImageStore) -> str:
 def _end_restored(restored: list[list[int]]) -> str:
     """A restore killed while it filled its processes' movable memory: what was not in yet
     existed only in that gpuos, so they would wait for ever; they are killed (the image
-    is intact: restore it again).  (pid, starttime): never another process that got the pid."""
-    killed = []
-    for pid, start in restored:
-        try:
-            if procs.stat(pid).starttime == start:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        except (NoSuchProcess, ProcessLookupError):
-            pass
-    return (f"killed pids {', '.join(map(str, killed)) or '(none left)'}, restored by a gpuos that died "
+    is intact: restore it again)."""
+    killed = [str(pid) for pid, start in restored if _kill_if_same(pid, start)]
+    return (f"killed pids {', '.join(killed) or '(none left)'}, restored by a gpuos that died "
             "before their GPU memory was back; the image is intact")
 
 
@@ -237,7 +230,17 @@ def _end_lazy_helpers(helpers: list[list[int]]) -> str:
     return f"ended the lazy-pages helpers {', '.join(ended) or '(none left)'} of a restore that never ran"
 
 
+def _end_replicas(inits: list[list[int]]) -> str:
+    """A restore of replicas whose gpuos died: every replica it had started ends (killing a
+    replica's pid 1 ends everything in its namespace)."""
+    killed = [str(pid) for pid, start in inits if _kill_if_same(pid, start)]
+    return (f"ended the replicas of pid 1 {', '.join(killed) or '(none left)'}, restored by a gpuos "
+            "that died before all were back; the image is intact")
+
+
 def _kill_if_same(pid: int, start: int) -> bool:
+    """SIGKILL pid if it is still the process that started at `start` (never another
+    process that got the pid since); whether it was."""
     try:
         if procs.stat(pid).starttime == start:
             os.kill(pid, signal.SIGKILL)
@@ -245,21 +248,6 @@ def _kill_if_same(pid: int, start: int) -> bool:
     except (NoSuchProcess, ProcessLookupError):
         pass
     return False
-
-
-def _end_replicas(inits: list[list[int]]) -> str:
-    """A restore of replicas whose gpuos died: every replica it had started ends (killing a
-    replica's pid 1 ends everything in its namespace)."""
-    killed = []
-    for pid, start in inits:
-        try:
-            if procs.stat(pid).starttime == start:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        except (NoSuchProcess, ProcessLookupError):
-            pass
-    return (f"ended the replicas of pid 1 {', '.join(map(str, killed)) or '(none left)'}, restored by a gpuos "
-            "that died before all were back; the image is intact")
 
 
 def recover(run_dir: Path, store: ImageStore,
