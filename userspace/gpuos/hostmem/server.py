@@ -121,16 +121,6 @@ class Pages:
         return n, reader.read(e.offset + (vaddr - e.vaddr), n * pm.PAGE)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        got = sock.recv(n - len(buf))
-        if not got:
-            return buf
-        buf += got
-    return buf
-
-
 def _send_all(sock: socket.socket, bufs: list[memoryview]) -> None:
     while bufs:
         sent = sock.sendmsg(bufs)
@@ -145,7 +135,7 @@ def serve(sock: socket.socket, pages: Pages) -> dict:
     stats = {"requests": 0, "pages": 0, "seconds": 0.0}
     t0 = time.monotonic()
     while True:
-        hdr = _recv_exact(sock, IOV.size)
+        hdr = sock.recv(IOV.size, socket.MSG_WAITALL)
         if len(hdr) < IOV.size:
             break  # the daemon went away
         cmd, nr, vaddr, pid = IOV.unpack(hdr)

@@ -41,23 +41,13 @@ PIPE_SIZE = 4 << 20
 AHEAD = 8  # chunks of one file read ahead of the pipe
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        got = sock.recv(n - len(buf))
-        if not got:
-            return buf
-        buf += got
-    return buf
-
-
 def _request(sock: socket.socket) -> str | None:
     """The next file name CRIU asks for; None when it hung up."""
-    head = _recv_exact(sock, 4)
+    head = sock.recv(4, socket.MSG_WAITALL)
     if len(head) < 4:
         return None
     (n,) = struct.unpack("<I", head)
-    msg = _recv_exact(sock, n)
+    msg = sock.recv(n, socket.MSG_WAITALL)
     # {1: string}: tag 0x0a, a varint length (names are short: one or two bytes), the name
     if len(msg) < 2 or msg[0] != 0x0A:
         raise GpuosError(f"criu sent the image streamer a request it cannot read: {msg[:40]!r}")
