@@ -205,15 +205,6 @@ def open_terminals(manifest: Manifest, tty: str | None) -> dict[str, int]:
     return fds
 
 
-def _kill_tree(pids: list[int], timeout: float = 10.0) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _wait_gone(pids, timeout)
-
-
 def read_dir(store: ImageStore, run_dir: Path, op_id: str, size: int) -> Path:
     """Where the image's CRIU files go for CRIU to read: gpuos's memory directory (tmpfs,
     $GPUOS_HOT) if it has room for them and a quarter more, else the run directory."""
@@ -419,7 +410,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     except GpuosError as exc:
         for pl in placements:
             pl.kill()
-        _kill_tree([pid for pl in placements for pid in pl.pids.values()])
+        _wait_gone([pid for pl in placements for pid in pl.pids.values()])
         if helpers:
             helpers.abort()
         op.finish()
