@@ -446,11 +446,8 @@ def test_a_corrupt_chunk_of_gpu_memory_fails_the_restore_and_ends_the_process(ap
     assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()
 
 
-def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home, store, tmp_path):
-    """gpuos SIGKILLed at the start of movable-fill: the restored process waits for memory
-    only that gpuos had; `gpuos recover` kills it, and the image restores again."""
-    pid, out, err, stop = app
-    driver, criu, _ = checkpointed(pid, "again", home, store, criu_bin, tmp_path)
+def restore_killed_while_filling(pid: int, image: str, home, store, criu_bin, tmp_path, **kw) -> None:
+    """A gpuos (a child of ours) restoring `image`, SIGKILLed at the start of movable-fill."""
     hold = tmp_path / "held"
     child = os.fork()
     if child == 0:
@@ -458,12 +455,20 @@ def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home,
             os.environ.update(GPUOS_TEST_HOLD_AT="movable-fill", GPUOS_TEST_HOLD_FILE=str(hold))
             drv = FakeDriver()
             drv.add(pid)
-            restore("again", home.run, store, lambda: drv, Criu(criu_bin, tmp_path / "plugins"))
+            restore(image, home.run, store, lambda: drv, Criu(criu_bin, tmp_path / "plugins"), **kw)
         finally:
             os._exit(0)
     wait_for(hold.exists, "gpuos to reach movable-fill")
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
+
+
+def test_gpuos_killed_while_it_fills_leaves_nothing_waiting(app, criu_bin, home, store, tmp_path):
+    """gpuos SIGKILLed at the start of movable-fill: the restored process waits for memory
+    only that gpuos had; `gpuos recover` kills it, and the image restores again."""
+    pid, out, err, stop = app
+    driver, criu, _ = checkpointed(pid, "again", home, store, criu_bin, tmp_path)
+    restore_killed_while_filling(pid, "again", home, store, criu_bin, tmp_path)
     assert procs.alive(pid)  # restored, held for its memory
     actions = recover(home.run, store, lambda: driver)
     assert any(f"killed pids {pid}" in a.action for a in actions), actions
@@ -502,19 +507,7 @@ def test_gpuos_killed_while_replicas_fill_leaves_none(app, criu_bin, home, store
     every replica (their pid 1), and the image restores again."""
     pid, out, err, stop = app
     driver, criu, _ = checkpointed(pid, "again", home, store, criu_bin, tmp_path)
-    hold = tmp_path / "held"
-    child = os.fork()
-    if child == 0:
-        try:
-            os.environ.update(GPUOS_TEST_HOLD_AT="movable-fill", GPUOS_TEST_HOLD_FILE=str(hold))
-            drv = FakeDriver()
-            drv.add(pid)
-            restore("again", home.run, store, lambda: drv, Criu(criu_bin, tmp_path / "plugins"), replicas=3)
-        finally:
-            os._exit(0)
-    wait_for(hold.exists, "gpuos to reach movable-fill")
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
+    restore_killed_while_filling(pid, "again", home, store, criu_bin, tmp_path, replicas=3)
     (journal,) = home.run.glob("op-*.json")
     inits = [p for p, _ in json.loads(journal.read_text())["replica_inits"]]
     assert len(inits) == 3 and all(procs.alive(p) for p in inits)
