@@ -18,8 +18,11 @@ For each model (gpuos.workloads.serve: `gpt2-large` 774M parameters, `resnet50`,
                 (`gpuos images warm`), and out of memory (`gpuos images cool`: cold)
 
 Reported per restore: time to the first answer from the start of `gpuos restore`, the
-restore overhead (that minus the request's own time), gpuos's phases, the bytes the
-restore read (logical, and from the disk), and whether the answer is the reference's.
+restore overhead (that minus the request's own time), gpuos's phases and the command's time
+outside them, the bytes the restore read (logical, and from the disk), and whether the
+answer is the reference's.  Per model, the disk's read rate measured on the image's own
+chunk files out of the page cache, and so the cold floor: the bytes a cold restore read
+from the disk at that rate.
 Per model: image size; scale-out (`--scale 1,2,4,8`): `gpuos restore --replicas N` of
 the image, timed until all N replicas answered a waiting request correctly; and with
 `--replicas N`, N servers of the same model each checkpointed into the same store: the
@@ -43,6 +46,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cr_baseline import open_bench
@@ -163,11 +167,43 @@ def timed_restore(env: dict, image: str, d: Path, n: int, reference: str, reques
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     kill(res["pid"])
     first = got["answered"] - t0
+    timings = res.get("timings", {})
     return {"first_answer_s": first, "overhead_s": first - request_s, "restore_cmd_s": after_restore - t0,
-            "timings": res.get("timings", {}), "fills": res.get("fills", {}),
+            "outside_phases_s": after_restore - t0 - sum(timings.values()),
+            "timings": timings, "fills": res.get("fills", {}),
             "host_memory": res.get("host_memory", {}),
             "correct": got["output"] == reference,
             "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}
+
+
+def disk_rate(store_root: Path, image: str, threads: int = 8) -> dict:
+    """The disk's read rate: the image's chunk files, dropped from the page cache, read by
+    `threads` readers as a restore's are (the cold floor of a restore is its disk bytes at
+    this rate)."""
+    chunks = ImageStore(store_root).chunks()
+    paths = [p for cid in ImageStore.load(store_root / image).chunk_set() if (p := chunks.stored(cid))]
+
+    def drop(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def read(path: Path) -> int:
+        n = 0
+        with open(path, "rb", buffering=0) as f:
+            while block := f.read(8 << 20):
+                n += len(block)
+        return n
+
+    for path in paths:
+        drop(path)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(read, paths))
+    seconds = time.monotonic() - t0  # and the image is in the page cache, as the first (warm) case needs
+    return {"bytes": total, "seconds": seconds, "bytes_per_s": total / seconds, "threads": threads}
 
 
 def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
@@ -228,6 +264,8 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
                          "stored_bytes": listing["chunk_bytes"]}
     print(f"{model}: image {me['size'] / 1e9:.2f} GB, checkpoint phases {json.dumps(row['checkpoint']['timings'])}",
           flush=True)
+    row["disk"] = disk_rate(home / "images", image)
+    print(f"{model}: disk reads the image at {row['disk']['bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
     # Every restore answers the request the cold-started server answered second (its
     # reference): request 1, dropped in before each restore and removed after.
     restores = {}
@@ -241,6 +279,7 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
         restores[case] = timed_restore(env, image, d, 1, cold["reference"], cold["request_s"], mode)
         (d / "req-1").unlink()
         restores[case]["read_bytes"] = me["size"]  # everything is read before the command returns
+        restores[case]["disk_floor_s"] = restores[case]["disk_read_bytes"] / row["disk"]["bytes_per_s"]
         print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}, "
               f"phases {json.dumps(restores[case]['timings'])}, fill {json.dumps(restores[case]['fills'])}",
               flush=True)
@@ -318,9 +357,10 @@ def markdown(results: list[dict]) -> str:
     lines = ["| model | image | cold start | restore, stop-the-world, warm | on demand, warm "
              "| on demand + lazy host memory, warm | on demand, hot tier "
              "| stop-the-world, cold | on demand, cold | on demand + lazy host memory, cold "
-             "| restore overhead (best warm) | read from disk by the restore (on demand, cold) | answers identical "
+             "| restore overhead (best warm) | read from disk by the restore (on demand, cold) "
+             "| disk rate: that read alone | answers identical "
              "| N replicas' store / one image's store |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for result in results:
         for r in result["rows"]:
             x = r["restore"]
@@ -333,7 +373,9 @@ def markdown(results: list[dict]) -> str:
                 f"| {cell('lazy-host cold')} "
                 f"| {min(v['overhead_s'] for k, v in x.items() if k.endswith('warm')):.2f} s "
                 f"| {x['on-demand cold']['disk_read_bytes'] / 1e9:.2f} GB "
-                f"| {all(v['correct'] for v in x.values())} | "
+                + (f"| {r['disk']['bytes_per_s'] / 1e9:.2f} GB/s: {x['on-demand cold']['disk_floor_s']:.2f} s "
+                   if "disk" in r else "| - ")
+                + f"| {all(v['correct'] for v in x.values())} | "
                 + (f"{rep['ratio_to_one_stored']:.2f} (N = {rep['n']})" if rep else "-") + " |")
     return "\n".join(lines)
 

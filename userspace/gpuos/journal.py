@@ -90,22 +90,24 @@ class Operation:
         return self.run_dir / f"op-{self.op_id}.lock"
 
     def save(self) -> None:
+        """Replace the journal whole (written beside, renamed over it): a gpuos killed at
+        any point leaves the old record or the new one.  Not fsynced: what it describes
+        (processes, their locks and stops) does not outlive the machine, and an fsync waits
+        behind the disk's queue; a cold restore's readahead made each one take seconds."""
         tmp = self.journal_path.with_suffix(".tmp")
         with open(tmp, "w") as f:
             json.dump(asdict(self.record), f)
-            f.flush()
-            os.fsync(f.fileno())
         os.rename(tmp, self.journal_path)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
         self.record.phase = name
         self.save()
         if os.environ.get(HOLD_ENV) == name:
             Path(os.environ[HOLD_FILE_ENV]).write_text(f"{os.getpid()} {name}\n")
             while True:
                 time.sleep(3600)
-        t0 = time.monotonic()
         try:
             yield
         finally:
