@@ -329,3 +329,14 @@ def live_operation(processes: Processes, run_dir: Path, kind: str, **record) -> 
     op_id = proc.stdout.readline().strip()
     assert op_id, "the operation's process printed no op id"
     return op_id, proc
+
+
+def kill_run(app_pid: int, proc: subprocess.Popen) -> None:
+    """An application and its `gpuos run` (killing only the latter would leave the
+    application holding the pipe), then the run reaped."""
+    for pid in (app_pid, proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate()

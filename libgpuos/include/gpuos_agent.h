@@ -70,6 +70,12 @@
  *            drops it without a copy, and so does the end of the connection unless it is
  *            handed out.
  *
+ *   MEM_STATS  (any time) one struct gpuos_res_stats follows the reply (count = 1): the
+ *            memory scheduler's figures (`gpuos run --gpu-memory`; limit 0: no limit).
+ *
+ * Under --gpu-memory (libgpuos/src/resident.c) HOLD is refused (EOPNOTSUPP): part of the
+ * memory may live in host memory only, which the checkpoint's steps do not know yet.
+ *
  * Closing the connection while held resumes the process if its memory is mapped (a
  * client that died must not leave the application stopped); while released it stays
  * held until a client maps or fills it (its memory exists only in what the client held).
@@ -102,6 +108,7 @@ enum gpuos_agent_cmd {
 	GPUOS_AGENT_SNAPSHOT = 11,
 	GPUOS_AGENT_DROP = 12,
 	GPUOS_AGENT_FILL_PARTS = 13,
+	GPUOS_AGENT_MEM_STATS = 14,
 };
 
 struct gpuos_agent_req {
@@ -137,6 +144,28 @@ struct gpuos_agent_part {
 	uint64_t offset; /* bytes into the allocation */
 	uint64_t length;
 	uint64_t stage;  /* where the bytes are in the staging area */
+};
+
+/* The memory scheduler's figures since the process started (bytes, counts, nanoseconds). */
+struct gpuos_res_stats {
+	uint64_t limit;          /* --gpu-memory; 0: no limit, nothing below applies */
+	uint64_t allocations;    /* movable allocations now */
+	uint64_t reserved_bytes; /* their address ranges */
+	uint64_t resident_bytes; /* of those, with physical memory (<= limit) */
+	uint64_t evicted_bytes;  /* of those, whose contents are in host memory only */
+	uint64_t bytes_in;       /* copied back to the GPU */
+	uint64_t bytes_out;      /* copied out at evictions */
+	uint64_t swap_ins;       /* allocations copied back */
+	uint64_t evictions;
+	uint64_t launches;       /* launches checked */
+	uint64_t calls_swapped;  /* calls that had to bring something in */
+	uint64_t need_all;       /* calls that needed every allocation (unpredictable) */
+	uint64_t over_limit;     /* calls refused: what they need does not fit (CUDA_ERROR_OUT_OF_MEMORY) */
+	uint64_t stall_ns;       /* time the application's calls spent making memory resident */
+	uint64_t in_ns;          /* of it, copying in */
+	uint64_t out_ns;         /* of it, evicting */
+	uint64_t pageable_hosts; /* evicted allocations whose host memory could not be pinned */
+	uint64_t capture_unchecked; /* calls not checked: a stream capture was in progress */
 };
 
 #endif /* GPUOS_AGENT_H */

@@ -108,6 +108,7 @@ static void wait_open(void)
 }
 
 static void fill_gate(int hk);
+static void resident_gate(int hk);
 
 /* The gate was found set at the entry of a wrapper (slot marked; NULL: an overflow thread,
  * counted in overflow_inside). */
@@ -121,6 +122,8 @@ void gpuos_gate_wait(struct gpuos_gate_slot *s, int hk)
 		int g = gate_set();
 		if (g == GPUOS_GATE_FILLING)
 			return fill_gate(hk);
+		if (g == GPUOS_GATE_RESIDENT)
+			return resident_gate(hk);
 		if (!g)
 			return;
 		if (s)
@@ -330,6 +333,8 @@ static void do_hold(uint64_t flags, struct gpuos_agent_reply *r)
 	}
 	if (!H.depth && __atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
 		return say(r, EBUSY, "its memory is still being filled");
+	if (gpuos_res_limit())
+		return say(r, EOPNOTSUPP, "a process under --gpu-memory cannot be held (checkpointed) yet");
 	if (H.depth++) {
 		r->count = (uint32_t)H.n;
 		r->bytes = H.bytes;
@@ -792,6 +797,25 @@ static void fill_gate(int hk)
 		gpuos_fill_wait_all(gpuos_hook_name(hk));
 }
 
+/* Under --gpu-memory: a launch, copy or memset makes resident what it touches (its
+ * handler, from the prediction); a call that may touch any allocation, all of them. */
+static uint8_t res_class[HK_COUNT];
+static int res_class_made; /* atomic */
+
+static void resident_gate(int hk)
+{
+	if (!__atomic_load_n(&res_class_made, __ATOMIC_ACQUIRE)) {
+		for (int k = 0; k < HK_COUNT; k++)
+			res_class[k] = (uint8_t)gpuos_hook_res_class(k);
+		__atomic_store_n(&res_class_made, 1, __ATOMIC_RELEASE);
+	}
+	int c = hk >= 0 && hk < HK_COUNT ? res_class[hk] : GPUOS_FILL_ALL;
+	if (c == GPUOS_FILL_PRECISE)
+		gpuos_tls_fill_check = 1;
+	else if (c == GPUOS_FILL_ALL)
+		gpuos_fill_wait_all(gpuos_hook_name(hk)); /* if that fails, the call may fault: said on stderr */
+}
+
 /* Wait for allocation i of H (SIZE_MAX: all) to be filled. */
 static void fill_wait(size_t i)
 {
@@ -804,10 +828,12 @@ static void fill_wait(size_t i)
 	pthread_mutex_unlock(&fill_mu);
 }
 
-void gpuos_fill_wait_all(const char *why)
+CUresult gpuos_fill_wait_all(const char *why)
 {
 	if (tls_is_agent)
-		return;
+		return CUDA_SUCCESS;
+	if (gate_set() == GPUOS_GATE_RESIDENT)
+		return gpuos_res_need_all(why);
 	pthread_mutex_lock(&fill_mu);
 	int pending = fill_left && fill_pending;
 	if (pending) {
@@ -817,12 +843,11 @@ void gpuos_fill_wait_all(const char *why)
 	pthread_mutex_unlock(&fill_mu);
 	if (pending)
 		fill_wait(SIZE_MAX);
+	return CUDA_SUCCESS;
 }
 
-void gpuos_fill_wait_ptr(uint64_t ptr)
+static void fill_wait_ptr(uint64_t ptr)
 {
-	if (tls_is_agent || !__atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
-		return;
 	size_t lo = 0, hi = H.n; /* H stands still while filling: HOLD is refused */
 	while (lo < hi) {
 		size_t mid = (lo + hi) / 2;
@@ -835,14 +860,32 @@ void gpuos_fill_wait_ptr(uint64_t ptr)
 	}
 }
 
-void gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags)
+/* n addresses `stride` bytes apart (a launch's buffers, a copy's sides): waited for while
+ * filling, made resident under --gpu-memory. */
+static CUresult wait_for(const uint64_t *p, size_t n, size_t stride, int launch)
+{
+	if (tls_is_agent)
+		return CUDA_SUCCESS;
+	if (gate_set() == GPUOS_GATE_RESIDENT)
+		return gpuos_res_need(p, n, stride, launch);
+	if (__atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
+		for (size_t i = 0; i < n; i++)
+			fill_wait_ptr(*(const uint64_t *)((const char *)p + i * stride));
+	return CUDA_SUCCESS;
+}
+
+CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n)
+{
+	return wait_for(ptrs, n, sizeof *ptrs, 0);
+}
+
+CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags)
 {
 	if (lflags & (GPUOS_LAUNCH_LAYOUT_UNKNOWN | GPUOS_LAUNCH_TOUCH_ALL | GPUOS_LAUNCH_TRUNCATED))
 		return gpuos_fill_wait_all(lflags & GPUOS_LAUNCH_LAYOUT_UNKNOWN ? "a launch of unknown layout" :
 					   lflags & GPUOS_LAUNCH_TOUCH_ALL ? "a launch that touches everything" :
 									     "a launch with more buffers than recorded");
-	for (uint32_t i = 0; i < n; i++)
-		gpuos_fill_wait_ptr(b[i].base);
+	return wait_for(&b->base, n, sizeof *b, 1);
 }
 
 /* FILL with GPUOS_AGENT_FILL_LATER: new memory for every allocation, its contents to come. */
@@ -1140,6 +1183,7 @@ static void serve(int conn)
 		case GPUOS_AGENT_RELEASE: do_release(&r); break;
 		case GPUOS_AGENT_MAP: do_map(fds, nfds, q.arg, &r); break;
 		case GPUOS_AGENT_FILL: do_fill(q.arg, &r); break;
+		case GPUOS_AGENT_MEM_STATS: r.count = 1; break;
 		default: say(&r, EINVAL, "unknown command %u", q.cmd); break;
 		}
 		close_fds(fds, nfds);
@@ -1158,6 +1202,12 @@ static void serve(int conn)
 			int e = send_all(conn, v, H.n * sizeof *v, NULL, 0);
 			free(v);
 			if (e)
+				goto out;
+		}
+		if (q.cmd == GPUOS_AGENT_MEM_STATS) {
+			struct gpuos_res_stats st;
+			gpuos_res_stats(&st);
+			if (send_all(conn, &st, sizeof st, NULL, 0))
 				goto out;
 		}
 	}

@@ -13,6 +13,8 @@
  *   graph.c    graph execs: node extraction at instantiate/update, replay at launch
  *   defer.c    per-thread queues and the recording thread: operations recorded off the
  *              launching thread
+ *   resident.c GPU memory oversubscription (--gpu-memory): movable memory made resident
+ *              before the calls that touch it
  *
  * Every wrapper of the hook table calls a handler (HANDLER(real, pt, args...)): `real`
  * is the driver's entry point of exactly that exported symbol, `pt` is 1 for the
@@ -497,6 +499,20 @@ size_t gpuos_movable_access(int device, const CUmemAccessDesc **out);
 /* New physical memory for [va, va + size) on device, mapped read-write. */
 CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out);
 
+/* ---- resident.c --------------------------------------------------------------------- */
+
+struct gpuos_res_stats;
+uint64_t gpuos_res_limit(void); /* GPUOS_GPU_MEMORY in bytes; 0: no limit */
+/* A movable allocation [base, base + size) with no physical memory yet: 0, or -1. */
+int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx);
+/* Forget an allocation being freed: its physical memory's handle (0: none to release). */
+CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
+/* Make the allocations holding n addresses (`stride` bytes apart) resident for this call,
+ * a launch or not; the lock is this call's until its outermost wrapper returns. */
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
+CUresult gpuos_res_need_all(const char *why);
+void gpuos_res_stats(struct gpuos_res_stats *out);
+
 /* ---- agent.c ------------------------------------------------------------------------ */
 
 /* The gate every exported wrapper passes (agent.c explains it): gpuos_hot.gate is 0 (open),
@@ -505,6 +521,7 @@ CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGeneri
  * touches). */
 #define GPUOS_GATE_HELD 1
 #define GPUOS_GATE_FILLING 2
+#define GPUOS_GATE_RESIDENT 3 /* under --gpu-memory, for good: each call makes resident what it touches */
 struct gpuos_gate_slot {
 	int inside; /* wrappers of this thread in progress (only this thread writes it) */
 	int used;   /* atomic: owned by a live thread */
@@ -531,8 +548,13 @@ static inline struct gpuos_gate_slot *gpuos_gate_enter(int hk)
 	return s;
 }
 
+extern GPUOS_TLS int gpuos_tls_res_held; /* resident.c: this call holds the scheduler's lock */
+void gpuos_res_release(void);
+
 static inline void gpuos_gate_exit(struct gpuos_gate_slot *s)
 {
+	if (unlikely(gpuos_tls_res_held) && (!s || s->inside == 1))
+		gpuos_res_release(); /* the outermost wrapper: its real call is submitted */
 	if (likely(s != NULL))
 		__atomic_store_n(&s->inside, s->inside - 1, __ATOMIC_RELEASE);
 	else
@@ -549,6 +571,7 @@ enum gpuos_fill_class {
 	GPUOS_FILL_ALL,     /* may touch any: waits until everything is filled */
 };
 int gpuos_hook_fill_class(int hk);
+int gpuos_hook_res_class(int hk); /* the same, for the memory scheduler */
 const char *gpuos_hook_name(int hk);
 extern GPUOS_TLS int gpuos_tls_fill_check;
 static inline int gpuos_fill_checking(void)
@@ -558,13 +581,15 @@ static inline int gpuos_fill_checking(void)
 	gpuos_tls_fill_check = 0;
 	return 1;
 }
-/* Wait until the movable allocation holding ptr (if one still being filled does) is filled. */
-void gpuos_fill_wait_ptr(uint64_t ptr);
+/* Wait until the movable allocations holding ptrs (if any still being filled do) are
+ * filled; under --gpu-memory, make them resident.  Not CUDA_SUCCESS: the call must fail
+ * with that (they cannot be made resident). */
+CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n);
 /* A launch's predicted buffers (lflags: its GPUOS_LAUNCH_* flags; an unknown layout
  * waits for everything). */
-void gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags);
-/* Wait until every movable allocation is filled; `why` is counted and reported to gpuos. */
-void gpuos_fill_wait_all(const char *why);
+CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags);
+/* Wait until every movable allocation is filled (resident); `why` is counted and reported. */
+CUresult gpuos_fill_wait_all(const char *why);
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
 /* ctl.c: close the control connection (no socket to an outside peer while CRIU dumps the

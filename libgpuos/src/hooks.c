@@ -93,6 +93,24 @@ int gpuos_hook_fill_class(int hk)
 	return GPUOS_FILL_ALL;
 }
 
+/* Under --gpu-memory (resident.c): launches, copies and memsets make resident what they
+ * touch; these may touch any allocation, so they need all of it; anything else (frees,
+ * synchronisation, context teardown, ...) touches no contents and goes on. */
+static const char *const res_all[] = {
+	"cuGraphLaunch", "cuMemcpyBatch", "cuStreamWriteValue",
+};
+
+int gpuos_hook_res_class(int hk)
+{
+	const char *n = gpuos_hook_name(hk);
+	for (size_t i = 0; i < sizeof res_all / sizeof *res_all; i++)
+		if (has_prefix(n, res_all[i]))
+			return GPUOS_FILL_ALL;
+	if (has_prefix(n, "cuLaunch") || has_prefix(n, "cuMemcpy") || has_prefix(n, "cuMemset"))
+		return GPUOS_FILL_PRECISE;
+	return GPUOS_FILL_NEUTRAL;
+}
+
 /* The unhooked writers (unhooked.h): their trampolines (unhooked_x86_64.S), names and
  * the driver's entry points. */
 /* The trampolines under names of their own (cuda.h declares the real prototypes). */
@@ -341,8 +359,15 @@ __attribute__((visibility("hidden"))) void *gpuos_unhooked_used(int i)
 {
 	if (!__atomic_load_n(&gpuos_resolved, __ATOMIC_ACQUIRE))
 		gpuos_resolve();
-	if (unlikely(__atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE) == GPUOS_GATE_FILLING))
+	int gate = __atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE);
+	if (unlikely(gate == GPUOS_GATE_FILLING))
 		gpuos_fill_wait_all(unhooked_names[i]);
+	if (unlikely(gate == GPUOS_GATE_RESIDENT)) {
+		/* No wrapper returns through here to keep the scheduler's lock to the call:
+		 * everything resident now, and another thread's launch could evict before it. */
+		gpuos_fill_wait_all(unhooked_names[i]);
+		gpuos_res_release();
+	}
 	gpuos_track_incomplete(GPUOS_INCOMPLETE_UNHOOKED_WRITER,
 			       "the application called %s, which writes device memory and is not "
 			       "tracked", unhooked_names[i]);

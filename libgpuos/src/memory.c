@@ -154,10 +154,17 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a)
 		return 0;
 	size_t size = (bytes + g - 1) & ~(g - 1);
 	CUdeviceptr va;
-	CUmemGenericAllocationHandle h;
+	CUmemGenericAllocationHandle h = 0;
 	if (gpuos_drv.mem_address_reserve(&va, size, 0, 0, 0) != CUDA_SUCCESS)
 		goto fallback;
-	if (gpuos_movable_map_new(va, size, dev, &h) != CUDA_SUCCESS) {
+	if (gpuos_res_limit()) {
+		/* Under --gpu-memory only the range: physical memory when a call touches it
+		 * (resident.c).  Its handle is resident.c's. */
+		if (gpuos_res_add(va, size, dev, gpuos_current_ctx())) {
+			gpuos_drv.mem_address_free(va, size);
+			goto fallback;
+		}
+	} else if (gpuos_movable_map_new(va, size, dev, &h) != CUDA_SUCCESS) {
 		gpuos_drv.mem_address_free(va, size);
 		goto fallback;
 	}
@@ -181,10 +188,13 @@ CUresult gpuos_movable_free(const struct gpuos_alloc *a)
 	CUresult r = gpuos_drv.ctx_sync ? gpuos_drv.ctx_sync() : CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = gpuos_drv.mem_unmap(a->base, size);
-	if (r != CUDA_SUCCESS)
-		return r;
-	gpuos_drv.mem_release(a->aux);
+	CUmemGenericAllocationHandle h = gpuos_res_limit() ? gpuos_res_forget(a->base) : a->aux;
+	if (h) {
+		r = gpuos_drv.mem_unmap(a->base, size);
+		if (r != CUDA_SUCCESS)
+			return r;
+		gpuos_drv.mem_release(h);
+	}
 	gpuos_drv.mem_address_free(a->base, size);
 	GPUOS_COUNT(movable_bytes, -(uint64_t)size);
 	return CUDA_SUCCESS;

@@ -340,10 +340,11 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 
 /* While filling, a launch that is not recorded (tracking paused): nothing predicts what it
  * touches, so it waits for everything. */
-static inline void fill_untracked(void)
+static inline CUresult fill_untracked(void)
 {
 	if (unlikely(gpuos_fill_checking()))
-		gpuos_fill_wait_all("a launch while tracking is paused");
+		return gpuos_fill_wait_all("a launch while tracking is paused");
+	return CUDA_SUCCESS;
 }
 
 /* A launch's result, its stages timed in a selftime build: t0 the handler's start, t1
@@ -375,12 +376,13 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 		}                                                              \
 		gpuos_defer_drain_self();                                      \
 		if (!launch_begin(&(L), f, kp, extra)) {                       \
-			if (filling_)                                          \
-				gpuos_fill_wait_all("a launch not tracked");   \
+			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked")) != CUDA_SUCCESS) \
+				return r_;                                     \
 			return (call);                                         \
 		}                                                              \
-		if (filling_) /* predicted before the call: wait for them */   \
-			gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags); \
+		/* predicted before the call: wait for them (make them resident) */ \
+		if (filling_ && (r_ = gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags)) != CUDA_SUCCESS) \
+			return launch_end(&(L), r_);                           \
 		t1_ = ST_NOW();                                                \
 		r_ = (call);                                                   \
 		uint64_t t2_ = ST_NOW();                                       \
@@ -392,8 +394,10 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 			       unsigned int shmem, CUstream st, void **kp, void **extra)
 {
 	struct launch L;
-	if (!gpuos_recording())
-		return fill_untracked(), real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
+	if (!gpuos_recording()) {
+		CUresult w = fill_untracked();
+		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
+	}
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), 0);
 	LAUNCH_OP(L, t0, f, kp, extra, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra));
@@ -403,8 +407,10 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 				  CUfunction f, void **kp, void **extra)
 {
 	struct launch L;
-	if (!config || !gpuos_recording())
-		return fill_untracked(), real(config, f, kp, extra);
+	if (!config || !gpuos_recording()) {
+		CUresult w = fill_untracked();
+		return w != CUDA_SUCCESS ? w : real(config, f, kp, extra);
+	}
 	uint16_t flags = GPUOS_LAUNCH_EX;
 	for (unsigned i = 0; config->attrs && i < config->numAttrs; i++)
 		if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative)
@@ -420,8 +426,10 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 				    unsigned int by, unsigned int bz, unsigned int shmem, CUstream st, void **kp)
 {
 	struct launch L;
-	if (!gpuos_recording())
-		return fill_untracked(), real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
+	if (!gpuos_recording()) {
+		CUresult w = fill_untracked();
+		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
+	}
 	uint64_t t0 = ST_NOW();
 	launch_init(&L, gx, gy, gz, bx, by, bz, shmem, gpuos_eff_stream(st, pt), GPUOS_LAUNCH_COOPERATIVE);
 	LAUNCH_OP(L, t0, f, kp, NULL, real(f, gx, gy, gz, bx, by, bz, shmem, st, kp));
@@ -569,14 +577,18 @@ static CUresult copy_end(struct copy *c, CUresult r)
 	return r;
 }
 
-/* While filling: wait for the movable allocations a copy or memset touches (an address
- * on either side may be one; a CUDA array is not). */
-static void fill_wait_copy(const struct copy_desc *d)
+/* While filling (or under --gpu-memory): wait for the movable allocations a copy or
+ * memset touches, or make them resident (an address on either side may be one; a CUDA
+ * array is not). */
+static CUresult fill_wait_copy(const struct copy_desc *d)
 {
+	uint64_t p[2];
+	size_t n = 0;
 	if (d->dst_side != SIDE_NONE && d->dst_side != SIDE_HOST)
-		gpuos_fill_wait_ptr(d->dst);
+		p[n++] = d->dst;
 	if (d->src_side != SIDE_NONE && d->src_side != SIDE_HOST)
-		gpuos_fill_wait_ptr(d->src);
+		p[n++] = d->src;
+	return gpuos_fill_wait_ptrs(p, n);
 }
 
 /* Around the real call `call`: queued, else recorded inline, else only called.  `call`
@@ -587,7 +599,9 @@ static void fill_wait_copy(const struct copy_desc *d)
 		struct gpuos_qe *e_;                                     \
 		if (unlikely(gpuos_fill_checking())) {                   \
 			struct copy_desc f_ = (desc);                    \
-			fill_wait_copy(&f_);                             \
+			CUresult w_ = fill_wait_copy(&f_);               \
+			if (w_ != CUDA_SUCCESS)                          \
+				return w_;                               \
 		}                                                        \
 		if (!gpuos_recording())                                  \
 			return (call);                                   \

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from gpu_needs import NO_TORCH_GPU, probe, torch_gpu_marks
 
 from gpuos.workloads.run import Finished, private_caches, run, suite_cmd, under_gpuos
 from gpuos.workloads.suite import VOLATILE_KEYS
 
-pytestmark = pytest.mark.gpu
 
 STEPS = ["--steps", "2", "--warmup", "1"]
 SMALL_GPT = ["--layers", "4", "--seq", "256"]
@@ -41,21 +39,8 @@ MORE_COUNTERS = {"gpt-graphs": ["graph_launches"]}
 RUN_TIMEOUT = 240  # one run; the GPU host's pytest stops a test at 300 s
 
 
-def _probe(code: str) -> str | None:
-    """None if the code runs in a fresh interpreter, else why not."""
-    try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        return "timed out"
-    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["failed"])[-1]
-
-
-_NO_GPU = _probe("import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'")
-if _NO_GPU:
-    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"needs torch and a CUDA GPU: {_NO_GPU}")]
-    _NO_CUPY = None
-else:
-    _NO_CUPY = _probe("import cupy; cupy.cuda.runtime.getDeviceCount()")
+pytestmark = torch_gpu_marks()
+_NO_CUPY = None if NO_TORCH_GPU else probe("import cupy; cupy.cuda.runtime.getDeviceCount()")
 
 
 def _case(workload: str):

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from gpu_needs import probe, torch_gpu_marks
 
 from gpuos.movable import Agent, agent_available
 from gpuos.workloads.run import last_json_object, private_caches, run, suite_cmd, under_gpuos
 
-pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA_INC = next((p for p in ("/usr/local/cuda/include", *sorted(map(str, Path("/usr/local").glob("cuda-*/include"))))
@@ -35,14 +35,7 @@ WORKLOADS = {
 }
 
 
-def _probe(code: str) -> str | None:
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["failed"])[-1]
-
-
-_NO_GPU = _probe("import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'")
-if _NO_GPU:
-    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"needs torch and a CUDA GPU: {_NO_GPU}")]
+pytestmark = torch_gpu_marks()
 
 
 def record(what: str, **timings) -> None:
@@ -165,7 +158,7 @@ def test_t_agent_memory_moves_on_the_gpu(tmp_path):
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_a_workload_trains_on_while_its_memory_moves(workload, tmp_path):
     """Three moves of each kind while it trains; the result is the uninterrupted run's."""
-    if workload == "cupy" and _probe("import cupy; cupy.cuda.runtime.getDeviceCount()"):
+    if workload == "cupy" and probe("import cupy; cupy.cuda.runtime.getDeviceCount()"):
         pytest.skip("needs CuPy")
     env = dict(os.environ, **private_caches(tmp_path / "cache"))
     cmd = suite_cmd(workload, WORKLOADS[workload])
@@ -197,7 +190,7 @@ def test_a_workload_trains_on_while_its_memory_moves(workload, tmp_path):
 def test_two_gpus_of_one_process_copy_between_their_movable_memory(tmp_path):
     """PyTorch copies between two GPUs: movable memory must be reachable from the peer
     (measured on 2 x H200 before gpuos gave peers access: the copy failed)."""
-    if _probe("import torch; assert torch.cuda.device_count() >= 2, 'one GPU'"):
+    if probe("import torch; assert torch.cuda.device_count() >= 2, 'one GPU'"):
         pytest.skip("needs two GPUs")
     prog = [sys.executable, str(REPO / "tests/gpu/programs/two_gpus.py")]
     plain = subprocess.run(prog, capture_output=True, text=True, timeout=200)

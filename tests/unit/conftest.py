@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,3 +21,13 @@ def libgpuos_build(tmp_path_factory) -> Path:
         pytest.skip("no CUDA toolkit headers (cuda.h) to build libgpuos against")
     assert res.returncode == 0, res.stderr
     return out
+
+
+@pytest.fixture
+def libgpuos_env(libgpuos_build) -> dict[str, str]:
+    """An environment running programs on the fake driver, `gpuos run` preloading the
+    freshly built libgpuos, and nothing of gpuos's from outside (GPUOS_*)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
+    e["GPUOS_LIBGPUOS"] = str(libgpuos_build / "libgpuos.so")
+    e["LD_LIBRARY_PATH"] = str(libgpuos_build / "fakecuda")
+    return e

@@ -39,11 +39,8 @@ def build(libgpuos_build) -> Path:
 
 
 @pytest.fixture
-def env(build) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("GPUOS_")}
-    e["GPUOS_LIBGPUOS"] = str(build / "libgpuos.so")
-    e["LD_LIBRARY_PATH"] = str(build / "fakecuda")
-    return e
+def env(libgpuos_env) -> dict[str, str]:
+    return libgpuos_env
 
 
 def prog_json(stdout: str) -> list[dict]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from gpuos.movable import Agent, AgentError, agent_available
 from gpuos.movable import agent as A
+from helpers import kill_run
 
 REPO = Path(__file__).resolve().parents[2]
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
@@ -56,14 +56,7 @@ class App:
         return self.proc.returncode, out, err
 
     def kill(self) -> None:
-        """The application and its `gpuos run` (killing only the latter would leave the
-        application holding the pipe)."""
-        for pid in (self.pid, self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.communicate()
+        kill_run(self.pid, self.proc)
 
 
 @pytest.fixture
@@ -94,16 +87,17 @@ def test_the_header_and_the_mirror_agree(tmp_path):
         pytest.skip("no C compiler")
     src = tmp_path / "l.c"
     src.write_text('#include <stdio.h>\n#include "gpuos_agent.h"\nint main(void){printf("%zu %zu %zu %zu %u %d %s '
-                   '%d %llu %u %d\\n", sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), '
+                   '%d %llu %u %d %d %zu\\n", sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), '
                    'sizeof(struct gpuos_agent_alloc), sizeof(struct gpuos_agent_part), GPUOS_AGENT_MAGIC, '
                    'GPUOS_AGENT_FDS_PER_MSG, GPUOS_AGENT_NAME, GPUOS_AGENT_FILL_PARTS, GPUOS_AGENT_FILL_LATER, '
-                   'GPUOS_AGENT_RESUME_FILLING, GPUOS_AGENT_PARTS_MAX); return 0;}\n')
+                   'GPUOS_AGENT_RESUME_FILLING, GPUOS_AGENT_PARTS_MAX, GPUOS_AGENT_MEM_STATS, '
+                   'sizeof(struct gpuos_res_stats)); return 0;}\n')
     subprocess.run([cc, "-Wall", "-Werror", f"-I{REPO / 'libgpuos' / 'include'}", "-o", str(tmp_path / "l"), str(src)],
                    check=True)
     out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(A.REQ.size), str(A.REPLY.size), str(A.ALLOC.size), str(A.PART.size), str(A.MAGIC),
                    str(A.FDS_PER_MSG), A.NAME, str(A.FILL_PARTS), str(A.FILL_LATER), str(A.RESUME_FILLING),
-                   str(A.PARTS_MAX)]
+                   str(A.PARTS_MAX), str(A.MEM_STATS), str(A.MEM_STATS_STRUCT.size)]
 
 
 def test_capture_hand_out_and_map_back_while_the_application_runs(app):

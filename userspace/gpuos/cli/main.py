@@ -41,7 +41,7 @@ Exit codes:
 # its own imports only (gpuos restore's start is part of a restore's time).
 LAZY = {"images": "images:images", "kmod": "kmod:kmod", "driver": "driver:driver", "policy": "policy:policy",
         "events": "events:events", "trace": "trace:trace", "run": "run:run_cmd", "mps": "mps:mps",
-        "faults": "faults:faults"}
+        "faults": "faults:faults", "mem": "mem:mem"}
 
 
 class GpuosGroup(click.Group):

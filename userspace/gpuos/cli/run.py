@@ -48,6 +48,20 @@ def _summary(res: RunResult) -> list[str]:
     return lines
 
 
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str | None) -> int | None:
+    """'12G', '512MiB', '1.5g', '1073741824' -> bytes (binary units); None stays None."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if not m or float(m[1]) * SIZE_UNITS[m[2].lower()] < 1 << 20:
+        raise click.BadParameter(f"{text!r} is not a size of at least 1M, such as 512M or 12G",
+                                 param_hint="--gpu-memory")
+    return int(float(m[1]) * SIZE_UNITS[m[2].lower()])
+
+
 def _check_cpu_list(text: str) -> None:
     """A CPU list as the kernel writes them (12, 12-13,15), of CPUs this machine has."""
     ncpu = os.cpu_count() or 1
@@ -98,10 +112,17 @@ def _check_cpu_list(text: str) -> None:
                    "driver's virtual-memory API, at addresses that stay, so that gpuos can move "
                    "them (checkpoint while running); driver: the driver's own, for programs "
                    "that share device memory through CUDA IPC.")
+@click.option("--gpu-memory", "gpu_memory", metavar="LIMIT", callback=lambda c, p, v: _size(v),
+              help="Oversubscribe GPU memory: at most LIMIT bytes (e.g. 12G, 512M) of the "
+                   "application's movable memory are on the GPU at once, the rest in pinned host "
+                   "memory; before each launch, copy or memset, what it will touch (predicted from "
+                   "its arguments) is made resident, least recently used allocations evicted. "
+                   "Pointers never change. `gpuos mem stats PID` shows what moved. Needs --memory "
+                   "movable; such a process cannot be checkpointed yet.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, memory, quiet, cmd) -> None:
+            paused, memory, gpu_memory, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -132,10 +153,13 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         _check_cpu_list(record_cpus)
     if paused and validate:
         raise click.BadParameter("validation cannot be paused", param_hint="--paused")
+    if gpu_memory and memory != "movable":
+        raise click.BadParameter("needs --memory movable (gpuos moves only the memory it owns)",
+                                 param_hint="--gpu-memory")
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
-                                paused=paused, memory=memory)).run()
+                                paused=paused, memory=memory, gpu_memory=gpu_memory)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

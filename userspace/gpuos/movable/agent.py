@@ -18,10 +18,10 @@ NAME = "gpuos-agent-"
 FDS_PER_MSG = 200
 HOLD_DETACH = 1
 (HOLD, LIST, CAPTURE, EXPORT, RELEASE, MAP, FILL, RESUME, PREPARE, UNPREPARE, SNAPSHOT, DROP,
- FILL_PARTS) = range(1, 14)
+ FILL_PARTS, MEM_STATS) = range(1, 15)
 COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RELEASE: "RELEASE",
             MAP: "MAP", FILL: "FILL", RESUME: "RESUME", PREPARE: "PREPARE", UNPREPARE: "UNPREPARE",
-            SNAPSHOT: "SNAPSHOT", DROP: "DROP", FILL_PARTS: "FILL_PARTS"}
+            SNAPSHOT: "SNAPSHOT", DROP: "DROP", FILL_PARTS: "FILL_PARTS", MEM_STATS: "MEM_STATS"}
 SHADOWS = 1 << 63  # EXPORT's and MAP's arg: the snapshot's memory
 FILL_LATER = 1 << 62  # FILL's arg: new memory, its contents by FILL_PARTS
 RESUME_FILLING = 1  # RESUME's arg: the application goes on while its memory is filled
@@ -31,6 +31,10 @@ REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiIQ")
 PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
+MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
+                    "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
+                    "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked")
+MEM_STATS_STRUCT = struct.Struct("<" + "Q" * len(MEM_STATS_FIELDS))
 
 
 CLONE_NEWNET = 0x40000000
@@ -49,6 +53,30 @@ class MovableAlloc:
     ctx: int
     device: int
     last_use: int  # the seq of the last recorded operation that touched it (0: none)
+
+
+@dataclass(frozen=True)
+class MemStats:
+    """The memory scheduler's figures (struct gpuos_res_stats; `gpuos run --gpu-memory`)."""
+
+    limit: int  # 0: no limit, nothing below applies
+    allocations: int
+    reserved_bytes: int
+    resident_bytes: int
+    evicted_bytes: int  # contents in host memory only
+    bytes_in: int
+    bytes_out: int
+    swap_ins: int
+    evictions: int
+    launches: int
+    calls_swapped: int  # calls that brought something in
+    need_all: int  # calls that needed every allocation (unpredictable)
+    over_limit: int  # calls refused: what they need does not fit
+    stall_ns: int
+    in_ns: int
+    out_ns: int
+    pageable_hosts: int
+    capture_unchecked: int
 
 
 @dataclass(frozen=True)
@@ -187,6 +215,11 @@ class Agent:
         """Let the application go on; filling: while its memory is filled (FILL_PARTS), its
         calls waiting only for what they touch."""
         self._request(RESUME, RESUME_FILLING if filling else 0)
+
+    def mem_stats(self) -> MemStats:
+        """The memory scheduler's figures (any time; the application is not stopped)."""
+        self._request(MEM_STATS)
+        return MemStats(*MEM_STATS_STRUCT.unpack(self._recv_exact(MEM_STATS_STRUCT.size)))
 
     def list(self) -> list[MovableAlloc]:
         r = self._request(LIST)

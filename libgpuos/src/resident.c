@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * resident.c - GPU memory oversubscription: movable memory made resident before the
+ * calls that touch it, within a limit (`gpuos run --gpu-memory LIMIT`, GPUOS_GPU_MEMORY).
+ *
+ * Under a limit a movable allocation (memory.c) is only its reserved address range until
+ * a call touches it.  Its physical memory then comes from a pool of at most LIMIT bytes.
+ * When the pool is full, resident allocations the call does not touch are evicted:
+ * copied to pinned host memory (kept for the allocation's life: pinning costs far more
+ * than copying), unmapped and released.  The next call that touches one maps new memory
+ * at the same address and copies its contents back.  The application's pointers never
+ * change.
+ *
+ * What a call touches is libgpuos's prediction, made before the real call (the path an
+ * on-demand restore uses, agent.c): gpuos_hot.gate rests at GPUOS_GATE_RESIDENT, so
+ * every wrapper passes the gate's slow path; a launch, copy or memset has its
+ * allocations made resident (gpuos_res_need_*) before its real call, and anything that
+ * may touch any allocation (a graph launch, a batched copy, a stream memory operation, a
+ * launch of unknown layout) needs all of them resident.  If they cannot all fit, that
+ * is said on stderr and counted: a misprediction is never silent.  The lock is held
+ * from the first need until the outermost wrapper returns, so an eviction by another
+ * thread cannot come between a call's residency and its submission; an eviction waits
+ * for the context's work first, as cuMemFree does.
+ *
+ * Eviction is least recently used (tick of the last call that needed the allocation).
+ * Copies run on a stream of gpuos's own per context, one synchronisation per batch.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core.h"
+#include "gpuos_agent.h"
+
+#define MAX_CTX 16
+
+struct res {
+	uint64_t base;
+	uint64_t size;                  /* the reservation: what residency costs */
+	uint64_t ctx;
+	int32_t device;
+	uint32_t call;                  /* the call in progress needs it (== R.call) */
+	CUmemGenericAllocationHandle h; /* 0: not resident */
+	void *host;                     /* its contents while evicted (NULL: never evicted) */
+	int host_pinned;
+	int has_content;                /* evicted after use: host holds the contents */
+	uint64_t tick;                  /* the last call that needed it */
+};
+
+static struct {
+	pthread_mutex_t mu;
+	struct res *v;
+	size_t n, cap;
+	uint64_t limit;     /* bytes; 0: off */
+	uint64_t resident;  /* bytes of resident allocations */
+	uint64_t tick;
+	uint32_t call;
+	struct { uint64_t ctx; CUstream s; } streams[MAX_CTX];
+	struct gpuos_res_stats st;
+} R = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static int limit_read = 0; /* atomic: 0 not yet, 1 read */
+GPUOS_TLS int gpuos_tls_res_held;
+
+/* "12G", "512MiB", "1.5g", "1073741824": bytes, or 0 if not a size. */
+static uint64_t parse_size(const char *s)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || v <= 0)
+		return 0;
+	double mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1024.0; end++; break;
+	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+	}
+	if (mul > 1 && (*end == 'i' || *end == 'I'))
+		end++;
+	if (mul > 1 && (*end == 'b' || *end == 'B'))
+		end++;
+	return *end ? 0 : (uint64_t)(v * mul);
+}
+
+uint64_t gpuos_res_limit(void)
+{
+	if (__atomic_load_n(&limit_read, __ATOMIC_ACQUIRE))
+		return R.limit;
+	pthread_mutex_lock(&R.mu);
+	if (!limit_read) {
+		const char *e = getenv("GPUOS_GPU_MEMORY");
+		if (e && *e) {
+			R.limit = parse_size(e);
+			if (!R.limit)
+				fprintf(stderr, "gpuos: GPUOS_GPU_MEMORY=%s is not a size; no limit\n", e);
+		}
+		R.st.limit = R.limit;
+		__atomic_store_n(&limit_read, 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&R.mu);
+	return R.limit;
+}
+
+/* The lock outside a call's need (this thread may hold it already: a nested wrapper). */
+static int lock_unless_held(void)
+{
+	if (gpuos_tls_res_held)
+		return 0;
+	pthread_mutex_lock(&R.mu);
+	return 1;
+}
+
+static void unlock_if(int locked)
+{
+	if (locked)
+		pthread_mutex_unlock(&R.mu);
+}
+
+static ssize_t find(uint64_t p) /* the entry holding p, or -1 (R.mu held) */
+{
+	size_t lo = 0, hi = R.n;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (p < R.v[mid].base)
+			hi = mid;
+		else if (p >= R.v[mid].base + R.v[mid].size)
+			lo = mid + 1;
+		else
+			return (ssize_t)mid;
+	}
+	return -1;
+}
+
+int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
+{
+	int locked = lock_unless_held();
+	if (R.n == R.cap) {
+		size_t cap = R.cap ? 2 * R.cap : 64;
+		struct res *v = realloc(R.v, cap * sizeof *v);
+		if (!v) {
+			unlock_if(locked);
+			return -1;
+		}
+		R.v = v;
+		R.cap = cap;
+	}
+	size_t i = R.n;
+	while (i && R.v[i - 1].base > base)
+		i--;
+	memmove(&R.v[i + 1], &R.v[i], (R.n - i) * sizeof *R.v);
+	R.v[i] = (struct res){ .base = base, .size = size, .ctx = ctx, .device = device };
+	R.n++;
+	R.st.allocations++;
+	R.st.reserved_bytes += size;
+	/* From the first allocation under a limit, every wrapper passes the gate's slow path. */
+	int open = 0;
+	__atomic_compare_exchange_n(&gpuos_hot.gate, &open, GPUOS_GATE_RESIDENT, 0, __ATOMIC_RELEASE,
+				    __ATOMIC_RELAXED);
+	unlock_if(locked);
+	return 0;
+}
+
+static void drop_host(struct res *r)
+{
+	if (!r->host)
+		return;
+	if (r->host_pinned && gpuos_drv.mem_host_unregister)
+		gpuos_drv.mem_host_unregister(r->host);
+	munmap(r->host, r->size);
+	r->host = NULL;
+	r->has_content = 0;
+}
+
+CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
+{
+	int locked = lock_unless_held();
+	ssize_t i = find(base);
+	CUmemGenericAllocationHandle h = 0;
+	if (i >= 0) {
+		struct res *r = &R.v[i];
+		h = r->h;
+		if (h)
+			R.resident -= r->size;
+		R.st.allocations--;
+		R.st.reserved_bytes -= r->size;
+		if (r->has_content && !h)
+			R.st.evicted_bytes -= r->size;
+		drop_host(r);
+		memmove(r, r + 1, (R.n - (size_t)i - 1) * sizeof *r);
+		R.n--;
+		R.st.resident_bytes = R.resident;
+	}
+	unlock_if(locked);
+	return h;
+}
+
+/* gpuos's copy stream in the current context (created at its first use). */
+static CUstream swap_stream(void)
+{
+	uint64_t ctx = gpuos_current_ctx();
+	for (int i = 0; i < MAX_CTX; i++) {
+		if (R.streams[i].s && R.streams[i].ctx == ctx)
+			return R.streams[i].s;
+		if (!R.streams[i].s) {
+			CUstream s;
+			if (!gpuos_drv.stream_create || gpuos_drv.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+				return NULL;
+			R.streams[i].ctx = ctx;
+			R.streams[i].s = s;
+			return s;
+		}
+	}
+	return NULL; /* more contexts than slots: the legacy stream, synchronised all the same */
+}
+
+/* Host memory for r's contents, pinned if the driver lets it (else pageable: slower). */
+static int host_for(struct res *r)
+{
+	if (r->host)
+		return 0;
+	void *p = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return -1;
+	r->host = p;
+	r->host_pinned = gpuos_drv.mem_host_register &&
+			 gpuos_drv.mem_host_register(p, r->size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+	if (!r->host_pinned)
+		R.st.pageable_hosts++;
+	return 0;
+}
+
+/* Evict up to `max` of the least recently used resident allocations the call does not
+ * need, as one batch, until `want` more bytes fit under the limit.  0, or -1 if they
+ * cannot (or a step failed). */
+#define EVICT_BATCH 64
+static int evict_batch(uint64_t want)
+{
+	struct res *victims[EVICT_BATCH];
+	size_t nv = 0;
+	uint64_t freed = 0;
+	while (R.resident - freed + want > R.limit && nv < EVICT_BATCH) {
+		struct res *best = NULL;
+		for (size_t i = 0; i < R.n; i++) {
+			struct res *r = &R.v[i];
+			if (!r->h || r->call == R.call || r->tick == UINT64_MAX)
+				continue;
+			if (!best || r->tick < best->tick)
+				best = r;
+		}
+		if (!best)
+			break;
+		victims[nv++] = best;
+		freed += best->size;
+		best->tick = UINT64_MAX; /* taken (set again below) */
+	}
+	if (!nv)
+		return -1;
+	/* The victims may still be in use by work already submitted, on any stream. */
+	int ok = !gpuos_drv.ctx_sync || gpuos_drv.ctx_sync() == CUDA_SUCCESS;
+	CUstream s = swap_stream();
+	uint64_t t0 = gpuos_now_ns();
+	for (size_t k = 0; ok && k < nv; k++) {
+		struct res *r = victims[k];
+		ok = !host_for(r) && gpuos_drv.memcpy_dtoh_async(r->host, r->base, r->size, s) == CUDA_SUCCESS;
+	}
+	ok = ok && gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
+	for (size_t k = 0; k < nv; k++) {
+		struct res *r = victims[k];
+		r->tick = 0; /* evicted: oldest of all, if it comes back unused */
+		if (!ok)
+			continue; /* still resident, its contents where they were */
+		gpuos_drv.mem_unmap(r->base, r->size);
+		gpuos_drv.mem_release(r->h);
+		r->h = 0;
+		r->has_content = 1;
+		R.st.evicted_bytes += r->size;
+		R.resident -= r->size;
+		R.st.bytes_out += r->size;
+		R.st.evictions++;
+	}
+	R.st.out_ns += gpuos_now_ns() - t0;
+	return ok ? 0 : -1;
+}
+
+static int make_room(uint64_t want)
+{
+	while (R.resident + want > R.limit)
+		if (evict_batch(want))
+			return -1;
+	return 0;
+}
+
+/* Make the entries marked for this call resident: room first, then new memory mapped and
+ * the evicted contents copied back, one synchronisation for all. */
+static CUresult bring_in(void)
+{
+	uint64_t want = 0;
+	for (size_t i = 0; i < R.n; i++)
+		if (R.v[i].call == R.call && !R.v[i].h)
+			want += R.v[i].size;
+	if (!want)
+		return CUDA_SUCCESS;
+	R.st.calls_swapped++;
+	if (make_room(want)) {
+		R.st.over_limit++;
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUstream s = swap_stream();
+	uint64_t t0 = gpuos_now_ns(), copied = 0;
+	for (size_t i = 0; i < R.n; i++) {
+		struct res *r = &R.v[i];
+		if (r->call != R.call || r->h)
+			continue;
+		CUresult c = gpuos_movable_map_new(r->base, r->size, r->device, &r->h);
+		if (c != CUDA_SUCCESS) {
+			r->h = 0;
+			return c;
+		}
+		R.resident += r->size;
+		if (r->has_content) {
+			c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
+			if (c != CUDA_SUCCESS)
+				return c;
+			copied += r->size;
+			R.st.evicted_bytes -= r->size;
+			R.st.swap_ins++;
+		}
+	}
+	if (copied) {
+		CUresult c = gpuos_drv.stream_sync(s);
+		if (c != CUDA_SUCCESS)
+			return c;
+		R.st.bytes_in += copied;
+		R.st.in_ns += gpuos_now_ns() - t0;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* The lock, for the rest of this call (released at the outermost wrapper's exit). */
+static void enter(void)
+{
+	if (gpuos_tls_res_held)
+		return;
+	pthread_mutex_lock(&R.mu);
+	gpuos_tls_res_held = 1;
+	R.call++;
+	if (!R.call)
+		R.call = 1;
+	R.tick++;
+}
+
+void gpuos_res_release(void)
+{
+	if (!gpuos_tls_res_held)
+		return;
+	R.st.resident_bytes = R.resident;
+	gpuos_tls_res_held = 0;
+	pthread_mutex_unlock(&R.mu);
+}
+
+static void mark(uint64_t p)
+{
+	ssize_t i = find(p);
+	if (i >= 0) {
+		R.v[i].call = R.call;
+		R.v[i].tick = R.tick;
+	}
+}
+
+static CUresult finish(uint64_t t0, CUresult c, const char *what)
+{
+	R.st.stall_ns += gpuos_now_ns() - t0;
+	if (c == CUDA_ERROR_OUT_OF_MEMORY) {
+		static int said;
+		if (!said++)
+			fprintf(stderr, "gpuos: %s needs more movable memory resident than --gpu-memory allows "
+					"(%llu bytes); it fails with CUDA_ERROR_OUT_OF_MEMORY\n",
+				what, (unsigned long long)R.limit);
+	}
+	return c;
+}
+
+/* A stream capture records calls instead of running them, and forbids the
+ * synchronisation an eviction needs: calls are not checked meanwhile (counted); the graph
+ * launch that runs them later needs everything. */
+static int capturing(void)
+{
+	if (!__atomic_load_n(&gpuos_hot.capturing, __ATOMIC_RELAXED))
+		return 0;
+	R.st.capture_unchecked++;
+	return 1;
+}
+
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
+{
+	uint64_t t0 = gpuos_now_ns();
+	enter();
+	R.st.launches += !!launch;
+	if (capturing())
+		return CUDA_SUCCESS;
+	for (size_t i = 0; i < n; i++)
+		mark(*(const uint64_t *)((const char *)p + i * stride));
+	return finish(t0, bring_in(), launch ? "a launch" : "a copy or memset");
+}
+
+CUresult gpuos_res_need_all(const char *why)
+{
+	uint64_t t0 = gpuos_now_ns();
+	enter();
+	R.st.need_all++;
+	for (size_t i = 0; i < R.n; i++) {
+		R.v[i].call = R.call;
+		R.v[i].tick = R.tick;
+	}
+	return finish(t0, bring_in(), why);
+}
+
+void gpuos_res_stats(struct gpuos_res_stats *out)
+{
+	int locked = lock_unless_held();
+	R.st.resident_bytes = R.resident;
+	*out = R.st;
+	unlock_if(locked);
+}

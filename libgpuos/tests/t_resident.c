@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * t_resident - an application with more device memory than `gpuos run --gpu-memory`
+ * lets be resident (the memory scheduler's host test): six large allocations (2, 4, 2,
+ * 6 MiB + 12 bytes, 2, 4 MiB) and a small one, each with a host copy of what it must
+ * hold.  ROUNDS rounds of random work: saxpy launches between two allocations (y += a * x,
+ * a kernel that reads one and writes the other), memsets, host-to-device copies of new
+ * contents and device-to-device copies; every few rounds an allocation is read back and
+ * compared with its host copy, and at the end all are.  Exits 1 at the first byte that
+ * differs, else prints "ok ROUNDS" and "ready PID", then waits until the file STOP
+ * exists (so that the test can ask for the process's figures).
+ *
+ *   t_resident STOP ROUNDS SEED           the work above
+ *   t_resident STOP 0 SEED big            one launch whose allocations cannot all be
+ *                                         resident: prints "refused" if it fails with
+ *                                         CUDA_ERROR_OUT_OF_MEMORY
+ *   t_resident STOP 0 SEED opaque         a launch of a kernel without a parameter layout
+ *                                         (nothing is predicted: it needs everything),
+ *                                         writing 7.0 to allocation 0: prints "refused"
+ *                                         as above, or "ok opaque" once that is read back
+ *                                         and every other allocation is intact
+ *
+ * Linked with -lcuda; the fake driver's saxpy checks that its memory is mapped.
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CK(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
+	fprintf(stderr, "%s failed: %d\n", #call, (int)r_); return 1; } } while (0)
+
+static const size_t sizes[] = { 2u << 20, 4u << 20, 2u << 20, (6u << 20) + 12, 2u << 20, 4u << 20, 4096 };
+#define N (sizeof sizes / sizeof sizes[0])
+
+static CUdeviceptr dev[N];
+static float *host[N];
+static CUfunction saxpy;
+
+static size_t nfloats(int i)
+{
+	return sizes[i] / sizeof(float);
+}
+
+static int check(int i)
+{
+	float *got = malloc(sizes[i]);
+	if (!got)
+		return 1;
+	CK(cuMemcpyDtoH(got, dev[i], sizes[i]));
+	int bad = memcmp(got, host[i], sizes[i]);
+	if (bad) {
+		for (size_t k = 0; k < nfloats(i); k++)
+			if (memcmp(&got[k], &host[i][k], sizeof(float))) {
+				fprintf(stderr, "allocation %d, float %zu: %g, expected %g\n", i, k, got[k], host[i][k]);
+				break;
+			}
+	}
+	free(got);
+	return bad ? 1 : 0;
+}
+
+static int launch_saxpy(float a, int x, int y, size_t n)
+{
+	int ni = (int)n;
+	void *params[] = { &a, &dev[x], &dev[y], &ni };
+	CK(cuLaunchKernel(saxpy, 1, 1, 1, 1, 1, 1, 0, 0, params, NULL));
+	for (size_t k = 0; k < n; k++)
+		host[y][k] = a * host[x][k] + host[y][k];
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4)
+		return fprintf(stderr, "usage: t_resident STOP ROUNDS SEED [big]\n"), 2;
+	int rounds = atoi(argv[2]);
+	srand((unsigned)atoi(argv[3]));
+	CUdevice d;
+	CUcontext ctx;
+	CUmodule mod;
+	CK(cuInit(0));
+	CK(cuDeviceGet(&d, 0));
+	CK(cuDevicePrimaryCtxRetain(&ctx, d));
+	CK(cuCtxSetCurrent(ctx));
+	CK(cuModuleLoadData(&mod, "fake module image: any NUL-terminated text"));
+	CK(cuModuleGetFunction(&saxpy, mod, "fake_saxpy"));
+	for (int i = 0; i < (int)N; i++) {
+		CK(cuMemAlloc(&dev[i], sizes[i]));
+		host[i] = malloc(sizes[i]);
+		if (!host[i])
+			return 1;
+		for (size_t k = 0; k < nfloats(i); k++)
+			host[i][k] = (float)((rand() % 2001) - 1000) / 64.0f;
+		CK(cuMemcpyHtoD(dev[i], host[i], sizes[i]));
+	}
+	if (argc > 4 && !strcmp(argv[4], "big")) {
+		/* 6 MiB + 4 MiB with a limit below 10 MiB: both cannot be resident at once */
+		float a = 1.0f;
+		int n = 1024;
+		void *params[] = { &a, &dev[3], &dev[5], &n };
+		CUresult r = cuLaunchKernel(saxpy, 1, 1, 1, 1, 1, 1, 0, 0, params, NULL);
+		printf(r == CUDA_ERROR_OUT_OF_MEMORY ? "refused\n" : "launched: %d\n", (int)r);
+		return 0;
+	}
+	if (argc > 4 && !strcmp(argv[4], "opaque")) {
+		CUfunction opaque;
+		CK(cuModuleGetFunction(&opaque, mod, "fake_opaque"));
+		int n = (int)nfloats(0);
+		void *params[] = { &dev[0], &n };
+		CUresult r = cuLaunchKernel(opaque, 1, 1, 1, 1, 1, 1, 0, 0, params, NULL);
+		if (r == CUDA_ERROR_OUT_OF_MEMORY)
+			return printf("refused\n"), 0;
+		CK(r);
+		for (size_t k = 0; k < nfloats(0); k++)
+			host[0][k] = 7.0f;
+		for (int i = 0; i < (int)N; i++)
+			if (check(i))
+				return 1;
+		return printf("ok opaque\n"), 0;
+	}
+	for (int r = 0; r < rounds; r++) {
+		int x = rand() % (int)N, y = rand() % (int)N;
+		switch (rand() % 8) {
+		case 0: { /* a memset of part of y */
+			size_t n = (size_t)rand() % nfloats(y);
+			unsigned v = (unsigned)rand();
+			CK(cuMemsetD32(dev[y], v, n));
+			for (size_t k = 0; k < n; k++)
+				memcpy(&host[y][k], &v, sizeof v);
+			break;
+		}
+		case 1: { /* new contents for y, from the host */
+			for (size_t k = 0; k < nfloats(y); k++)
+				host[y][k] = (float)(rand() % 100);
+			CK(cuMemcpyHtoD(dev[y], host[y], sizes[y]));
+			break;
+		}
+		case 2: /* device to device */
+			if (x != y) {
+				size_t n = sizes[x] < sizes[y] ? sizes[x] : sizes[y];
+				CK(cuMemcpyDtoD(dev[y], dev[x], n));
+				memcpy(host[y], host[x], n);
+			}
+			break;
+		default: { /* a kernel reading x and writing y */
+			if (x == y)
+				break;
+			size_t n = nfloats(x) < nfloats(y) ? nfloats(x) : nfloats(y);
+			if (launch_saxpy((float)(rand() % 5 - 2) / 4.0f, x, y, n))
+				return 1;
+		}
+		}
+		if (r % 7 == 6 && check(rand() % (int)N))
+			return 1;
+	}
+	for (int i = 0; i < (int)N; i++)
+		if (check(i))
+			return 1;
+	printf("ok %d\nready %d\n", rounds, (int)getpid());
+	fflush(stdout);
+	while (access(argv[1], F_OK))
+		usleep(10000);
+	for (int i = 0; i < (int)N; i++)
+		CK(cuMemFree(dev[i]));
+	return 0;
+}

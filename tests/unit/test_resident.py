@@ -1,0 +1,129 @@
+"""GPU memory oversubscription (`gpuos run --gpu-memory`, libgpuos/src/resident.c) on the
+host: libgpuos in a real process under `gpuos run`, the fake driver (whose kernels fail
+with CUDA_ERROR_ILLEGAL_ADDRESS on memory that is not mapped), `gpuos mem stats`.
+
+t_resident keeps a host copy of all its device memory, does random launches, copies and
+memsets across allocations that add up to almost twice the limit, and compares every
+byte it reads back: an eviction that loses contents, or a launch that runs before its
+memory is back, fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuos.movable import Agent, AgentError
+
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+MIB = 1 << 20
+RESERVED = (2 + 4 + 2 + 8 + 2 + 4) * MIB  # t_resident's movable allocations, rounded to 2 MiB
+
+
+class App:
+    """t_resident under `gpuos run`, waiting at its end for `stop`."""
+
+    def __init__(self, build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int):
+        self.stop = tmp / "stop"
+        self.proc = subprocess.Popen([*GPUOS, "run", "-q", *gpuos_args, "--", str(build / "tests" / "t_resident"),
+                                      str(self.stop), str(rounds), str(seed)], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        first = self.proc.stdout.readline().split()
+        if first[:1] != ["ok"]:
+            self.stop.touch()
+            out, err = self.proc.communicate(timeout=60)
+            pytest.fail(f"t_resident failed ({self.proc.returncode}): {' '.join(first)} {out} {err}")
+        self.pid = int(self.proc.stdout.readline().split()[1])
+
+    def stats(self, env: dict) -> dict:
+        res = subprocess.run([*GPUOS, "mem", "stats", str(self.pid), "--json"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def finish(self) -> int:
+        self.stop.touch()
+        self.proc.communicate(timeout=60)
+        return self.proc.returncode
+
+
+
+@pytest.mark.parametrize("seed", [7, 1234])
+def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgpuos_env, tmp_path, seed):
+    """22 MiB of movable memory under a 12 MiB limit: every byte read back is what the
+    host computed; evictions and copies back happened, and never more than the limit was
+    resident."""
+    app = App(libgpuos_build, libgpuos_env, tmp_path, ["--gpu-memory", "12M"], 400, seed)
+    try:
+        st = app.stats(libgpuos_env)
+        assert st["limit"] == 12 * MIB
+        assert st["reserved_bytes"] == RESERVED
+        assert st["resident_bytes"] <= st["limit"]
+        assert st["resident_bytes"] + st["evicted_bytes"] <= RESERVED
+        assert st["evictions"] > 10 and st["swap_ins"] > 10
+        assert st["bytes_out"] >= st["evictions"] * 2 * MIB
+        assert st["launches"] > 0 and st["over_limit"] == 0 and st["need_all"] == 0
+        assert st["stall_ns"] >= st["in_ns"] + st["out_ns"] > 0
+    finally:
+        rc = app.finish()
+    assert rc == 0
+
+
+def test_without_a_limit_nothing_moves(libgpuos_build, libgpuos_env, tmp_path):
+    app = App(libgpuos_build, libgpuos_env, tmp_path, [], 100, 3)
+    try:
+        st = app.stats(libgpuos_env)
+        assert st["limit"] == 0 and st["evictions"] == 0 and st["bytes_in"] == 0
+    finally:
+        assert app.finish() == 0
+
+
+@pytest.mark.parametrize("mode,limit,expected", [
+    ("big", "10M", "refused"),      # 8 + 4 MiB in one launch, 10 allowed
+    ("big", "12M", "launched: 0"),
+    ("opaque", "12M", "refused"),   # no layout: it needs all 22 MiB
+    ("opaque", "24M", "ok opaque"),
+])
+def test_a_call_that_cannot_fit_fails_loudly(libgpuos_build, libgpuos_env, tmp_path, mode, limit, expected):
+    """What a call needs and cannot have resident is never run against missing memory:
+    the call fails with CUDA_ERROR_OUT_OF_MEMORY and stderr says why."""
+    prog = str(libgpuos_build / "tests" / "t_resident")
+    res = subprocess.run([*GPUOS, "run", "-q", "--gpu-memory", limit, "--", prog, str(tmp_path / "stop"), "0", "1",
+                          mode], env=libgpuos_env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == expected
+    assert ("--gpu-memory allows" in res.stderr) == (expected == "refused")
+
+
+def test_a_process_under_a_limit_is_not_held(libgpuos_build, libgpuos_env, tmp_path):
+    """The checkpoint's first step is refused (its memory may live in host memory only),
+    and the process goes on."""
+    app = App(libgpuos_build, libgpuos_env, tmp_path, ["--gpu-memory", "12M"], 50, 5)
+    try:
+        with Agent(app.pid) as agent, pytest.raises(AgentError, match="--gpu-memory"):
+            agent.hold()
+        assert app.stats(libgpuos_env)["limit"] == 12 * MIB
+    finally:
+        assert app.finish() == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu-memory", "lots"], "not a size"),
+    (["--gpu-memory", "100k"], "at least 1M"),
+    (["--gpu-memory", "4G", "--memory", "driver"], "needs --memory movable"),
+])
+def test_bad_limits_are_refused(libgpuos_env, args, message):
+    res = subprocess.run([*GPUOS, "run", *args, "--", "true"], env=libgpuos_env, capture_output=True, text=True)
+    assert res.returncode == 2 and message in res.stderr
+
+
+def test_mem_stats_errors(libgpuos_env):
+    res = subprocess.run([*GPUOS, "mem", "stats", "999999999"], env=libgpuos_env, capture_output=True, text=True)
+    assert res.returncode == 3 and "no process" in res.stderr
+    res = subprocess.run([*GPUOS, "mem", "stats", str(os.getpid()), "--json"], env=libgpuos_env, capture_output=True,
+                         text=True)
+    assert res.returncode == 29 and json.loads(res.stdout)["error"] == "not-tracked"

@@ -1,0 +1,61 @@
+"""`gpuos mem`: the GPU memory scheduler of processes under `gpuos run --gpu-memory`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from .. import procs
+from ..errors import NoSuchProcess, NotTracked
+from ..movable.agent import Agent, AgentError, agent_available
+from .output import emit_json, human_bytes, json_option, table
+
+
+@click.group("mem")
+def mem() -> None:
+    """GPU memory oversubscription (`gpuos run --gpu-memory LIMIT`)."""
+
+
+@mem.command("stats")
+@click.argument("pid", type=int)
+@json_option
+def stats_cmd(pid: int, as_json: bool) -> None:
+    """Show how process PID's GPU memory is scheduled: the limit, what is resident and what
+    lives in host memory, the bytes moved, how long its calls waited for memory to come
+    in, and the calls that needed more than the prediction could name.
+
+    The process must run under `gpuos run` (exit 29 otherwise); without --gpu-memory the
+    limit is 0 and nothing is moved."""
+    if not procs.exists(pid):
+        raise NoSuchProcess(f"no process {pid}")
+    if not agent_available(pid):
+        raise NotTracked(f"pid {pid} is not under `gpuos run` (no agent): nothing schedules its GPU memory")
+    try:
+        with Agent(pid, timeout=10.0) as agent:
+            st = agent.mem_stats()
+    except AgentError as exc:
+        raise NotTracked(exc.message) from None
+    if as_json:
+        emit_json({"ok": True, "pid": pid, **asdict(st)})
+        return
+    if not st.limit:
+        click.echo(f"pid {pid}: no --gpu-memory limit; its movable memory stays resident")
+        return
+    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
+    rate = lambda b, ns: f"{b / ns:.2f} GB/s" if ns else "-"  # noqa: E731
+    click.echo(table(["", ""], [
+        ["limit", human_bytes(st.limit)],
+        ["allocations", f"{st.allocations} ({human_bytes(st.reserved_bytes)})"],
+        ["resident", human_bytes(st.resident_bytes)],
+        ["in host memory only", human_bytes(st.evicted_bytes)],
+        ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],
+        ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
+        ["launches checked", str(st.launches)],
+        ["calls that waited", f"{st.calls_swapped}, {ms(st.stall_ns)} in all"
+         + (f", {ms(st.stall_ns / st.calls_swapped)} each" if st.calls_swapped else "")],
+        ["calls needing everything", str(st.need_all)],
+        ["calls refused (did not fit)", str(st.over_limit)],
+        ["calls unchecked (stream capture)", str(st.capture_unchecked)],
+        ["eviction policy", "LRU (launch sequence not learned yet)"],
+    ]).split("\n", 1)[1])
