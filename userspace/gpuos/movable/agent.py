@@ -177,11 +177,14 @@ class Agent:
     def _recv_exact(self, n: int, fds: list[int] | None = None) -> bytes:
         buf = b""
         while len(buf) < n:
-            if fds is not None:
-                data, got, _, _ = socket.recv_fds(self.sock, n - len(buf), FDS_PER_MSG)
-                fds.extend(got)
-            else:
-                data = self.sock.recv(n - len(buf))
+            try:
+                if fds is not None:
+                    data, got, _, _ = socket.recv_fds(self.sock, n - len(buf), FDS_PER_MSG)
+                    fds.extend(got)
+                else:
+                    data = self.sock.recv(n - len(buf))
+            except ConnectionResetError:  # the process ended while it answered
+                data = b""
             if not data:
                 raise AgentError(f"pid {self.pid}: the agent closed the connection")
             buf += data
