@@ -166,6 +166,10 @@ struct gpuos_res_stats {
 	uint64_t out_ns;         /* of it, evicting */
 	uint64_t pageable_hosts; /* evicted allocations whose host memory could not be pinned */
 	uint64_t capture_unchecked; /* calls not checked: a stream capture was in progress */
+	uint64_t period;         /* the learned period of the calls' sequence, in calls that need
+				  * memory; 0: none (evictions least recently used) */
+	uint64_t evictions_future; /* evictions chosen by the learned sequence (Belady) */
+	uint64_t lru_only;       /* 1: GPUOS_GPU_MEMORY_EVICT=lru (the baseline) */
 };
 
 #endif /* GPUOS_AGENT_H */

@@ -22,7 +22,15 @@
  * thread cannot come between a call's residency and its submission; an eviction waits
  * for the context's work first, as cuMemFree does.
  *
- * Eviction is least recently used (tick of the last call that needed the allocation).
+ * Eviction by the known future.  Each call that needs memory is a tick; its signature is
+ * a hash of the allocations it needs.  Training steps and decode loops repeat the same
+ * calls, so the signatures repeat with a period P (in ticks), found online: the last tick
+ * with the same signature gives a candidate, kept once the 64 ticks before agree at that
+ * lag, dropped after 8 that do not.  With P known, an allocation's next use is estimated
+ * from its own recent uses one period back (its first use after t - P, plus P), and the
+ * resident allocation used farthest in the future is evicted (Belady's choice); one
+ * unused for a whole period goes first.  Without P, the least recently used goes, and the
+ * stats say so (period 0).  GPUOS_GPU_MEMORY_EVICT=lru keeps LRU (the baseline).
  * Copies run on a stream of gpuos's own per context, one synchronisation per batch.
  */
 #include <errno.h>
@@ -35,6 +43,10 @@
 #include "gpuos_agent.h"
 
 #define MAX_CTX 16
+#define USES 64          /* recent use ticks kept per allocation */
+#define SIGS (1u << 16)  /* call signatures kept: the longest period learned */
+#define CONFIRM 64       /* ticks that must agree at a lag before it is the period */
+#define DOUBTS 8         /* ticks in a row that disagree before it is dropped */
 
 struct res {
 	uint64_t base;
@@ -47,6 +59,8 @@ struct res {
 	int host_pinned;
 	int has_content;                /* evicted after use: host holds the contents */
 	uint64_t tick;                  /* the last call that needed it */
+	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
+	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
 };
 
 static struct {
@@ -57,6 +71,14 @@ static struct {
 	uint64_t resident;  /* bytes of resident allocations */
 	uint64_t tick;
 	uint32_t call;
+	uint64_t sig;               /* the call in progress: hash of what it needs */
+	uint32_t ticked;            /* the call that took the last tick (R.call: this one) */
+	int lru_only;               /* GPUOS_GPU_MEMORY_EVICT=lru */
+	uint64_t period;            /* learned, in ticks; 0: none (LRU) */
+	uint32_t doubts;
+	uint64_t sigs[SIGS];        /* signature of tick t at t % SIGS */
+	uint64_t seen_sig[SIGS];    /* hash table: a signature ... */
+	uint64_t seen_tick[SIGS];   /* ... and the last tick it was seen at */
 	struct { uint64_t ctx; CUstream s; } streams[MAX_CTX];
 	struct gpuos_res_stats st;
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -99,6 +121,9 @@ uint64_t gpuos_res_limit(void)
 				fprintf(stderr, "gpuos: GPUOS_GPU_MEMORY=%s is not a size; no limit\n", e);
 		}
 		R.st.limit = R.limit;
+		const char *ev = getenv("GPUOS_GPU_MEMORY_EVICT");
+		R.lru_only = ev && !strcmp(ev, "lru");
+		R.st.lru_only = (uint64_t)R.lru_only;
 		__atomic_store_n(&limit_read, 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&R.mu);
@@ -233,6 +258,61 @@ static int host_for(struct res *r)
 	return 0;
 }
 
+/* How good a victim r is (larger: better).  With a period: the ticks until its estimated
+ * next use (its first use after now - P, plus P; UINT64_MAX - 1 if it was not used in the
+ * last period); used at least USES times in that period, it is hot (0).  Without one:
+ * the ticks since its last use (LRU). */
+static uint64_t victim_score(const struct res *r)
+{
+	uint64_t t = R.tick, p = R.period;
+	if (!p)
+		return t - r->tick;
+	if (!r->nuse || r->tick + p <= t)
+		return UINT64_MAX - 1;
+	uint32_t kept = r->nuse < USES ? r->nuse : USES;
+	uint64_t first = UINT64_MAX; /* its earliest kept use after t - p */
+	for (uint32_t k = 0; k < kept; k++) {
+		uint64_t u = r->uses[k];
+		if (u + p > t && u < first)
+			first = u;
+	}
+	if (kept == USES && first == r->uses[r->nuse % USES])
+		return 0; /* even its oldest kept use is within the period: used too often to tell */
+	return first + p - t;
+}
+
+/* The call in progress (tick t, signature R.sig): learn or check the period. */
+static void learn_period(void)
+{
+	uint64_t t = R.tick, s = R.sig;
+	R.sigs[t % SIGS] = s;
+	if (R.period) {
+		if (t >= R.period && R.sigs[(t - R.period) % SIGS] == s)
+			R.doubts = 0;
+		else if (++R.doubts >= DOUBTS)
+			R.period = 0;
+	}
+	size_t h = (size_t)(s * 0x9e3779b97f4a7c15ull >> 48) % SIGS; /* open addressing, a few probes */
+	for (int probe = 0; probe < 8; probe++, h = (h + 1) % SIGS) {
+		if (R.seen_sig[h] == s || !R.seen_tick[h]) {
+			uint64_t lag = R.seen_tick[h] ? t - R.seen_tick[h] : 0;
+			R.seen_sig[h] = s;
+			R.seen_tick[h] = t;
+			if (!R.period && lag && lag < SIGS - CONFIRM && t > lag + CONFIRM) {
+				int agree = 1;
+				for (uint64_t k = 1; agree && k <= CONFIRM; k++)
+					agree = R.sigs[(t - k) % SIGS] == R.sigs[(t - k - lag) % SIGS];
+				if (agree) {
+					R.period = lag;
+					R.doubts = 0;
+				}
+			}
+			break;
+		}
+	}
+	R.st.period = R.period;
+}
+
 /* Evict up to `max` of the least recently used resident allocations the call does not
  * need, as one batch, until `want` more bytes fit under the limit.  0, or -1 if they
  * cannot (or a step failed). */
@@ -244,12 +324,16 @@ static int evict_batch(uint64_t want)
 	uint64_t freed = 0;
 	while (R.resident - freed + want > R.limit && nv < EVICT_BATCH) {
 		struct res *best = NULL;
+		uint64_t best_score = 0;
 		for (size_t i = 0; i < R.n; i++) {
 			struct res *r = &R.v[i];
 			if (!r->h || r->call == R.call || r->tick == UINT64_MAX)
 				continue;
-			if (!best || r->tick < best->tick)
+			uint64_t score = victim_score(r);
+			if (!best || score > best_score) {
 				best = r;
+				best_score = score;
+			}
 		}
 		if (!best)
 			break;
@@ -270,7 +354,7 @@ static int evict_batch(uint64_t want)
 	ok = ok && gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
 	for (size_t k = 0; k < nv; k++) {
 		struct res *r = victims[k];
-		r->tick = 0; /* evicted: oldest of all, if it comes back unused */
+		r->tick = r->uses[(r->nuse + USES - 1) % USES]; /* its last use, as it was */
 		if (!ok)
 			continue; /* still resident, its contents where they were */
 		gpuos_drv.mem_unmap(r->base, r->size);
@@ -278,6 +362,7 @@ static int evict_batch(uint64_t want)
 		r->h = 0;
 		r->has_content = 1;
 		R.st.evicted_bytes += r->size;
+		R.st.evictions_future += !!R.period;
 		R.resident -= r->size;
 		R.st.bytes_out += r->size;
 		R.st.evictions++;
@@ -350,7 +435,7 @@ static void enter(void)
 	R.call++;
 	if (!R.call)
 		R.call = 1;
-	R.tick++;
+	R.sig = 0xcbf29ce484222325ull;
 }
 
 void gpuos_res_release(void)
@@ -365,10 +450,19 @@ void gpuos_res_release(void)
 static void mark(uint64_t p)
 {
 	ssize_t i = find(p);
-	if (i >= 0) {
-		R.v[i].call = R.call;
-		R.v[i].tick = R.tick;
+	if (i < 0)
+		return;
+	struct res *r = &R.v[i];
+	if (R.ticked != R.call) { /* a tick is a call that needs movable memory */
+		R.ticked = R.call;
+		R.tick++;
 	}
+	R.sig = (R.sig ^ r->base) * 0x100000001b3ull;
+	if (r->call == R.call)
+		return; /* twice in one call */
+	r->call = R.call;
+	r->tick = R.tick;
+	r->uses[r->nuse++ % USES] = R.tick;
 }
 
 static CUresult finish(uint64_t t0, CUresult c, const char *what)
@@ -404,6 +498,8 @@ CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
 		return CUDA_SUCCESS;
 	for (size_t i = 0; i < n; i++)
 		mark(*(const uint64_t *)((const char *)p + i * stride));
+	if (R.ticked == R.call && !R.lru_only)
+		learn_period();
 	return finish(t0, bring_in(), launch ? "a launch" : "a copy or memset");
 }
 
@@ -412,10 +508,10 @@ CUresult gpuos_res_need_all(const char *why)
 	uint64_t t0 = gpuos_now_ns();
 	enter();
 	R.st.need_all++;
-	for (size_t i = 0; i < R.n; i++) {
-		R.v[i].call = R.call;
-		R.v[i].tick = R.tick;
-	}
+	for (size_t i = 0; i < R.n; i++)
+		mark(R.v[i].base);
+	if (R.ticked == R.call && !R.lru_only)
+		learn_period();
 	return finish(t0, bring_in(), why);
 }
 

@@ -14,6 +14,10 @@
  *   t_resident STOP 0 SEED big            one launch whose allocations cannot all be
  *                                         resident: prints "refused" if it fails with
  *                                         CUDA_ERROR_OUT_OF_MEMORY
+ *   t_resident STOP ROUNDS SEED cycle     ROUNDS rounds that each fill the large
+ *                                         allocations in the same order (a training step's
+ *                                         pattern: what least-recently-used eviction does
+ *                                         worst), then the same checks and wait
  *   t_resident STOP 0 SEED opaque         a launch of a kernel without a parameter layout
  *                                         (nothing is predicted: it needs everything),
  *                                         writing 7.0 to allocation 0: prints "refused"
@@ -121,7 +125,20 @@ int main(int argc, char **argv)
 				return 1;
 		return printf("ok opaque\n"), 0;
 	}
-	for (int r = 0; r < rounds; r++) {
+	int cycle = argc > 4 && !strcmp(argv[4], "cycle");
+	CUfunction fill = NULL;
+	if (cycle)
+		CK(cuModuleGetFunction(&fill, mod, "fake_fill"));
+	for (int r = 0; cycle && r < rounds; r++)
+		for (int i = 0; i + 1 < (int)N; i++) {
+			float v = (float)(r * (int)N + i);
+			int n = (int)nfloats(i);
+			void *params[] = { &dev[i], &v, &n };
+			CK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, params, NULL));
+			for (size_t k = 0; k < nfloats(i); k++)
+				host[i][k] = v;
+		}
+	for (int r = 0; !cycle && r < rounds; r++) {
 		int x = rand() % (int)N, y = rand() % (int)N;
 		switch (rand() % 8) {
 		case 0: { /* a memset of part of y */

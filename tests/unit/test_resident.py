@@ -27,11 +27,12 @@ RESERVED = (2 + 4 + 2 + 8 + 2 + 4) * MIB  # t_resident's movable allocations, ro
 class App:
     """t_resident under `gpuos run`, waiting at its end for `stop`."""
 
-    def __init__(self, build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int):
+    def __init__(self, build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int,
+                 *mode: str):
         self.stop = tmp / "stop"
         self.proc = subprocess.Popen([*GPUOS, "run", "-q", *gpuos_args, "--", str(build / "tests" / "t_resident"),
-                                      str(self.stop), str(rounds), str(seed)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                      str(self.stop), str(rounds), str(seed), *mode], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline().split()
         if first[:1] != ["ok"]:
             self.stop.touch()
@@ -71,6 +72,27 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
     finally:
         rc = app.finish()
     assert rc == 0
+
+
+def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build, libgpuos_env, tmp_path):
+    """Rounds that fill the six large allocations in the same order: least recently used
+    eviction brings every one back in every round; once the period (six calls) is learned,
+    the allocation needed farthest ahead goes instead, and fewer come back.  Both exact."""
+    got = {}
+    for evict in ("lru", "future"):
+        (tmp_path / evict).mkdir()
+        app = App(libgpuos_build, libgpuos_env, tmp_path / evict, ["--gpu-memory", "12M", "--evict", evict], 200, 1,
+                  "cycle")
+        try:
+            got[evict] = app.stats(libgpuos_env)
+        finally:
+            assert app.finish() == 0
+    lru, future = got["lru"], got["future"]
+    assert lru["lru_only"] == 1 and lru["period"] == 0 and lru["evictions_future"] == 0
+    assert lru["swap_ins"] >= 6 * 199  # every allocation, every round
+    assert future["lru_only"] == 0 and future["period"] == 6
+    assert future["evictions_future"] > future["evictions"] * 0.9
+    assert future["bytes_in"] < lru["bytes_in"] * 0.85
 
 
 def test_without_a_limit_nothing_moves(libgpuos_build, libgpuos_env, tmp_path):
@@ -115,6 +137,7 @@ def test_a_process_under_a_limit_is_not_held(libgpuos_build, libgpuos_env, tmp_p
     (["--gpu-memory", "lots"], "not a size"),
     (["--gpu-memory", "100k"], "at least 1M"),
     (["--gpu-memory", "4G", "--memory", "driver"], "needs --memory movable"),
+    (["--evict", "lru"], "only means something with --gpu-memory"),
 ])
 def test_bad_limits_are_refused(libgpuos_env, args, message):
     res = subprocess.run([*GPUOS, "run", *args, "--", "true"], env=libgpuos_env, capture_output=True, text=True)

@@ -57,5 +57,9 @@ def stats_cmd(pid: int, as_json: bool) -> None:
         ["calls needing everything", str(st.need_all)],
         ["calls refused (did not fit)", str(st.over_limit)],
         ["calls unchecked (stream capture)", str(st.capture_unchecked)],
-        ["eviction policy", "LRU (launch sequence not learned yet)"],
+        ["eviction", "least recently used (asked for: --evict lru)" if st.lru_only
+         else f"by the learned call sequence (Belady; period {st.period} calls), {st.evictions_future} "
+              f"of {st.evictions} evictions" if st.period
+         else f"least recently used (no repeating call sequence found), {st.evictions_future} of "
+              f"{st.evictions} evictions chosen by one found earlier"],
     ]).split("\n", 1)[1])

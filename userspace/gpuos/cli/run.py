@@ -119,10 +119,15 @@ def _check_cpu_list(text: str) -> None:
                    "its arguments) is made resident, least recently used allocations evicted. "
                    "Pointers never change. `gpuos mem stats PID` shows what moved. Needs --memory "
                    "movable; such a process cannot be checkpointed yet.")
+@click.option("--evict", type=click.Choice(["future", "lru"]), default="future", show_default=True,
+              help="With --gpu-memory, what to evict: future: the allocation whose next use is "
+                   "farthest, from the call sequence learned as it repeats (training steps, decode "
+                   "loops), least recently used until one is learned; lru: least recently used "
+                   "always (the baseline the benchmark compares with).")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, memory, gpu_memory, quiet, cmd) -> None:
+            paused, memory, gpu_memory, evict, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -153,13 +158,16 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         _check_cpu_list(record_cpus)
     if paused and validate:
         raise click.BadParameter("validation cannot be paused", param_hint="--paused")
+    if evict != "future" and not gpu_memory:
+        raise click.BadParameter("only means something with --gpu-memory", param_hint="--evict")
     if gpu_memory and memory != "movable":
         raise click.BadParameter("needs --memory movable (gpuos moves only the memory it owns)",
                                  param_hint="--gpu-memory")
     res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
-                                paused=paused, memory=memory, gpu_memory=gpu_memory)).run()
+                                paused=paused, memory=memory, gpu_memory=gpu_memory,
+                                evict=evict)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

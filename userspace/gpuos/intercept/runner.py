@@ -63,6 +63,7 @@ class RunOptions:
     paused: bool = False  # every process starts with ops_paused set
     memory: str = "movable"  # GPUOS_MEMORY: "movable" (libgpuos/src/memory.c) or "driver"
     gpu_memory: int | None = None  # GPUOS_GPU_MEMORY: bytes of movable memory resident at most (resident.c)
+    evict: str = "future"  # GPUOS_GPU_MEMORY_EVICT: "future" (learned sequence) or "lru"
 
 
 @dataclass
@@ -126,11 +127,13 @@ class Supervisor:
         if "verify_asan_link_order" not in asan:
             env["ASAN_OPTIONS"] = f"{asan}:verify_asan_link_order=0".lstrip(":")
         env["GPUOS_CTL"] = str(ctl)
-        for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS", "GPUOS_GPU_MEMORY"):
+        for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS", "GPUOS_GPU_MEMORY",
+                    "GPUOS_GPU_MEMORY_EVICT"):
             env.pop(var, None)  # only what this run asks for
         env["GPUOS_MEMORY"] = self.opts.memory
         if self.opts.gpu_memory:
             env["GPUOS_GPU_MEMORY"] = str(self.opts.gpu_memory)
+            env["GPUOS_GPU_MEMORY_EVICT"] = self.opts.evict
         if self.opts.validate:
             env["GPUOS_VALIDATE"] = "1"
         if self.opts.touch_all:

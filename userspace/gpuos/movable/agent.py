@@ -33,7 +33,8 @@ ALLOC = struct.Struct("<QQQQiIQ")
 PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
-                    "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked")
+                    "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
+                    "lru_only")
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * len(MEM_STATS_FIELDS))
 
 
@@ -77,6 +78,9 @@ class MemStats:
     out_ns: int
     pageable_hosts: int
     capture_unchecked: int
+    period: int  # the learned period of the calls' sequence; 0: none, evictions are LRU
+    evictions_future: int  # evictions chosen by the learned sequence (Belady)
+    lru_only: int  # 1: the LRU baseline was asked for (GPUOS_GPU_MEMORY_EVICT=lru)
 
 
 @dataclass(frozen=True)

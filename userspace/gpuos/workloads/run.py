@@ -1,6 +1,6 @@
 """Run a suite workload in a child process, plain or under `gpuos run`, with a hard time limit.
 
-Shared by bench/intercept_overhead.py and tests/gpu/test_intercept_gpu.py.  A run that
+Shared by bench/intercept_overhead.py, bench/oversub.py and the GPU tests.  A run that
 overstays its limit is killed with everything it started (`gpuos run`, the workload, and
 torch.compile's workers), so a hung workload cannot hold the GPU.
 """
@@ -144,3 +144,42 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def run_polling_mem_stats(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
+                          every: float = 0.2) -> tuple[Finished, Any]:
+    """Run `gpuos run ... -- CMD` (cmd), asking the application's agent for its memory
+    scheduler's figures (MEM_STATS) every `every` seconds while it runs: the run, and the
+    last figures (gpuos.movable.MemStats; None if its agent never answered)."""
+    from ..movable import Agent, AgentError, agent_available
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    last = None
+    app = None
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < timeout:
+            time.sleep(every)
+            if app is None:
+                try:
+                    kids = [int(x) for x in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+                except OSError:
+                    kids = []
+                app = next((k for k in kids if agent_available(k)), None)
+                if app is None:
+                    continue
+            try:
+                with Agent(app, timeout=10) as agent:
+                    last = agent.mem_stats()
+            except AgentError:
+                pass
+        timed_out = proc.poll() is None
+        if timed_out:
+            kill_tree(proc.pid)
+        out, err = proc.communicate()
+    except BaseException:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    return Finished(list(cmd), None if timed_out else proc.returncode, out, err, time.monotonic() - t0), last
