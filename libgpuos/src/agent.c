@@ -194,6 +194,25 @@ static int gate_close(void)
 	return 0;
 }
 
+void gpuos_gate_resident(void)
+{
+	pthread_mutex_lock(&gate_mu);
+	int open = 0;
+	__atomic_compare_exchange_n(&gpuos_hot.gate, &open, GPUOS_GATE_RESIDENT, 0, __ATOMIC_SEQ_CST,
+				    __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&gate_mu);
+	/* A thread that read the gate open may be about to submit work on memory that an
+	 * eviction could take: wait until each has left its wrapper (as HOLD does). */
+	if (!membarrier_ok || syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0)) {
+		fprintf(stderr, "gpuos: --gpu-memory: no membarrier; calls in flight while the limit was "
+				"first exceeded are not waited for\n");
+		return;
+	}
+	uint64_t deadline = gpuos_now_ns() + HOLD_TIMEOUT_NS;
+	while (!quiescent() && gpuos_now_ns() < deadline)
+		usleep(50);
+}
+
 /* ---- the agent's state --------------------------------------------------------------------- */
 
 #define PIECE (64ull << 20) /* bytes per copy */

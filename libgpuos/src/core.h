@@ -592,6 +592,9 @@ CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_
 CUresult gpuos_fill_wait_all(const char *why);
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
+/* Rest the gate at GPUOS_GATE_RESIDENT from now on; returns once every other thread that
+ * passed it open has left its wrapper (resident.c: the allocations outgrew the limit). */
+void gpuos_gate_resident(void);
 /* ctl.c: close the control connection (no socket to an outside peer while CRIU dumps the
  * process), and connect again (a new hello with the same ring; nothing happens if `gpuos
  * run` is gone). */

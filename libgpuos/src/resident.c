@@ -11,9 +11,12 @@
  * at the same address and copies its contents back.  The application's pointers never
  * change.
  *
+ * While all allocations fit under the limit, their memory is made at once and nothing
+ * is checked: the process runs as with plain movable memory.  From the first one that
+ * does not fit, gpuos_hot.gate rests at GPUOS_GATE_RESIDENT (set once every call that
+ * passed it open has returned, agent.c), so every wrapper passes the gate's slow path.
  * What a call touches is libgpuos's prediction, made before the real call (the path an
- * on-demand restore uses, agent.c): gpuos_hot.gate rests at GPUOS_GATE_RESIDENT, so
- * every wrapper passes the gate's slow path; a launch, copy or memset has its
+ * on-demand restore uses); a launch, copy or memset has its
  * allocations made resident (gpuos_res_need_*) before its real call, and anything that
  * may touch any allocation (a graph launch, a batched copy, a stream memory operation, a
  * launch of unknown layout) needs all of them resident.  If they cannot all fit, that
@@ -45,6 +48,8 @@
 #define MAX_CTX 16
 #define USES 64          /* recent use ticks kept per allocation */
 #define SIGS (1u << 16)  /* call signatures kept: the longest period learned */
+#define SEEN (1u << 14)  /* distinct signatures remembered */
+#define LAGS 8           /* ticks remembered per signature: candidate periods */
 #define CONFIRM 64       /* ticks that must agree at a lag before it is the period */
 #define DOUBTS 8         /* ticks in a row that disagree before it is dropped */
 
@@ -77,8 +82,9 @@ static struct {
 	uint64_t period;            /* learned, in ticks; 0: none (LRU) */
 	uint32_t doubts;
 	uint64_t sigs[SIGS];        /* signature of tick t at t % SIGS */
-	uint64_t seen_sig[SIGS];    /* hash table: a signature ... */
-	uint64_t seen_tick[SIGS];   /* ... and the last tick it was seen at */
+	struct { uint64_t sig, ticks[LAGS]; uint32_t n; } seen[SEEN]; /* hash table: a signature
+				    * and the last ticks it was seen at */
+	int oversubscribed;         /* the allocations outgrew the limit: calls are checked */
 	struct { uint64_t ctx; CUstream s; } streams[MAX_CTX];
 	struct gpuos_res_stats st;
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -173,19 +179,32 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 		R.v = v;
 		R.cap = cap;
 	}
+	/* While everything fits, memory is made at once and no call is checked: the process
+	 * runs as under plain movable memory.  The first allocation that does not fit turns
+	 * the checks on, for good. */
+	CUmemGenericAllocationHandle h = 0;
+	int flip = 0;
+	if (!R.oversubscribed && R.st.reserved_bytes + size <= R.limit) {
+		if (gpuos_movable_map_new(base, size, device, &h) != CUDA_SUCCESS) {
+			unlock_if(locked);
+			return -1;
+		}
+		R.resident += size;
+	} else if (!R.oversubscribed) {
+		R.oversubscribed = flip = 1;
+	}
 	size_t i = R.n;
 	while (i && R.v[i - 1].base > base)
 		i--;
 	memmove(&R.v[i + 1], &R.v[i], (R.n - i) * sizeof *R.v);
-	R.v[i] = (struct res){ .base = base, .size = size, .ctx = ctx, .device = device };
+	R.v[i] = (struct res){ .base = base, .size = size, .ctx = ctx, .device = device, .h = h };
 	R.n++;
 	R.st.allocations++;
 	R.st.reserved_bytes += size;
-	/* From the first allocation under a limit, every wrapper passes the gate's slow path. */
-	int open = 0;
-	__atomic_compare_exchange_n(&gpuos_hot.gate, &open, GPUOS_GATE_RESIDENT, 0, __ATOMIC_RELEASE,
-				    __ATOMIC_RELAXED);
+	R.st.resident_bytes = R.resident;
 	unlock_if(locked);
+	if (flip)
+		gpuos_gate_resident(); /* not under the lock: a thread it waits for may want it */
 	return 0;
 }
 
@@ -292,23 +311,29 @@ static void learn_period(void)
 		else if (++R.doubts >= DOUBTS)
 			R.period = 0;
 	}
-	size_t h = (size_t)(s * 0x9e3779b97f4a7c15ull >> 48) % SIGS; /* open addressing, a few probes */
-	for (int probe = 0; probe < 8; probe++, h = (h + 1) % SIGS) {
-		if (R.seen_sig[h] == s || !R.seen_tick[h]) {
-			uint64_t lag = R.seen_tick[h] ? t - R.seen_tick[h] : 0;
-			R.seen_sig[h] = s;
-			R.seen_tick[h] = t;
-			if (!R.period && lag && lag < SIGS - CONFIRM && t > lag + CONFIRM) {
-				int agree = 1;
-				for (uint64_t k = 1; agree && k <= CONFIRM; k++)
-					agree = R.sigs[(t - k) % SIGS] == R.sigs[(t - k - lag) % SIGS];
-				if (agree) {
-					R.period = lag;
-					R.doubts = 0;
-				}
+	/* Candidates: the lags to this signature's last LAGS ticks (a signature that comes
+	 * back several times a period, as one of a segment many kernels use does, still has
+	 * its occurrence one period back among them, if fewer than LAGS came since). */
+	size_t h = (size_t)(s * 0x9e3779b97f4a7c15ull >> 50) % SEEN;
+	for (int probe = 0; probe < 8; probe++, h = (h + 1) % SEEN) {
+		if (R.seen[h].n && R.seen[h].sig != s)
+			continue;
+		uint32_t kept = R.seen[h].n < LAGS ? R.seen[h].n : LAGS;
+		for (uint32_t k = 0; !R.period && k < kept; k++) {
+			uint64_t lag = t - R.seen[h].ticks[k];
+			if (lag >= SIGS - CONFIRM || t <= lag + CONFIRM)
+				continue;
+			int agree = 1;
+			for (uint64_t j = 1; agree && j <= CONFIRM; j++)
+				agree = R.sigs[(t - j) % SIGS] == R.sigs[(t - j - lag) % SIGS];
+			if (agree) {
+				R.period = lag;
+				R.doubts = 0;
 			}
-			break;
 		}
+		R.seen[h].sig = s;
+		R.seen[h].ticks[R.seen[h].n++ % LAGS] = t;
+		break;
 	}
 	R.st.period = R.period;
 }

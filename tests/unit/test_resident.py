@@ -95,6 +95,18 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert future["bytes_in"] < lru["bytes_in"] * 0.85
 
 
+def test_while_everything_fits_nothing_is_checked(libgpuos_build, libgpuos_env, tmp_path):
+    """A limit above what the process allocates costs nothing: memory is made at once and
+    no call passes the scheduler."""
+    app = App(libgpuos_build, libgpuos_env, tmp_path, ["--gpu-memory", "32M"], 200, 9)
+    try:
+        st = app.stats(libgpuos_env)
+        assert st["resident_bytes"] == st["reserved_bytes"] == RESERVED
+        assert st["launches"] == 0 and st["calls_swapped"] == 0 and st["evictions"] == 0
+    finally:
+        assert app.finish() == 0
+
+
 def test_without_a_limit_nothing_moves(libgpuos_build, libgpuos_env, tmp_path):
     app = App(libgpuos_build, libgpuos_env, tmp_path, [], 100, 3)
     try:
