@@ -5,8 +5,9 @@ against the same workload with all its memory on the GPU, in the same run.
 For each workload of the suite (gpuos.workloads.suite: deterministic, with a checksum of
 its final state), in one run:
 
-  ideal       `gpuos run` with no limit (fits in memory): its timed seconds, checksum and
-              the most memory PyTorch reserved (peak)
+  ideal       `gpuos run --gpu-memory` with the GPU's whole memory as the limit (fits in
+              memory: nothing is checked or moved): its timed seconds, checksum and the
+              most movable memory it held at once (peak, from `gpuos mem stats`)
   per pressure P (100, 150, 200, 300 %): the limit is peak * 100 / P, and the workload
               runs under it twice:
                 reactive   --evict lru: made resident at each call, least recently used
@@ -53,12 +54,13 @@ TIMEOUT = 900.0
 
 
 def header() -> dict:
-    nvsmi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+    nvsmi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, check=True).stdout.splitlines()[0].split(", ")
     pcie = json.loads(subprocess.run([sys.executable, "-c", PCIE_PROBE], capture_output=True, text=True,
                                      check=True).stdout)
     return {"benchmark": "oversub", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": nvsmi[0], "driver": nvsmi[1], "gpu_memory_total": nvsmi[2], "gpuos": __version__,
+            "device": nvsmi[0], "driver": nvsmi[1], "gpu_memory_total": int(nvsmi[2]) << 20, "gpuos": __version__,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release()},
             "pcie_pinned": pcie, "rows": []}
 
@@ -82,14 +84,16 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     return out
 
 
-def run_workload(workload: str, pressures: list[int]) -> dict:
-    fin, _ = run_polling_mem_stats(under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q"), timeout=TIMEOUT)
-    if fin.returncode != 0:
+def run_workload(workload: str, pressures: list[int], gpu_bytes: int) -> dict:
+    fin, stats = run_polling_mem_stats(
+        under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
+    if fin.returncode != 0 or stats is None:
         raise RuntimeError(fin.describe())
     ideal = last_json_object(fin.stdout)
-    peak = int(ideal["peak_gib"] * 2**30)
+    assert stats.launches == 0 and stats.evictions == 0, "the ideal run was checked: it did not fit"
+    peak = stats.reserved_peak
     row = {"workload": workload, "args": WORKLOADS[workload], "ideal": ideal, "peak_reserved": peak, "pressures": []}
-    print(f"{workload}: ideal {ideal['seconds']:.2f} s, peak {peak / 2**30:.2f} GiB", flush=True)
+    print(f"{workload}: ideal {ideal['seconds']:.2f} s, peak {peak / 2**30:.2f} GiB of movable memory", flush=True)
     for p in pressures:
         limit = peak * 100 // p
         cell = {"pressure": p, "limit": limit}
@@ -138,7 +142,8 @@ def main() -> None:
     tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
     for w in args.workloads.split(","):
-        result["rows"].append(run_workload(w, [int(p) for p in args.pressures.split(",")]))
+        result["rows"].append(run_workload(w, [int(p) for p in args.pressures.split(",")],
+                                           result["gpu_memory_total"]))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     print(markdown(result))

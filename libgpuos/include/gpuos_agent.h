@@ -170,6 +170,7 @@ struct gpuos_res_stats {
 				  * memory; 0: none (evictions least recently used) */
 	uint64_t evictions_future; /* evictions chosen by the learned sequence (Belady) */
 	uint64_t lru_only;       /* 1: GPUOS_GPU_MEMORY_EVICT=lru (the baseline) */
+	uint64_t reserved_peak;  /* the most reserved_bytes has been */
 };
 
 #endif /* GPUOS_AGENT_H */

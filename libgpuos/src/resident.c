@@ -201,6 +201,8 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	R.n++;
 	R.st.allocations++;
 	R.st.reserved_bytes += size;
+	if (R.st.reserved_bytes > R.st.reserved_peak)
+		R.st.reserved_peak = R.st.reserved_bytes;
 	R.st.resident_bytes = R.resident;
 	unlock_if(locked);
 	if (flip)

@@ -34,7 +34,7 @@ PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
-                    "lru_only")
+                    "lru_only", "reserved_peak")
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * len(MEM_STATS_FIELDS))
 
 
@@ -81,6 +81,7 @@ class MemStats:
     period: int  # the learned period of the calls' sequence; 0: none, evictions are LRU
     evictions_future: int  # evictions chosen by the learned sequence (Belady)
     lru_only: int  # 1: the LRU baseline was asked for (GPUOS_GPU_MEMORY_EVICT=lru)
+    reserved_peak: int  # the most reserved_bytes has been
 
 
 @dataclass(frozen=True)
