@@ -23,7 +23,7 @@ built yet.  CUDA managed memory beyond the GPU is not measured (on these shared 
 it can hang the GPU; MSched measured demand paging at about 0.12 GB/s against 41.7 GB/s
 for a batched transfer).
 
-    python3 bench/oversub.py [--workloads gpt-train,resnet50-train] [--pressures 100,150,200,300]
+    python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--pressures 100,150,200,300]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -46,9 +46,9 @@ from gpuos import __version__
 from gpuos.workloads.run import last_json_object, run_polling_mem_stats, suite_cmd, under_gpuos
 
 WORKLOADS = {
-    "gpt-train": ["--layers", "8", "--seq", "512", "--steps", "12", "--warmup", "2"],
-    "resnet50-train": ["--batch", "32", "--steps", "12", "--warmup", "2"],
-    "gpt-infer": ["--layers", "12", "--seq", "1024", "--steps", "20", "--warmup", "2"],
+    "gpt-train": ["--layers", "8", "--seq", "512", "--steps", "30", "--warmup", "3"],
+    "resnet50-train": ["--batch", "32", "--steps", "30", "--warmup", "3"],
+    "gpt-infer": ["--layers", "24", "--seq", "1024", "--steps", "30", "--warmup", "3"],
 }
 TIMEOUT = 900.0
 
@@ -132,7 +132,7 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default="gpt-train,resnet50-train")
+    ap.add_argument("--workloads", default="gpt-train,resnet50-train,gpt-infer")
     ap.add_argument("--pressures", default="100,150,200,300")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
