@@ -108,25 +108,37 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int) -> dict:
     return row
 
 
+def failure(cell: dict) -> str:
+    """A failed run's error, in a line (the last that names one)."""
+    lines = [ln.strip() for ln in cell.get("error", "").splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if "Error:" in ln), lines[-1] if lines else "-")[:70].replace("|", "/")
+
+
+def learned(cell: dict) -> str:
+    st = cell.get("stats", {})
+    return f"{st['evictions_future']} of {st['evictions']}" if st.get("evictions") else "-"
+
+
 def markdown(result: dict) -> str:
     pin = result["pcie_pinned"]
     lines = [f"Pinned copies in this run: {pin['h2d_GBps']:.1f} GB/s to the GPU, {pin['d2h_GBps']:.1f} GB/s back.", "",
              "| workload | pressure | reactive (LRU) of ideal | proactive (learned) of ideal | checksums equal "
-             "| moved in, reactive / proactive | copy-in rate | mean stall per waiting call | period learned |",
+             "| moved in, reactive / proactive | copy-in rate | mean stall per waiting call "
+             "| evictions by the learned sequence |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         for cell in row["pressures"]:
             r, f = cell["reactive"], cell["proactive"]
             if "relative" not in r or "relative" not in f:
-                lines.append(f"| {row['workload']} | {cell['pressure']}% | {r.get('error', '')[:60]} "
-                             f"| {f.get('error', '')[:60]} | - | - | - | - | - |")
+                lines.append(f"| {row['workload']} | {cell['pressure']}% | {failure(r)} | {failure(f)} "
+                             "| - | - | - | - | - |")
                 continue
             rate = f.get("in_GBps")
             moved = lambda x: x.get("stats", {}).get("bytes_in", 0) / 1e9  # noqa: E731
             lines.append(f"| {row['workload']} | {cell['pressure']}% | {r['relative']:.1%} | {f['relative']:.1%} "
                          f"| {r['checksum_equal'] and f['checksum_equal']} | {moved(r):.1f} / {moved(f):.1f} GB | "
                          + (f"{rate:.1f} GB/s" if rate else "-")
-                         + f" | {f.get('stall_per_wait_ms', 0):.2f} ms | {f.get('stats', {}).get('period', '-')} |")
+                         + f" | {f.get('stall_per_wait_ms', 0):.2f} ms | {learned(f)} |")
     return "\n".join(lines)
 
 
