@@ -18,6 +18,11 @@
  *                                         allocations in the same order (a training step's
  *                                         pattern: what least-recently-used eviction does
  *                                         worst), then the same checks and wait
+ *   t_resident STOP ROUNDS SEED threads   4 threads at once, each with two 2 MiB
+ *                                         allocations of its own and their host copies:
+ *                                         ROUNDS launches y += a * x between them, every 5th
+ *                                         followed by reading one back and comparing it; the
+ *                                         threads' memory evicts each other's under the limit
  *   t_resident STOP 0 SEED opaque         a launch of a kernel without a parameter layout
  *                                         (nothing is predicted: it needs everything),
  *                                         writing 7.0 to allocation 0: prints "refused"
@@ -27,6 +32,7 @@
  * Linked with -lcuda; the fake driver's saxpy checks that its memory is mapped.
  */
 #include <cuda.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +82,79 @@ static int launch_saxpy(float a, int x, int y, size_t n)
 	return 0;
 }
 
+#define TH 4
+#define TH_BYTES (2u << 20)
+
+struct worker {
+	pthread_t t;
+	CUcontext ctx;
+	unsigned seed;
+	int rounds, failed;
+	CUdeviceptr d[2];
+	float *h[2];
+};
+
+static int worker_check(struct worker *w, int i, float *got)
+{
+	if (cuMemcpyDtoH(got, w->d[i], TH_BYTES) != CUDA_SUCCESS)
+		return 1;
+	return memcmp(got, w->h[i], TH_BYTES) != 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	float *got = malloc(TH_BYTES);
+	size_t n = TH_BYTES / sizeof(float);
+	if (!got || cuCtxSetCurrent(w->ctx) != CUDA_SUCCESS)
+		return w->failed = 1, NULL;
+	for (int r = 0; r < w->rounds && !w->failed; r++) {
+		int y = (int)(rand_r(&w->seed) % 2), x = 1 - y;
+		float a = (float)((int)(rand_r(&w->seed) % 5) - 2) / 4.0f;
+		int ni = (int)n;
+		void *params[] = { &a, &w->d[x], &w->d[y], &ni };
+		if (cuLaunchKernel(saxpy, 1, 1, 1, 1, 1, 1, 0, 0, params, NULL) != CUDA_SUCCESS) {
+			w->failed = 1;
+			break;
+		}
+		for (size_t k = 0; k < n; k++)
+			w->h[y][k] = a * w->h[x][k] + w->h[y][k];
+		if (r % 5 == 4 && worker_check(w, (int)(rand_r(&w->seed) % 2), got))
+			w->failed = 1;
+	}
+	for (int i = 0; i < 2 && !w->failed; i++)
+		w->failed = worker_check(w, i, got);
+	free(got);
+	return NULL;
+}
+
+/* "threads": TH threads, each on allocations of its own, evicting each other's. */
+static int threads(CUcontext ctx, int rounds, unsigned seed)
+{
+	struct worker w[TH];
+	for (int t = 0; t < TH; t++) {
+		w[t] = (struct worker){ .ctx = ctx, .seed = seed * 31 + (unsigned)t, .rounds = rounds };
+		for (int i = 0; i < 2; i++) {
+			CK(cuMemAlloc(&w[t].d[i], TH_BYTES));
+			if (!(w[t].h[i] = malloc(TH_BYTES)))
+				return 1;
+			for (size_t k = 0; k < TH_BYTES / sizeof(float); k++)
+				w[t].h[i][k] = (float)((int)(rand_r(&w[t].seed) % 2001) - 1000) / 64.0f;
+			CK(cuMemcpyHtoD(w[t].d[i], w[t].h[i], TH_BYTES));
+		}
+	}
+	for (int t = 0; t < TH; t++)
+		if (pthread_create(&w[t].t, NULL, worker_main, &w[t]))
+			return 1;
+	int failed = 0;
+	for (int t = 0; t < TH; t++) {
+		pthread_join(w[t].t, NULL);
+		if (w[t].failed)
+			failed = fprintf(stderr, "thread %d: its memory differs or a call failed\n", t);
+	}
+	return failed ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4)
@@ -91,6 +170,15 @@ int main(int argc, char **argv)
 	CK(cuCtxSetCurrent(ctx));
 	CK(cuModuleLoadData(&mod, "fake module image: any NUL-terminated text"));
 	CK(cuModuleGetFunction(&saxpy, mod, "fake_saxpy"));
+	if (argc > 4 && !strcmp(argv[4], "threads")) {
+		if (threads(ctx, rounds, (unsigned)atoi(argv[3])))
+			return 1;
+		printf("ok %d\nready %d\n", rounds, (int)getpid());
+		fflush(stdout);
+		while (access(argv[1], F_OK))
+			usleep(10000);
+		return 0;
+	}
 	for (int i = 0; i < (int)N; i++) {
 		CK(cuMemAlloc(&dev[i], sizes[i]));
 		host[i] = malloc(sizes[i]);

@@ -14,7 +14,7 @@ TEST_CFLAGS = -O2 -g -std=gnu11 -pthread -Wall -Wextra -Werror -I$(CUDA_INC) -I$
 TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threads t_ctx_reuse t_unhooked t_movable t_agent t_resident
 TEST_DLOPEN := t_dlsym t_procaddr t_dlsym_answers
 # Sanitizer-instrumented builds, to run with libgpuos preloaded (it must not break them).
-TEST_SANITIZED := t_threads_tsan t_dlsym_tsan t_direct_asan
+TEST_SANITIZED := t_threads_tsan t_dlsym_tsan t_direct_asan t_resident_tsan
 TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN) $(TEST_SANITIZED))
 TEST_HDRS := $(TESTS_DIR)/common.h $(TESTS_DIR)/work.h $(TESTS_DIR)/../fakecuda/fakecuda.h
 
@@ -32,6 +32,10 @@ $(addprefix $(O)/tests/,$(TEST_DLOPEN)): $(O)/tests/%: $(TESTS_DIR)/%.c $(TEST_H
 	$(CC) $(TEST_CFLAGS) -o $@ $< -ldl -lm
 
 $(O)/tests/t_threads_tsan: $(TESTS_DIR)/t_threads.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -fsanitize=thread -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
+
+$(O)/tests/t_resident_tsan: $(TESTS_DIR)/t_resident.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
 	@mkdir -p $(@D)
 	$(CC) $(TEST_CFLAGS) -fsanitize=thread -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
 
