@@ -16,7 +16,8 @@ its final state), in one run:
                            repeats (Belady's choice)
               each: throughput relative to the ideal, checksum equal or not, bytes moved
               in and out, their rates against the pinned-copy rate measured at the start
-              of the run, the mean stall per call that waited, the learned period
+              of the run, the mean and p99 stall of a call that waited (p99: the top of
+              its power-of-two histogram bucket), the evictions the learned sequence chose
 
 Single-process workloads only: `--share` groups (several processes in one pool) are not
 built yet.  CUDA managed memory beyond the GPU is not measured (on these shared machines
@@ -81,6 +82,8 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
         out["in_GBps"] = st["bytes_in"] / st["in_ns"] if st["in_ns"] else None
         out["out_GBps"] = st["bytes_out"] / st["out_ns"] if st["out_ns"] else None
         out["stall_per_wait_ms"] = st["stall_ns"] / st["calls_swapped"] / 1e6 if st["calls_swapped"] else 0.0
+        p99 = stats.stall_percentile_us(99)
+        out["stall_p99_ms"] = p99 / 1000 if p99 else 0.0
     return out
 
 
@@ -123,7 +126,7 @@ def markdown(result: dict) -> str:
     pin = result["pcie_pinned"]
     lines = [f"Pinned copies in this run: {pin['h2d_GBps']:.1f} GB/s to the GPU, {pin['d2h_GBps']:.1f} GB/s back.", "",
              "| workload | pressure | reactive (LRU) of ideal | proactive (learned) of ideal | checksums equal "
-             "| moved in, reactive / proactive | copy-in rate | mean stall per waiting call "
+             "| moved in, reactive / proactive | copy-in rate | stall per waiting call, mean / p99 below "
              "| evictions by the learned sequence |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
@@ -138,7 +141,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {row['workload']} | {cell['pressure']}% | {r['relative']:.1%} | {f['relative']:.1%} "
                          f"| {r['checksum_equal'] and f['checksum_equal']} | {moved(r):.1f} / {moved(f):.1f} GB | "
                          + (f"{rate:.1f} GB/s" if rate else "-")
-                         + f" | {f.get('stall_per_wait_ms', 0):.2f} ms | {learned(f)} |")
+                         + f" | {f.get('stall_per_wait_ms', 0):.2f} / "
+                         + (f"{f['stall_p99_ms']:.1f} ms" if "stall_p99_ms" in f else "-") + f" | {learned(f)} |")
     return "\n".join(lines)
 
 

@@ -146,6 +146,8 @@ struct gpuos_agent_part {
 	uint64_t stage;  /* where the bytes are in the staging area */
 };
 
+#define GPUOS_STALL_BUCKETS 24
+
 /* The memory scheduler's figures since the process started (bytes, counts, nanoseconds). */
 struct gpuos_res_stats {
 	uint64_t limit;          /* --gpu-memory; 0: no limit, nothing below applies */
@@ -171,6 +173,9 @@ struct gpuos_res_stats {
 	uint64_t evictions_future; /* evictions chosen by the learned sequence (Belady) */
 	uint64_t lru_only;       /* 1: GPUOS_GPU_MEMORY_EVICT=lru (the baseline) */
 	uint64_t reserved_peak;  /* the most reserved_bytes has been */
+	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
+				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
+				  * also less; the last, also more) */
 };
 
 #endif /* GPUOS_AGENT_H */

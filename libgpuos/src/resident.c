@@ -78,6 +78,7 @@ static struct {
 	uint32_t call;
 	uint64_t sig;               /* the call in progress: hash of what it needs */
 	uint32_t ticked;            /* the call that took the last tick (R.call: this one) */
+	uint32_t swapped;           /* the call that last brought memory in (R.call: this one) */
 	int lru_only;               /* GPUOS_GPU_MEMORY_EVICT=lru */
 	uint64_t period;            /* learned, in ticks; 0: none (LRU) */
 	uint32_t doubts;
@@ -417,6 +418,7 @@ static CUresult bring_in(void)
 	if (!want)
 		return CUDA_SUCCESS;
 	R.st.calls_swapped++;
+	R.swapped = R.call;
 	if (make_room(want)) {
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -494,7 +496,13 @@ static void mark(uint64_t p)
 
 static CUresult finish(uint64_t t0, CUresult c, const char *what)
 {
-	R.st.stall_ns += gpuos_now_ns() - t0;
+	uint64_t ns = gpuos_now_ns() - t0;
+	R.st.stall_ns += ns;
+	if (R.swapped == R.call) {
+		uint64_t us = ns / 1000;
+		int b = us ? 63 - __builtin_clzll(us) : 0;
+		R.st.stall_hist[b < GPUOS_STALL_BUCKETS ? b : GPUOS_STALL_BUCKETS - 1]++;
+	}
 	if (c == CUDA_ERROR_OUT_OF_MEMORY) {
 		static int said;
 		if (!said++)

@@ -70,6 +70,7 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
         assert st["bytes_out"] >= st["evictions"] * 2 * MIB
         assert st["launches"] > 0 and st["over_limit"] == 0 and st["need_all"] == 0
         assert st["stall_ns"] >= st["in_ns"] + st["out_ns"] > 0
+        assert sum(st["stall_hist"]) == st["calls_swapped"] and st["stall_p99_us"] >= 1
     finally:
         rc = app.finish()
     assert rc == 0

@@ -37,7 +37,7 @@ def stats_cmd(pid: int, as_json: bool) -> None:
     except AgentError as exc:
         raise NotTracked(exc.message) from None
     if as_json:
-        emit_json({"ok": True, "pid": pid, **asdict(st)})
+        emit_json({"ok": True, "pid": pid, **asdict(st), "stall_p99_us": st.stall_percentile_us(99)})
         return
     if not st.limit:
         click.echo(f"pid {pid}: no --gpu-memory limit; its movable memory stays resident")
@@ -53,7 +53,8 @@ def stats_cmd(pid: int, as_json: bool) -> None:
         ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
         ["launches checked", str(st.launches)],
         ["calls that waited", f"{st.calls_swapped}, {ms(st.stall_ns)} in all"
-         + (f", {ms(st.stall_ns / st.calls_swapped)} each" if st.calls_swapped else "")],
+         + (f", {ms(st.stall_ns / st.calls_swapped)} each on average, p99 under "
+            f"{st.stall_percentile_us(99) / 1000:.1f} ms" if st.calls_swapped else "")],
         ["calls needing everything", str(st.need_all)],
         ["calls refused (did not fit)", str(st.over_limit)],
         ["calls unchecked (stream capture)", str(st.capture_unchecked)],

@@ -35,7 +35,8 @@ MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", 
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
                     "lru_only", "reserved_peak")
-MEM_STATS_STRUCT = struct.Struct("<" + "Q" * len(MEM_STATS_FIELDS))
+STALL_BUCKETS = 24  # GPUOS_STALL_BUCKETS
+MEM_STATS_STRUCT = struct.Struct("<" + "Q" * (len(MEM_STATS_FIELDS) + STALL_BUCKETS))
 
 
 CLONE_NEWNET = 0x40000000
@@ -82,6 +83,20 @@ class MemStats:
     evictions_future: int  # evictions chosen by the learned sequence (Belady)
     lru_only: int  # 1: the LRU baseline was asked for (GPUOS_GPU_MEMORY_EVICT=lru)
     reserved_peak: int  # the most reserved_bytes has been
+    stall_hist: tuple[int, ...]  # calls that brought memory in, by stall: [2^i, 2^(i+1)) microseconds
+
+    def stall_percentile_us(self, q: float) -> int | None:
+        """An upper bound of the q-th percentile of the stalls of calls that brought memory
+        in, in microseconds (the top of its histogram bucket); None if none did."""
+        total = sum(self.stall_hist)
+        if not total:
+            return None
+        seen = 0
+        for i, n in enumerate(self.stall_hist):
+            seen += n
+            if seen >= q / 100 * total:
+                return 2 ** (i + 1)
+        return 2 ** len(self.stall_hist)
 
 
 @dataclass(frozen=True)
@@ -227,7 +242,8 @@ class Agent:
     def mem_stats(self) -> MemStats:
         """The memory scheduler's figures (any time; the application is not stopped)."""
         self._request(MEM_STATS)
-        return MemStats(*MEM_STATS_STRUCT.unpack(self._recv_exact(MEM_STATS_STRUCT.size)))
+        v = MEM_STATS_STRUCT.unpack(self._recv_exact(MEM_STATS_STRUCT.size))
+        return MemStats(*v[:len(MEM_STATS_FIELDS)], stall_hist=tuple(v[len(MEM_STATS_FIELDS):]))
 
     def list(self) -> list[MovableAlloc]:
         r = self._request(LIST)
