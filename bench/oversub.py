@@ -74,6 +74,8 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     res = last_json_object(fin.stdout) if fin.returncode == 0 else None
     if res is None:
         out["error"] = fin.describe()[-1500:]
+        # what libgpuos said (a call refused for lack of room is said there, once)
+        out["gpuos_said"] = [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]
         return out
     st = asdict(stats) if stats else {}
     out.update(seconds=res["seconds"], relative=ideal["seconds"] / res["seconds"],
@@ -83,7 +85,8 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
         out["out_GBps"] = st["bytes_out"] / st["out_ns"] if st["out_ns"] else None
         out["stall_per_wait_ms"] = st["stall_ns"] / st["calls_swapped"] / 1e6 if st["calls_swapped"] else 0.0
         p99 = stats.stall_percentile_us(99)
-        out["stall_p99_ms"] = p99 / 1000 if p99 else 0.0
+        if p99:
+            out["stall_p99_ms"] = p99 / 1000
     return out
 
 
@@ -112,7 +115,10 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int) -> dict:
 
 
 def failure(cell: dict) -> str:
-    """A failed run's error, in a line (the last that names one)."""
+    """A failed run's error, in a line: what libgpuos said, else the last line that names
+    an error."""
+    if cell.get("gpuos_said"):
+        return cell["gpuos_said"][0][:70].replace("|", "/")
     lines = [ln.strip() for ln in cell.get("error", "").splitlines() if ln.strip()]
     return next((ln for ln in reversed(lines) if "Error:" in ln), lines[-1] if lines else "-")[:70].replace("|", "/")
 
@@ -142,7 +148,7 @@ def markdown(result: dict) -> str:
                          f"| {r['checksum_equal'] and f['checksum_equal']} | {moved(r):.1f} / {moved(f):.1f} GB | "
                          + (f"{rate:.1f} GB/s" if rate else "-")
                          + f" | {f.get('stall_per_wait_ms', 0):.2f} / "
-                         + (f"{f['stall_p99_ms']:.1f} ms" if "stall_p99_ms" in f else "-") + f" | {learned(f)} |")
+                         + (f"{f['stall_p99_ms']:.1f} ms" if f.get("stall_p99_ms") else "-") + f" | {learned(f)} |")
     return "\n".join(lines)
 
 
