@@ -1,15 +1,15 @@
 """GPU memory oversubscription on a real GPU (`gpuos run --gpu-memory`, libgpuos/src/resident.c).
 
 A workload of the suite runs once as it is, which gives its checksum and the most memory
-PyTorch's allocator reserved; then under a limit of two thirds of that (150%
-oversubscription), its memory evicted to pinned host memory and brought back before the
-launches that touch it, once evicting by the learned call sequence and once least
-recently used.  (PyTorch's caching allocator places a step's activations differently from
-one step to the next, so a training step's sequence of allocations need not repeat
-exactly: measured on gpt-train, 30-40% of its calls differ one step apart.)  The checksum must be the
-same, bit for bit, and never more than the limit may have been resident.  The scheduler's figures (polled with `gpuos mem
-stats` while it runs) and both runs' times are printed (pytest -s) and appended to
-$GPUOS_RESIDENT_RESULTS if set.
+PyTorch's allocator reserved.  Then it runs under a limit of two thirds of that (150%
+oversubscription): its memory is evicted to pinned host memory and brought back before
+the launches that touch it, once evicting by the learned call sequence and once least
+recently used.  The checksum must be the same, bit for bit, and never more than the limit
+may have been resident.  (PyTorch's caching allocator places a step's activations
+differently from one step to the next, so a training step's sequence of allocations need
+not repeat exactly: measured on gpt-train, 35% of its calls differ one step apart.)  The
+scheduler's figures (polled with `gpuos mem stats` while it runs) and both runs' times
+are printed (pytest -s) and appended to $GPUOS_RESIDENT_RESULTS if set.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def stats_cmd(pid: int, as_json: bool) -> None:
     rate = lambda b, ns: f"{b / ns:.2f} GB/s" if ns else "-"  # noqa: E731
     click.echo(table(["", ""], [
         ["limit", human_bytes(st.limit)],
-        ["allocations", f"{st.allocations} ({human_bytes(st.reserved_bytes)}; at most {human_bytes(st.reserved_peak)})"],
+        ["allocations", f"{st.allocations} ({human_bytes(st.reserved_bytes)}; "
+                        f"at most {human_bytes(st.reserved_peak)})"],
         ["resident", human_bytes(st.resident_bytes)],
         ["in host memory only", human_bytes(st.evicted_bytes)],
         ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],

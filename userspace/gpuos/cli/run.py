@@ -116,7 +116,7 @@ def _check_cpu_list(text: str) -> None:
               help="Oversubscribe GPU memory: at most LIMIT bytes (e.g. 12G, 512M) of the "
                    "application's movable memory are on the GPU at once, the rest in pinned host "
                    "memory; before each launch, copy or memset, what it will touch (predicted from "
-                   "its arguments) is made resident, least recently used allocations evicted. "
+                   "its arguments) is made resident, evicting what is needed farthest ahead (--evict). "
                    "Pointers never change. `gpuos mem stats PID` shows what moved. Needs --memory "
                    "movable; such a process cannot be checkpointed yet.")
 @click.option("--evict", type=click.Choice(["future", "lru"]), default="future", show_default=True,
