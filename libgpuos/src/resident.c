@@ -245,10 +245,22 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
 	return h;
 }
 
+/* The current context's unique id (a destroyed context's handle can come back for a new
+ * one; its id does not), else its handle. */
+static uint64_t ctx_key(void)
+{
+	CUcontext c = NULL;
+	unsigned long long id;
+	if (gpuos_drv.ctx_get_current && gpuos_drv.ctx_get_current(&c) == CUDA_SUCCESS && c &&
+	    gpuos_drv.ctx_get_id && gpuos_drv.ctx_get_id(c, &id) == CUDA_SUCCESS)
+		return id;
+	return (uint64_t)(uintptr_t)c;
+}
+
 /* gpuos's copy stream in the current context (created at its first use). */
 static CUstream swap_stream(void)
 {
-	uint64_t ctx = gpuos_current_ctx();
+	uint64_t ctx = ctx_key();
 	for (int i = 0; i < MAX_CTX; i++) {
 		if (R.streams[i].s && R.streams[i].ctx == ctx)
 			return R.streams[i].s;
@@ -350,12 +362,15 @@ static int evict_batch(uint64_t want)
 	struct res *victims[EVICT_BATCH];
 	size_t nv = 0;
 	uint64_t freed = 0;
+	/* Only the current context's: its synchronisation covers their work (a process with
+	 * memory in several contexts makes room in each from a call of that context). */
+	uint64_t ctx = gpuos_current_ctx();
 	while (R.resident - freed + want > R.limit && nv < EVICT_BATCH) {
 		struct res *best = NULL;
 		uint64_t best_score = 0;
 		for (size_t i = 0; i < R.n; i++) {
 			struct res *r = &R.v[i];
-			if (!r->h || r->call == R.call || r->tick == UINT64_MAX)
+			if (!r->h || r->call == R.call || r->tick == UINT64_MAX || r->ctx != ctx)
 				continue;
 			uint64_t score = victim_score(r);
 			if (!best || score > best_score) {
