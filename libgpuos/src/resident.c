@@ -17,7 +17,7 @@
  * passed it open has returned, agent.c), so every wrapper passes the gate's slow path.
  * What a call touches is libgpuos's prediction, made before the real call (the path an
  * on-demand restore uses); a launch, copy or memset has its
- * allocations made resident (gpuos_res_need_*) before its real call, and anything that
+ * allocations made resident (gpuos_res_need) before its real call, and anything that
  * may touch any allocation (a graph launch, a batched copy, a stream memory operation, a
  * launch of unknown layout) needs all of them resident.  If they cannot all fit, that
  * is said on stderr and counted: a misprediction is never silent.  The lock is held
@@ -27,9 +27,9 @@
  *
  * Eviction by the known future.  Each call that needs memory is a tick; its signature is
  * a hash of the allocations it needs.  Training steps and decode loops repeat the same
- * calls, so the signatures repeat with a period P (in ticks), found online: the last tick
- * with the same signature gives a candidate, kept once the 64 ticks before agree at that
- * lag, dropped after 8 that do not.  With P known, an allocation's next use is estimated
+ * calls, so the signatures repeat with a period P (in ticks), found online: the lags to
+ * the last 8 ticks with the same signature are candidates, one kept once the 64 ticks
+ * before agree at that lag, dropped after 8 that do not.  With P known, an allocation's next use is estimated
  * from its own recent uses one period back (its first use after t - P, plus P), and the
  * resident allocation used farthest in the future is evicted (Belady's choice); one
  * unused for a whole period goes first.  Without P, the least recently used goes, and the
@@ -73,7 +73,6 @@ static struct {
 	struct res *v;
 	size_t n, cap;
 	uint64_t limit;     /* bytes; 0: off */
-	uint64_t resident;  /* bytes of resident allocations */
 	uint64_t tick;
 	uint32_t call;
 	uint64_t sig;               /* the call in progress: hash of what it needs */
@@ -93,28 +92,6 @@ static struct {
 static int limit_read = 0; /* atomic: 0 not yet, 1 read */
 GPUOS_TLS int gpuos_tls_res_held;
 
-/* "12G", "512MiB", "1.5g", "1073741824": bytes, or 0 if not a size. */
-static uint64_t parse_size(const char *s)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || v <= 0)
-		return 0;
-	double mul = 1;
-	switch (*end) {
-	case 'k': case 'K': mul = 1024.0; end++; break;
-	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-	}
-	if (mul > 1 && (*end == 'i' || *end == 'I'))
-		end++;
-	if (mul > 1 && (*end == 'b' || *end == 'B'))
-		end++;
-	return *end ? 0 : (uint64_t)(v * mul);
-}
-
 uint64_t gpuos_res_limit(void)
 {
 	if (__atomic_load_n(&limit_read, __ATOMIC_ACQUIRE))
@@ -122,10 +99,14 @@ uint64_t gpuos_res_limit(void)
 	pthread_mutex_lock(&R.mu);
 	if (!limit_read) {
 		const char *e = getenv("GPUOS_GPU_MEMORY");
-		if (e && *e) {
-			R.limit = parse_size(e);
-			if (!R.limit)
-				fprintf(stderr, "gpuos: GPUOS_GPU_MEMORY=%s is not a size; no limit\n", e);
+		if (e && *e) { /* bytes: `gpuos run --gpu-memory` parses what the user wrote */
+			char *end;
+			errno = 0;
+			R.limit = strtoull(e, &end, 10);
+			if (errno || *end || !R.limit) {
+				R.limit = 0;
+				fprintf(stderr, "gpuos: GPUOS_GPU_MEMORY=%s is not a number of bytes; no limit\n", e);
+			}
 		}
 		R.st.limit = R.limit;
 		const char *ev = getenv("GPUOS_GPU_MEMORY_EVICT");
@@ -190,7 +171,7 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 			unlock_if(locked);
 			return -1;
 		}
-		R.resident += size;
+		R.st.resident_bytes += size;
 	} else if (!R.oversubscribed) {
 		R.oversubscribed = flip = 1;
 	}
@@ -204,7 +185,6 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	R.st.reserved_bytes += size;
 	if (R.st.reserved_bytes > R.st.reserved_peak)
 		R.st.reserved_peak = R.st.reserved_bytes;
-	R.st.resident_bytes = R.resident;
 	unlock_if(locked);
 	if (flip)
 		gpuos_gate_resident(); /* not under the lock: a thread it waits for may want it */
@@ -231,7 +211,7 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
 		struct res *r = &R.v[i];
 		h = r->h;
 		if (h)
-			R.resident -= r->size;
+			R.st.resident_bytes -= r->size;
 		R.st.allocations--;
 		R.st.reserved_bytes -= r->size;
 		if (r->has_content && !h)
@@ -239,7 +219,6 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
 		drop_host(r);
 		memmove(r, r + 1, (R.n - (size_t)i - 1) * sizeof *r);
 		R.n--;
-		R.st.resident_bytes = R.resident;
 	}
 	unlock_if(locked);
 	return h;
@@ -353,9 +332,9 @@ static void learn_period(void)
 	R.st.period = R.period;
 }
 
-/* Evict up to `max` of the least recently used resident allocations the call does not
- * need, as one batch, until `want` more bytes fit under the limit.  0, or -1 if they
- * cannot (or a step failed). */
+/* Evict up to EVICT_BATCH resident allocations the call does not need, the best victims
+ * first (victim_score), as one batch, until `want` more bytes fit under the limit.  0, or
+ * -1 if they cannot (or a step failed). */
 #define EVICT_BATCH 64
 static int evict_batch(uint64_t want)
 {
@@ -365,7 +344,7 @@ static int evict_batch(uint64_t want)
 	/* Only the current context's: its synchronisation covers their work (a process with
 	 * memory in several contexts makes room in each from a call of that context). */
 	uint64_t ctx = gpuos_current_ctx();
-	while (R.resident - freed + want > R.limit && nv < EVICT_BATCH) {
+	while (R.st.resident_bytes - freed + want > R.limit && nv < EVICT_BATCH) {
 		struct res *best = NULL;
 		uint64_t best_score = 0;
 		for (size_t i = 0; i < R.n; i++) {
@@ -406,7 +385,7 @@ static int evict_batch(uint64_t want)
 		r->has_content = 1;
 		R.st.evicted_bytes += r->size;
 		R.st.evictions_future += !!R.period;
-		R.resident -= r->size;
+		R.st.resident_bytes -= r->size;
 		R.st.bytes_out += r->size;
 		R.st.evictions++;
 	}
@@ -416,7 +395,7 @@ static int evict_batch(uint64_t want)
 
 static int make_room(uint64_t want)
 {
-	while (R.resident + want > R.limit)
+	while (R.st.resident_bytes + want > R.limit)
 		if (evict_batch(want))
 			return -1;
 	return 0;
@@ -449,7 +428,7 @@ static CUresult bring_in(void)
 			r->h = 0;
 			return c;
 		}
-		R.resident += r->size;
+		R.st.resident_bytes += r->size;
 		if (r->has_content) {
 			c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
 			if (c != CUDA_SUCCESS)
@@ -486,7 +465,6 @@ void gpuos_res_release(void)
 {
 	if (!gpuos_tls_res_held)
 		return;
-	R.st.resident_bytes = R.resident;
 	gpuos_tls_res_held = 0;
 	pthread_mutex_unlock(&R.mu);
 }
@@ -568,7 +546,6 @@ CUresult gpuos_res_need_all(const char *why)
 void gpuos_res_stats(struct gpuos_res_stats *out)
 {
 	int locked = lock_unless_held();
-	R.st.resident_bytes = R.resident;
 	*out = R.st;
 	unlock_if(locked);
 }
