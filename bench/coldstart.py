@@ -52,6 +52,7 @@ from pathlib import Path
 from cr_baseline import open_bench
 
 from gpuos.store import ImageStore
+from gpuos.workloads.run import served, start_served, wait_file
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
 CASES = [("eager", "warm"), ("on-demand", "warm"), ("lazy-host", "warm"), ("on-demand", "hot"), ("eager", "cold"),
@@ -59,18 +60,6 @@ CASES = [("eager", "warm"), ("on-demand", "warm"), ("lazy-host", "warm"), ("on-d
 MODE_ARGS = {"eager": ["--eager"], "on-demand": [], "lazy-host": ["--host-memory", "lazy"]}
 SERVE = [sys.executable, "-m", "gpuos.workloads.serve"]
 READY_TIMEOUT = 900.0
-
-
-def wait_file(path: Path, timeout: float, proc: subprocess.Popen | None = None) -> float:
-    """Wait for path to appear; the time it was seen."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {path} appeared")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {path}")
-        time.sleep(0.0005)
-    return time.time()
 
 
 def request(d: Path, n: int) -> None:
@@ -134,23 +123,6 @@ def cold_start(model: str, work: Path) -> dict:
     return {"first_answer_s": first["answered"] - t0, "ready_s": (d / "ready").stat().st_mtime - t0,
             "request_s": second["answered"] - second["seen"], "reference": second["output"],
             "first_output": first["output"]}
-
-
-def start_served(model: str, d: Path, env: dict) -> subprocess.Popen:
-    """The server under `gpuos run`, not waited for (served() waits). Its output goes
-    nowhere: CRIU restores an open file only at the size it had at the checkpoint, and a
-    log that restored copies wrote to would have grown."""
-    d.mkdir()
-    request(d, 0)
-    return subprocess.Popen([*GPUOS, "run", "-q", "--", *SERVE, "--model", model, "--requests", str(d)],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def served(proc: subprocess.Popen, d: Path) -> int:
-    """Its pid, once it answered its first request."""
-    wait_file(d / "resp-0", READY_TIMEOUT, proc)
-    return int((d / "ready").read_text())
 
 
 def timed_restore(env: dict, image: str, d: Path, n: int, reference: str, request_s: float,
@@ -254,7 +226,7 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
 
     d = work / f"served-{model}"
     proc = start_served(model, d, env)
-    pid = served(proc, d)
+    pid = served(proc, d, READY_TIMEOUT)
     ck = cli(env, "checkpoint", str(pid), "--image", f"cs-{model}")
     proc.wait()
     image = f"cs-{model}"
@@ -297,7 +269,7 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
             for k in range(replicas):
                 procs.append(start_served(model, work / f"replica-{model}-{k}", env))
             for k, p in enumerate(procs):
-                pid = served(p, work / f"replica-{model}-{k}")
+                pid = served(p, work / f"replica-{model}-{k}", READY_TIMEOUT)
                 cli(env, "checkpoint", str(pid), "--image", f"cs-{model}-r{k}")
                 p.wait()
         finally:

@@ -33,21 +33,15 @@ def main() -> None:
 
     from gpuos.store import ImageStore
     from gpuos.store.content import ImageContent, workers
+    from gpuos.workloads.run import served, start_served
 
     home = Path(tempfile.mkdtemp(prefix="readout-", dir=args.home))
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot"))
     d = home / "req"
-    d.mkdir()
-    (d / "req-0").write_text("")
-    run = subprocess.Popen([sys.executable, "-m", "gpuos.cli", "run", "-q", "--", sys.executable, "-m",
-                            "gpuos.workloads.serve", "--model", args.model, "--requests", str(d)],
-                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    run = start_served(args.model, d, env)
     out: dict = {"model": args.model, "workers": workers()}
     try:
-        while not (d / "resp-0").exists():
-            time.sleep(0.05)
-        pid = int((d / "ready").read_text())
+        pid = served(run, d)
         res = subprocess.run([sys.executable, "-m", "gpuos.cli", "checkpoint", str(pid), "--image", "x", "--json"],
                              env=env, capture_output=True, text=True)
         out["checkpoint"] = json.loads(res.stdout).get("timings")

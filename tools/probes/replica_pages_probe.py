@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import blake3
@@ -28,6 +27,7 @@ import zstandard
 from gpuos.store import ImageStore
 from gpuos.store import chunker
 from gpuos.store.chunks import ZST_LEVEL, ZST_WORTH
+from gpuos.workloads.run import served, start_served
 
 PAGE = 4096
 
@@ -58,20 +58,9 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="gpuos-probe-", dir=args.home))
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot"))
     try:
-        procs = []
-        for k in range(2):
-            d = home / f"r{k}"
-            d.mkdir()
-            (d / "req-0").write_text("")
-            procs.append(subprocess.Popen([sys.executable, "-m", "gpuos.cli", "run", "-q", "--", sys.executable, "-m",
-                                           "gpuos.workloads.serve", "--model", args.model, "--requests", str(d)],
-                                          env=env, stdin=subprocess.DEVNULL, start_new_session=True))
+        procs = [start_served(args.model, home / f"r{k}", env) for k in range(2)]
         for k, p in enumerate(procs):
-            while not (home / f"r{k}" / "resp-0").exists():
-                if p.poll() is not None:
-                    raise SystemExit(f"server {k} exited")
-                time.sleep(0.05)
-            pid = int((home / f"r{k}" / "ready").read_text())
+            pid = served(p, home / f"r{k}")
             subprocess.run([sys.executable, "-m", "gpuos.cli", "checkpoint", str(pid), "--image", f"r{k}"],
                            env=env, check=True, capture_output=True)
             p.wait()

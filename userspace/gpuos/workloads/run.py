@@ -183,3 +183,34 @@ def run_polling_mem_stats(cmd: Sequence[str], timeout: float, env: dict[str, str
         proc.communicate()
         raise
     return Finished(list(cmd), None if timed_out else proc.returncode, out, err, time.monotonic() - t0), last
+
+
+def wait_file(path: Path, timeout: float, proc: subprocess.Popen | None = None) -> float:
+    """Wait for path to appear (failing early if proc exits first); the time it was seen."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {path} appeared")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {path}")
+        time.sleep(0.0005)
+    return time.time()
+
+
+def start_served(model: str, d: Path, env: dict) -> subprocess.Popen:
+    """A gpuos.workloads.serve server of `model` under `gpuos run`, answering requests in d
+    (made here, with request 0 waiting); not waited for (served() waits).  Its output goes
+    nowhere: CRIU restores an open file only at the size it had at the checkpoint, and a
+    log that restored copies wrote to would have grown."""
+    d.mkdir()
+    (d / "req-0").write_text("")
+    return subprocess.Popen([sys.executable, "-m", "gpuos.cli", "run", "-q", "--", sys.executable, "-m",
+                             "gpuos.workloads.serve", "--model", model, "--requests", str(d)],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def served(proc: subprocess.Popen, d: Path, timeout: float = 900.0) -> int:
+    """The server's pid, once it answered request 0."""
+    wait_file(d / "resp-0", timeout, proc)
+    return int((d / "ready").read_text())
