@@ -49,7 +49,8 @@
  *            request (GPUOS_AGENT_PARTS_MAX at most): each copies `length` bytes from the
  *            staging area at `stage` to allocation `index` (LIST order) at `offset`, on
  *            the agent's streams; the reply comes once they are done.  An allocation all of
- *            whose bytes have come is filled; the last one filled opens the gate.  Parts
+ *            whose bytes have come is filled, once the reply is sent (what waited for it
+ *            may end the process); the last one filled opens the gate.  Parts
  *            must not overlap (a part longer than what is left of its allocation is
  *            refused).  Reply: bytes; arg = an allocation a thread of the application
  *            waits for (UINT64_MAX: none), to fill next; count = calls that had to wait
@@ -173,6 +174,8 @@ struct gpuos_res_stats {
 	uint64_t evictions_future; /* evictions chosen by the learned sequence (Belady) */
 	uint64_t lru_only;       /* 1: GPUOS_GPU_MEMORY_EVICT=lru (the baseline) */
 	uint64_t reserved_peak;  /* the most reserved_bytes has been */
+	uint64_t clean_bytes;    /* evicted without being copied out: unchanged since their last
+				  * copy-out (their fingerprints, 4 KiB chunks, agree) */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

@@ -994,7 +994,32 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 	if (res != CUDA_SUCCESS)
 		return say(r, EIO, "copy from the host: %s", cuerr(res));
 	pthread_mutex_lock(&fill_mu);
-	for (size_t k = 0; k < n; k++) {
+	/* the allocation a thread waits for, unless these parts complete it */
+	uint64_t wanted = fill_wanted;
+	if (wanted != UINT64_MAX) {
+		uint64_t left = fill_left[wanted];
+		for (size_t k = 0; k < n; k++)
+			if (p[k].index == wanted)
+				left -= p[k].length < left ? p[k].length : left;
+		if (!left)
+			wanted = UINT64_MAX;
+	}
+	r->arg = wanted;
+	r->count = fill_all_waits;
+	if (fill_all_waits)
+		snprintf(r->msg, sizeof r->msg, "%s", fill_all_why);
+	fill_all_waits = 0;
+	pthread_mutex_unlock(&fill_mu);
+	r->bytes = bytes;
+	r->ns = gpuos_now_ns() - t0;
+}
+
+/* FILL_PARTS' parts are counted filled, and their waiters woken, only once its reply is
+ * sent: a waiter may end the process, and the client must have its answer first. */
+static void fill_parts_count(const struct gpuos_agent_part *p, size_t n)
+{
+	pthread_mutex_lock(&fill_mu);
+	for (size_t k = 0; fill_left && k < n; k++) {
 		uint64_t *left = &fill_left[p[k].index];
 		if (!*left)
 			continue;
@@ -1004,19 +1029,12 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 		if (!*left)
 			fill_pending--;
 	}
-	r->arg = fill_wanted;
-	if (fill_wanted != UINT64_MAX && !fill_left[fill_wanted])
+	if (fill_left && fill_wanted != UINT64_MAX && !fill_left[fill_wanted])
 		fill_wanted = UINT64_MAX;
-	r->count = fill_all_waits;
-	if (fill_all_waits)
-		snprintf(r->msg, sizeof r->msg, "%s", fill_all_why);
-	fill_all_waits = 0;
 	pthread_cond_broadcast(&fill_cv);
-	if (!fill_pending)
+	if (fill_left && !fill_pending)
 		fill_done_locked();
 	pthread_mutex_unlock(&fill_mu);
-	r->bytes = bytes;
-	r->ns = gpuos_now_ns() - t0;
 }
 
 /* ---- the socket ------------------------------------------------------------------------------ */
@@ -1152,6 +1170,8 @@ static void serve(int conn)
 	size_t nfds;
 	int k;
 	while ((k = recv_req(conn, &q, fds, &nfds)) > 0) {
+		struct gpuos_agent_part *parts = NULL; /* FILL_PARTS': counted after the reply */
+		size_t nparts = 0;
 		struct gpuos_agent_reply r;
 		memset(&r, 0, sizeof r);
 		r.magic = GPUOS_AGENT_MAGIC;
@@ -1160,7 +1180,6 @@ static void serve(int conn)
 		case GPUOS_AGENT_HOLD: do_hold(q.arg, &r); break;
 		case GPUOS_AGENT_RESUME: do_resume(q.arg, &r); break;
 		case GPUOS_AGENT_FILL_PARTS: {
-			struct gpuos_agent_part *parts = NULL;
 			size_t n = (size_t)q.arg;
 			if (n > GPUOS_AGENT_PARTS_MAX) {
 				say(&r, EINVAL, "FILL_PARTS of %zu parts: at most %d", n, GPUOS_AGENT_PARTS_MAX);
@@ -1173,7 +1192,8 @@ static void serve(int conn)
 				goto out;
 			}
 			do_fill_parts(parts, n, &r);
-			free(parts);
+			if (!r.status)
+				nparts = n;
 			break;
 		}
 		case GPUOS_AGENT_LIST:
@@ -1206,7 +1226,11 @@ static void serve(int conn)
 		default: say(&r, EINVAL, "unknown command %u", q.cmd); break;
 		}
 		close_fds(fds, nfds);
-		if (send_all(conn, &r, sizeof r, NULL, 0))
+		int unsent = send_all(conn, &r, sizeof r, NULL, 0);
+		if (nparts)
+			fill_parts_count(parts, nparts);
+		free(parts);
+		if (unsent)
 			goto out;
 		if (q.cmd == GPUOS_AGENT_LIST && r.status == 0 && H.n) {
 			struct gpuos_agent_alloc *v = calloc(H.n, sizeof *v);

@@ -423,6 +423,23 @@ static inline uint64_t gpuos_eff_stream(CUstream s, int pt)
 	return (!s && pt) ? (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD : (uint64_t)(uintptr_t)s;
 }
 
+/* ---- fingerprint.c: fingerprint.cu's module and hash --------------------------------- */
+
+/* One 64-bit hash per GPUOS_VALIDATE_CHUNK bytes of a table of segments; the table's
+ * layout must match struct gpuos_fp_seg of fingerprint.cu (and of the fake driver). */
+struct gpuos_fp_seg {
+	uint64_t base;
+	uint64_t size;
+	uint64_t first_chunk; /* its first chunk's index in the output array */
+};
+#define GPUOS_FP_BLOCK 256u /* threads per block: 8 warps, 8 chunks at a time */
+/* Load the module into the current context (through gpuos_drv; *mod NULL on failure). */
+CUresult gpuos_fp_load(CUmodule *mod);
+/* Launch gpuos_fp_hash over `nseg` segments already on the device at `segs` (async). */
+CUresult gpuos_fp_hash(CUfunction hash, CUdeviceptr segs, unsigned int nseg, CUdeviceptr out, uint64_t nchunks,
+		       CUstream s);
+unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block);
+
 /* Validation around one real call (when gpuos_validating). */
 void gpuos_val_begin(struct gpuos_val_op *op);
 CUresult gpuos_val_end(struct gpuos_val_op *op, CUresult res);

@@ -35,6 +35,14 @@
  * unused for a whole period goes first.  Without P, the least recently used goes, and the
  * stats say so (period 0).  GPUOS_GPU_MEMORY_EVICT=lru keeps LRU (the baseline).
  * Copies run on a stream of gpuos's own per context, one synchronisation per batch.
+ *
+ * Only what changed is copied out.  A victim is hashed on the GPU first (fingerprint.cu:
+ * 64 bits per 4 KiB chunk, at memory speed, far above the copy's), and the hashes are
+ * kept with its host copy; at its next eviction, only the chunks whose hash differs from
+ * the kept one are copied (runs a little apart merged into one copy).  Weights an
+ * inference only reads are copied out once.  Where the hashes cannot be had (no memory
+ * for them, the module cannot be loaded), everything is copied and the kept hashes are
+ * dropped: they would no longer describe the host copy.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -52,6 +60,9 @@
 #define LAGS 8           /* ticks remembered per signature: candidate periods */
 #define CONFIRM 64       /* ticks that must agree at a lag before it is the period */
 #define DOUBTS 8         /* ticks in a row that disagree before it is dropped */
+#define CHUNK ((uint64_t)GPUOS_VALIDATE_CHUNK) /* fingerprinted bytes per hash */
+#define EVICT_BATCH 64   /* allocations evicted at once, at most */
+#define GAP_CHUNKS 16    /* changed chunks at most this far apart are copied as one run */
 
 struct res {
 	uint64_t base;
@@ -63,6 +74,7 @@ struct res {
 	void *host;                     /* its contents while evicted (NULL: never evicted) */
 	int host_pinned;
 	int has_content;                /* evicted after use: host holds the contents */
+	uint64_t *ref;                  /* the host copy's chunk hashes (NULL: not known) */
 	uint64_t tick;                  /* the last call that needed it */
 	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
 	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
@@ -85,7 +97,18 @@ static struct {
 	struct { uint64_t sig, ticks[LAGS]; uint32_t n; } seen[SEEN]; /* hash table: a signature
 				    * and the last ticks it was seen at */
 	int oversubscribed;         /* the allocations outgrew the limit: calls are checked */
-	struct { uint64_t ctx; CUstream s; } streams[MAX_CTX];
+	struct swap_ctx {
+		uint64_t ctx;       /* its id (ctx_key) */
+		CUstream s;         /* NULL: free slot */
+		CUmodule mod;       /* fingerprint.cu's, loaded at the first eviction */
+		CUfunction hash;
+		int fp_broken;      /* it cannot be loaded here: copy everything */
+		CUdeviceptr d_segs; /* struct gpuos_fp_seg[EVICT_BATCH] */
+		CUdeviceptr d_hash; /* hash_cap hashes */
+		uint64_t hash_cap;
+	} swap[MAX_CTX];
+	uint64_t *h_hash;           /* the batch's hashes, read back */
+	uint64_t h_cap;
 	struct gpuos_res_stats st;
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -200,6 +223,8 @@ static void drop_host(struct res *r)
 	munmap(r->host, r->size);
 	r->host = NULL;
 	r->has_content = 0;
+	free(r->ref);
+	r->ref = NULL;
 }
 
 CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
@@ -236,23 +261,144 @@ static uint64_t ctx_key(void)
 	return (uint64_t)(uintptr_t)c;
 }
 
-/* gpuos's copy stream in the current context (created at its first use). */
-static CUstream swap_stream(void)
+/* gpuos's copy stream and fingerprint state in the current context (made at its first
+ * use), or NULL: more contexts than slots, or no stream (the legacy stream is used,
+ * synchronised all the same, and everything is copied). */
+static struct swap_ctx *swap_ctx(void)
 {
 	uint64_t ctx = ctx_key();
 	for (int i = 0; i < MAX_CTX; i++) {
-		if (R.streams[i].s && R.streams[i].ctx == ctx)
-			return R.streams[i].s;
-		if (!R.streams[i].s) {
-			CUstream s;
-			if (!gpuos_drv.stream_create || gpuos_drv.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+		struct swap_ctx *sc = &R.swap[i];
+		if (sc->s && sc->ctx == ctx)
+			return sc;
+		if (!sc->s) {
+			if (!gpuos_drv.stream_create || gpuos_drv.stream_create(&sc->s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+				sc->s = NULL;
 				return NULL;
-			R.streams[i].ctx = ctx;
-			R.streams[i].s = s;
-			return s;
+			}
+			sc->ctx = ctx;
+			return sc;
 		}
 	}
-	return NULL; /* more contexts than slots: the legacy stream, synchronised all the same */
+	return NULL;
+}
+
+static CUstream swap_stream(struct swap_ctx *sc)
+{
+	return sc ? sc->s : NULL;
+}
+
+static uint64_t chunks(uint64_t size)
+{
+	return (size + CHUNK - 1) / CHUNK;
+}
+
+/* Device memory of gpuos's own (not the application's: hidden from the allocation map). */
+static CUresult dev_alloc(CUdeviceptr *p, size_t bytes)
+{
+	if (gpuos_drv.mem_alloc(p, bytes) != CUDA_SUCCESS) {
+		*p = 0;
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	gpuos_track_ignore((uint64_t)*p, bytes, 1);
+	return CUDA_SUCCESS;
+}
+
+static void dev_free(CUdeviceptr *p, size_t bytes)
+{
+	if (!*p)
+		return;
+	gpuos_track_ignore((uint64_t)*p, bytes, 0);
+	gpuos_drv.mem_free(*p);
+	*p = 0;
+}
+
+/* The victims' chunk hashes, in victim order, read back to R.h_hash (the context is
+ * synchronised: their contents are final), or NULL if they cannot be had. */
+static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *victims, size_t nv)
+{
+	if (!sc || sc->fp_broken || !gpuos_drv.mem_alloc || !gpuos_drv.mem_free || !gpuos_drv.launch_kernel)
+		return NULL;
+	if (!sc->hash) {
+		if (gpuos_fp_load(&sc->mod) != CUDA_SUCCESS ||
+		    gpuos_drv.module_get_function(&sc->hash, sc->mod, "gpuos_fp_hash") != CUDA_SUCCESS) {
+			sc->hash = NULL;
+			sc->fp_broken = 1;
+			fprintf(stderr, "gpuos: the fingerprint kernel cannot be loaded; evictions copy everything out\n");
+			return NULL;
+		}
+	}
+	struct gpuos_fp_seg segs[EVICT_BATCH];
+	uint64_t n = 0;
+	for (size_t k = 0; k < nv; k++) {
+		segs[k] = (struct gpuos_fp_seg){ .base = victims[k]->base, .size = victims[k]->size, .first_chunk = n };
+		n += chunks(victims[k]->size);
+	}
+	if (!sc->d_segs && dev_alloc(&sc->d_segs, sizeof segs) != CUDA_SUCCESS)
+		return NULL;
+	if (n > sc->hash_cap) {
+		dev_free(&sc->d_hash, sc->hash_cap * 8);
+		sc->hash_cap = 0;
+		if (dev_alloc(&sc->d_hash, n * 8) != CUDA_SUCCESS)
+			return NULL;
+		sc->hash_cap = n;
+	}
+	if (n > R.h_cap) {
+		uint64_t *h = realloc(R.h_hash, n * 8);
+		if (!h)
+			return NULL;
+		R.h_hash = h;
+		R.h_cap = n;
+	}
+	if (gpuos_drv.memcpy_htod_async(sc->d_segs, segs, nv * sizeof *segs, sc->s) != CUDA_SUCCESS ||
+	    gpuos_fp_hash(sc->hash, sc->d_segs, (unsigned int)nv, sc->d_hash, n, sc->s) != CUDA_SUCCESS ||
+	    gpuos_drv.memcpy_dtoh_async(R.h_hash, sc->d_hash, n * 8, sc->s) != CUDA_SUCCESS ||
+	    gpuos_drv.stream_sync(sc->s) != CUDA_SUCCESS)
+		return NULL;
+	return R.h_hash;
+}
+
+/* Copy out what of r changed since its host copy was made (all of it without hashes
+ * or a kept copy's); the bytes copied. */
+static CUresult copy_out(struct res *r, const uint64_t *hashes, CUstream s, uint64_t *copied)
+{
+	if (!hashes || !r->ref || !r->has_content) {
+		*copied = r->size;
+		return gpuos_drv.memcpy_dtoh_async(r->host, r->base, r->size, s);
+	}
+	uint64_t n = chunks(r->size), i = 0;
+	*copied = 0;
+	while (i < n) {
+		if (hashes[i] == r->ref[i]) {
+			i++;
+			continue;
+		}
+		uint64_t last = i; /* the run's last changed chunk */
+		for (uint64_t j = i + 1; j < n && j <= last + GAP_CHUNKS; j++)
+			if (hashes[j] != r->ref[j])
+				last = j;
+		uint64_t off = i * CHUNK, end = (last + 1) * CHUNK < r->size ? (last + 1) * CHUNK : r->size;
+		CUresult c = gpuos_drv.memcpy_dtoh_async((char *)r->host + off, r->base + off, end - off, s);
+		if (c != CUDA_SUCCESS)
+			return c;
+		*copied += end - off;
+		i = last + 1;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* After r's copy-out: its kept hashes are those of the new host copy (dropped when they
+ * are not known). */
+static void keep_hashes(struct res *r, const uint64_t *hashes)
+{
+	if (hashes && !r->ref)
+		r->ref = malloc(chunks(r->size) * 8);
+	if (hashes && r->ref) {
+		memcpy(r->ref, hashes, chunks(r->size) * 8);
+		return;
+	}
+	free(r->ref);
+	r->ref = NULL;
 }
 
 /* Host memory for r's contents, pinned if the driver lets it (else pageable: slower). */
@@ -335,7 +481,6 @@ static void learn_period(void)
 /* Evict up to EVICT_BATCH resident allocations the call does not need, the best victims
  * first (victim_score), as one batch, until `want` more bytes fit under the limit.  0, or
  * -1 if they cannot (or a step failed). */
-#define EVICT_BATCH 64
 static int evict_batch(uint64_t want)
 {
 	struct res *victims[EVICT_BATCH];
@@ -367,18 +512,25 @@ static int evict_batch(uint64_t want)
 		return -1;
 	/* The victims may still be in use by work already submitted, on any stream. */
 	int ok = !gpuos_drv.ctx_sync || gpuos_drv.ctx_sync() == CUDA_SUCCESS;
-	CUstream s = swap_stream();
-	uint64_t t0 = gpuos_now_ns();
-	for (size_t k = 0; ok && k < nv; k++) {
+	struct swap_ctx *sc = swap_ctx();
+	CUstream s = swap_stream(sc);
+	uint64_t t0 = gpuos_now_ns(), copied = 0;
+	const uint64_t *hashes = ok ? hash_victims(sc, victims, nv) : NULL;
+	for (size_t k = 0, first = 0; ok && k < nv; first += chunks(victims[k]->size), k++) {
 		struct res *r = victims[k];
-		ok = !host_for(r) && gpuos_drv.memcpy_dtoh_async(r->host, r->base, r->size, s) == CUDA_SUCCESS;
+		uint64_t c = 0;
+		ok = !host_for(r) && copy_out(r, hashes ? hashes + first : NULL, s, &c) == CUDA_SUCCESS;
+		copied += c;
 	}
 	ok = ok && gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
-	for (size_t k = 0; k < nv; k++) {
+	for (size_t k = 0, first = 0; k < nv; first += chunks(victims[k]->size), k++) {
 		struct res *r = victims[k];
 		r->tick = r->uses[(r->nuse + USES - 1) % USES]; /* its last use, as it was */
+		/* A failed batch may have copied part: the kept hashes no longer describe the
+		 * host copy (r stays resident, its contents where they were). */
+		keep_hashes(r, ok && hashes ? hashes + first : NULL);
 		if (!ok)
-			continue; /* still resident, its contents where they were */
+			continue;
 		gpuos_drv.mem_unmap(r->base, r->size);
 		gpuos_drv.mem_release(r->h);
 		r->h = 0;
@@ -386,8 +538,14 @@ static int evict_batch(uint64_t want)
 		R.st.evicted_bytes += r->size;
 		R.st.evictions_future += !!R.period;
 		R.st.resident_bytes -= r->size;
-		R.st.bytes_out += r->size;
 		R.st.evictions++;
+	}
+	if (ok) {
+		R.st.bytes_out += copied;
+		uint64_t all = 0;
+		for (size_t k = 0; k < nv; k++)
+			all += victims[k]->size;
+		R.st.clean_bytes += all - copied;
 	}
 	R.st.out_ns += gpuos_now_ns() - t0;
 	return ok ? 0 : -1;
@@ -417,7 +575,7 @@ static CUresult bring_in(void)
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	CUstream s = swap_stream();
+	CUstream s = swap_stream(swap_ctx());
 	uint64_t t0 = gpuos_now_ns(), copied = 0;
 	for (size_t i = 0; i < R.n; i++) {
 		struct res *r = &R.v[i];

@@ -19,14 +19,16 @@
 
 #define DEDUPE_BITS 12 /* 4096 slots: at most GPUOS_MAX_BUFS used, so probes stay short */
 #define DEDUPE_LINEAR 8 /* up to this many buffers a launch's list is searched instead */
-#define LOOKUP_BITS 8  /* the per-thread lookup cache: 256 entries */
+#define LOOKUP_SET_BITS 7 /* the per-thread lookup cache: 128 sets of 2 entries */
 #define LOOKUP_GRAIN 16 /* keyed by the address's 64 KiB block */
 #define MAX_PARAM_BUFFER 65536 /* `extra` buffers above this are not scanned */
 
 _Static_assert((1u << DEDUPE_BITS) >= 2 * GPUOS_MAX_BUFS, "dedupe set too small");
 
 /* A launch's pointers mostly point where the last launches' did: each thread keeps the
- * allocations it found last, by address block, valid while the map's gen is unchanged. */
+ * allocations it found last, by address block, valid while the map's gen is unchanged.
+ * Two ways per set: where a launch's buffers' blocks share a set (addresses are random),
+ * one way would make both miss at every launch. */
 struct lookup_ent {
 	uint64_t base, size, gen;
 	uint32_t idx;    /* in the map */
@@ -42,7 +44,7 @@ struct scratch {
 	uint32_t nwords;    /* words scanned so far (their index in the hash) */
 	uint32_t gen;
 	uint32_t small_idx[DEDUPE_LINEAR]; /* allocation indices of bufs[0..DEDUPE_LINEAR) */
-	struct lookup_ent lookup[1u << LOOKUP_BITS];
+	_Alignas(64) struct lookup_ent lookup[1u << LOOKUP_SET_BITS][2]; /* a set: one cache line */
 	struct {
 		uint32_t gen, idx;
 	} seen[1u << DEDUPE_BITS];
@@ -262,7 +264,9 @@ struct gpuos_scan *gpuos_scan_tls(void)
 		return &t->s;
 	}
 	pthread_once(&scratch_once, scratch_key_init);
-	struct scratch *x = calloc(1, sizeof *x);
+	struct scratch *x = aligned_alloc(_Alignof(struct scratch), sizeof *x);
+	if (x)
+		memset(x, 0, sizeof *x);
 	if (!x) {
 		gpuos_track_off(ENOMEM, "out of memory for a thread's scan buffer");
 		return NULL;
@@ -329,15 +333,20 @@ static void add_buf(struct scratch *x, const struct lookup_ent *e, uint64_t v, u
 static inline const struct lookup_ent *lookup(struct scratch *x, uint64_t v)
 {
 	const struct gpuos_map *m = &gpuos_allocs;
-	struct lookup_ent *e = &x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_BITS)];
-	if (e->gen == m->gen && v - e->base < e->size) {
-		ST_ADD(HITS, 1);
-		return e;
+	struct lookup_ent *set = x->lookup[((v >> LOOKUP_GRAIN) * 0x9e3779b97f4a7c15ull) >> (64 - LOOKUP_SET_BITS)];
+	for (int w = 0; w < 2; w++) {
+		if (set[w].gen == m->gen && v - set[w].base < set[w].size) {
+			ST_ADD(HITS, 1);
+			return &set[w];
+		}
 	}
 	ST_ADD(MISSES, 1);
 	const struct gpuos_alloc *a = gpuos_map_find(m, v);
 	if (!a)
 		return NULL;
+	/* the newest in way 0, the one before in way 1 */
+	set[1] = set[0];
+	struct lookup_ent *e = &set[0];
 	e->base = a->base;
 	e->size = a->end - a->base;
 	e->idx = (uint32_t)(a - m->v);

@@ -67,21 +67,9 @@ pthread_mutex_t gpuos_val_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t gpuos_val_busy, gpuos_val_overlaps;
 static uint64_t g_overlaps_before; /* gpuos_val_overlaps when the operation's before() ran */
 
-/* The PTX of fingerprint.cu, embedded by the Makefile (NUL-terminated). */
-extern const char gpuos_fingerprint_ptx[];
-
 #define CHUNK ((uint64_t)GPUOS_VALIDATE_CHUNK)
 #define MAX_MISS 64
 #define MAX_CTX 16
-#define HASH_BLOCK 256u         /* threads per block: 8 warps, 8 chunks at a time */
-#define MAX_GRID 65535u
-
-/* Must match struct gpuos_fp_seg of fingerprint.cu (and of the fake driver). */
-struct fp_seg {
-	uint64_t base;
-	uint64_t size;
-	uint64_t first_chunk;
-};
 
 /* ---- real driver entry points ---------------------------------------------------- */
 
@@ -103,7 +91,7 @@ struct vctx {
 	CUfunction f_hash, f_diff;
 	CUstream stream;
 	CUdeviceptr d_count;          /* unsigned int, in a 16-byte allocation */
-	CUdeviceptr d_segs;           /* struct fp_seg[] */
+	CUdeviceptr d_segs;           /* struct gpuos_fp_seg[] */
 	size_t segs_cap;              /* bytes */
 	CUdeviceptr d_before, d_after, d_changed; /* uint64_t[chunk_cap] each */
 	size_t chunk_cap;             /* chunks */
@@ -124,8 +112,8 @@ static struct val_state g_op;
 /* Host arrays, kept and grown (never shrunk). */
 static struct gpuos_seg *g_snap;   static size_t g_snap_cap;   /* before the operation */
 static struct gpuos_seg *g_snap2;  static size_t g_snap2_cap;  /* after it */
-static struct fp_seg *g_fseg;      static size_t g_fseg_cap;   /* the "before" table */
-static struct fp_seg *g_fseg2;     static size_t g_fseg2_cap;  /* survivors, for "after" */
+static struct gpuos_fp_seg *g_fseg;      static size_t g_fseg_cap;   /* the "before" table */
+static struct gpuos_fp_seg *g_fseg2;     static size_t g_fseg2_cap;  /* survivors, for "after" */
 static unsigned char *g_alive;     static size_t g_alive_cap;
 static uint64_t *g_changed;        static size_t g_changed_cap;
 
@@ -354,7 +342,7 @@ static CUresult vctx_reserve(struct vctx *vc, uint64_t nchunks, size_t nseg)
 		if (!vc->chunk_cap)
 			return r;
 	}
-	size_t sbytes = nseg * sizeof(struct fp_seg);
+	size_t sbytes = nseg * sizeof(struct gpuos_fp_seg);
 	if (sbytes > vc->segs_cap) {
 		dev_free(&vc->d_segs, vc->segs_cap);
 		vc->segs_cap = 0;
@@ -371,49 +359,14 @@ static CUresult vctx_reserve(struct vctx *vc, uint64_t nchunks, size_t nseg)
 	return CUDA_SUCCESS;
 }
 
-/* The fingerprint PTX with its ".version" line lowered to 6.4 (CUDA 10.1, the first
- * ISA with sm_75), for drivers older than the nvcc that built it: the kernels use
- * nothing newer.  NULL if there is no such line or no memory.  Caller frees. */
-static char *ptx_lowered(void)
-{
-	const char *s = gpuos_fingerprint_ptx;
-	const char *v = strstr(s, "\n.version ");
-	if (!v)
-		return NULL;
-	v++;
-	const char *eol = strchr(v, '\n');
-	if (!eol)
-		return NULL;
-	static const char repl[] = ".version 6.4";
-	size_t head = (size_t)(v - s), tail = strlen(eol);
-	char *out = malloc(head + sizeof repl - 1 + tail + 1);
-	if (!out)
-		return NULL;
-	memcpy(out, s, head);
-	memcpy(out + head, repl, sizeof repl - 1);
-	memcpy(out + head + sizeof repl - 1, eol, tail + 1);
-	return out;
-}
-
 /* Load the module, functions, stream and count word of the current context `vc->ctx`.
  * Permanent failures (the PTX cannot be used) mark the context broken. */
 static CUresult vctx_init(struct vctx *vc)
 {
 	CUresult r;
 	if (!vc->mod) {
-		r = gpuos_drv.module_load_data(&vc->mod, gpuos_fingerprint_ptx);
-		if (r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX ||
-		    r == CUDA_ERROR_INVALID_IMAGE) {
-			char *low = ptx_lowered();
-			if (low) {
-				CUresult r2 = gpuos_drv.module_load_data(&vc->mod, low);
-				free(low);
-				if (r2 == CUDA_SUCCESS)
-					r = r2;
-			}
-		}
+		r = gpuos_fp_load(&vc->mod);
 		if (r != CUDA_SUCCESS) {
-			vc->mod = NULL;
 			if (r == CUDA_ERROR_OUT_OF_MEMORY)
 				return r;
 			vc->broken = 1;
@@ -491,16 +444,8 @@ static struct vctx *vctx_get(CUcontext ctx)
 
 /* ---- GPU work ------------------------------------------------------------------ */
 
-static unsigned int grid_for(uint64_t items, uint64_t per_block)
-{
-	uint64_t g = (items + per_block - 1) / per_block;
-	if (g < 1)
-		g = 1;
-	return g > MAX_GRID ? MAX_GRID : (unsigned int)g;
-}
-
 /* Upload `nseg` segments and hash them into `out` on the private stream (async). */
-static CUresult hash_into(struct vctx *vc, const struct fp_seg *segs, size_t nseg,
+static CUresult hash_into(struct vctx *vc, const struct gpuos_fp_seg *segs, size_t nseg,
 			  CUdeviceptr out, uint64_t nchunks)
 {
 	if (nseg == 0 || nchunks == 0)
@@ -508,12 +453,7 @@ static CUresult hash_into(struct vctx *vc, const struct fp_seg *segs, size_t nse
 	CUresult r = gpuos_drv.memcpy_htod_async(vc->d_segs, segs, nseg * sizeof *segs, vc->stream);
 	if (r != CUDA_SUCCESS)
 		return r;
-	CUdeviceptr d_segs = vc->d_segs;
-	unsigned int n = (unsigned int)nseg;
-	unsigned long long nch = nchunks;
-	void *args[] = { &d_segs, &n, &out, &nch };
-	return gpuos_drv.launch_kernel(vc->f_hash, grid_for(nchunks, HASH_BLOCK / 32), 1, 1,
-			HASH_BLOCK, 1, 1, 0, vc->stream, args, NULL);
+	return gpuos_fp_hash(vc->f_hash, vc->d_segs, (unsigned int)nseg, out, nchunks, vc->stream);
 }
 
 /* qsort order of struct gpuos_seg, struct range and uint64_t: all start with a
@@ -853,7 +793,7 @@ static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 		CUdeviceptr changed = vc->d_changed, count = vc->d_count;
 		unsigned long long nch = nchunks;
 		void *args[] = { &before, &after, &nch, &changed, &count };
-		r = gpuos_drv.launch_kernel(vc->f_diff, grid_for(nchunks, HASH_BLOCK), 1, 1, HASH_BLOCK, 1, 1,
+		r = gpuos_drv.launch_kernel(vc->f_diff, gpuos_fp_grid(nchunks, GPUOS_FP_BLOCK), 1, 1, GPUOS_FP_BLOCK, 1, 1,
 			     0, vc->stream, args, NULL);
 	}
 	unsigned int count = 0;

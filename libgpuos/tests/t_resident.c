@@ -18,6 +18,10 @@
  *                                         allocations in the same order (a training step's
  *                                         pattern: what least-recently-used eviction does
  *                                         worst), then the same checks and wait
+ *   t_resident STOP ROUNDS SEED read      ROUNDS rounds that each read the large
+ *                                         allocations in the same order (y += a * x into
+ *                                         the small one: an inference's weights), then
+ *                                         the same checks and wait
  *   t_resident STOP ROUNDS SEED threads   4 threads at once, each with two 2 MiB
  *                                         allocations of its own and their host copies:
  *                                         ROUNDS launches y += a * x between them, every 5th
@@ -213,6 +217,11 @@ int main(int argc, char **argv)
 				return 1;
 		return printf("ok opaque\n"), 0;
 	}
+	int read = argc > 4 && !strcmp(argv[4], "read");
+	for (int r = 0; read && r < rounds; r++)
+		for (int x = 0; x + 1 < (int)N; x++)
+			if (launch_saxpy((float)(rand() % 5 - 2) / 4.0f, x, (int)N - 1, nfloats((int)N - 1)))
+				return 1;
 	int cycle = argc > 4 && !strcmp(argv[4], "cycle");
 	CUfunction fill = NULL;
 	if (cycle)
@@ -226,7 +235,7 @@ int main(int argc, char **argv)
 			for (size_t k = 0; k < nfloats(i); k++)
 				host[i][k] = v;
 		}
-	for (int r = 0; !cycle && r < rounds; r++) {
+	for (int r = 0; !cycle && !read && r < rounds; r++) {
 		int x = rand() % (int)N, y = rand() % (int)N;
 		switch (rand() % 8) {
 		case 0: { /* a memset of part of y */

@@ -52,6 +52,7 @@ def stats_cmd(pid: int, as_json: bool) -> None:
         ["in host memory only", human_bytes(st.evicted_bytes)],
         ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],
         ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
+        ["not copied out (unchanged)", human_bytes(st.clean_bytes)],
         ["launches checked", str(st.launches)],
         ["calls that waited", f"{st.calls_swapped}, {ms(st.stall_ns)} in all"
          + (f", {ms(st.stall_ns / st.calls_swapped)} each on average, p99 under "

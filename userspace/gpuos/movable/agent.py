@@ -34,7 +34,7 @@ PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
-                    "lru_only", "reserved_peak")
+                    "lru_only", "reserved_peak", "clean_bytes")
 STALL_BUCKETS = 24  # GPUOS_STALL_BUCKETS
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * (len(MEM_STATS_FIELDS) + STALL_BUCKETS))
 
@@ -83,6 +83,7 @@ class MemStats:
     evictions_future: int  # evictions chosen by the learned sequence (Belady)
     lru_only: int  # 1: the LRU baseline was asked for (GPUOS_GPU_MEMORY_EVICT=lru)
     reserved_peak: int  # the most reserved_bytes has been
+    clean_bytes: int  # evicted without a copy: unchanged since their last copy-out
     stall_hist: tuple[int, ...]  # calls that brought memory in, by stall: [2^i, 2^(i+1)) microseconds
 
     def stall_percentile_us(self, q: float) -> int | None:

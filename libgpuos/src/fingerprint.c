@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fingerprint.c - the host side of fingerprint.cu: its module, loaded into the current
+ * context, and the launch of its hash kernel.
+ *
+ * Two users: validation (validate.c) hashes every live allocation before and after an
+ * operation to see what it changed; eviction under a memory limit (resident.c) hashes
+ * a victim to copy out only the chunks that changed since its contents were last
+ * copied out.  Both call the driver through gpuos_drv, on streams of their own.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+/* The PTX of fingerprint.cu, embedded by the Makefile (NUL-terminated). */
+extern const char gpuos_fingerprint_ptx[];
+
+#define MAX_GRID 65535u
+
+unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block)
+{
+	uint64_t g = (items + per_block - 1) / per_block;
+	if (g < 1)
+		g = 1;
+	return g > MAX_GRID ? MAX_GRID : (unsigned int)g;
+}
+
+/* The PTX with its ".version" line lowered to 6.4 (CUDA 10.1, the first ISA with sm_75),
+ * for drivers older than the nvcc that built it: the kernels use nothing newer.  NULL if
+ * there is no such line or no memory.  Caller frees. */
+static char *ptx_lowered(void)
+{
+	const char *s = gpuos_fingerprint_ptx;
+	const char *v = strstr(s, "\n.version ");
+	if (!v)
+		return NULL;
+	v++;
+	const char *eol = strchr(v, '\n');
+	if (!eol)
+		return NULL;
+	static const char repl[] = ".version 6.4";
+	size_t head = (size_t)(v - s), tail = strlen(eol);
+	char *out = malloc(head + sizeof repl - 1 + tail + 1);
+	if (!out)
+		return NULL;
+	memcpy(out, s, head);
+	memcpy(out + head, repl, sizeof repl - 1);
+	memcpy(out + head + sizeof repl - 1, eol, tail + 1);
+	return out;
+}
+
+CUresult gpuos_fp_load(CUmodule *mod)
+{
+	if (!gpuos_drv.module_load_data)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult r = gpuos_drv.module_load_data(mod, gpuos_fingerprint_ptx);
+	if (r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX || r == CUDA_ERROR_INVALID_IMAGE) {
+		char *low = ptx_lowered();
+		if (low) {
+			CUresult r2 = gpuos_drv.module_load_data(mod, low);
+			free(low);
+			if (r2 == CUDA_SUCCESS)
+				r = r2;
+		}
+	}
+	if (r != CUDA_SUCCESS)
+		*mod = NULL;
+	return r;
+}
+
+CUresult gpuos_fp_hash(CUfunction hash, CUdeviceptr segs, unsigned int nseg, CUdeviceptr out, uint64_t nchunks,
+		       CUstream s)
+{
+	if (!nseg || !nchunks)
+		return CUDA_SUCCESS;
+	unsigned long long nch = nchunks;
+	void *args[] = { &segs, &nseg, &out, &nch };
+	return gpuos_drv.launch_kernel(hash, gpuos_fp_grid(nchunks, GPUOS_FP_BLOCK / 32), 1, 1, GPUOS_FP_BLOCK, 1, 1, 0,
+				       s, args, NULL);
+}
