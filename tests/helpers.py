@@ -340,3 +340,44 @@ def kill_run(app_pid: int, proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.communicate()
+
+
+def mem_stats(env: dict, target: str | int) -> dict:
+    """`gpuos mem stats TARGET --json` (a pid or a group)."""
+    res = subprocess.run([sys.executable, "-m", "gpuos.cli", "mem", "stats", str(target), "--json"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+class ResidentApp:
+    """libgpuos/tests/t_resident under `gpuos run GPUOS_ARGS`, started at once; it waits at
+    its end for the file `stop` (test_resident.py, test_share.py)."""
+
+    def __init__(self, build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int,
+                 *mode: str):
+        tmp.mkdir(exist_ok=True)
+        self.stop = tmp / "stop"
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuos.cli", "run", "-q", *gpuos_args, "--",
+                                      str(build / "tests" / "t_resident"), str(self.stop), str(rounds), str(seed),
+                                      *mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = 0
+
+    def wait_ok(self) -> "ResidentApp":
+        """Until its work is done and checked ("ok"); fails the test if it was not."""
+        first = self.proc.stdout.readline().split()
+        if first[:1] != ["ok"]:
+            self.stop.touch()
+            out, err = self.proc.communicate(timeout=60)
+            pytest.fail(f"t_resident failed ({self.proc.returncode}): {' '.join(first)} {out} {err}")
+        self.pid = int(self.proc.stdout.readline().split()[1])
+        return self
+
+    def stats(self, env: dict) -> dict:
+        return mem_stats(env, self.pid)
+
+    def finish(self) -> tuple[int, str]:
+        """Let it end: its exit status and stderr."""
+        self.stop.touch()
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err

@@ -529,6 +529,24 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
 CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
 CUresult gpuos_res_need_all(const char *why);
 void gpuos_res_stats(struct gpuos_res_stats *out);
+/* Evict about `bytes` of this process's resident memory, another group member asking
+ * (share.c's release thread); the bytes freed. */
+uint64_t gpuos_res_evict_for_others(uint64_t bytes);
+
+/* ---- share.c: a group sharing one pool (gpuos_share.h) -------------------------------- */
+
+/* Join group `name`: 0, *limit the group's; -1 (said on stderr): not shared. */
+int gpuos_share_join(const char *name, uint64_t *limit);
+void gpuos_share_forget(void);         /* in a forked child */
+void gpuos_share_acquire(void);        /* wait for the GPU's turn; the call is busy */
+int gpuos_share_take(uint64_t bytes);  /* charge if they fit: 1, else 0 */
+void gpuos_share_give(uint64_t bytes);
+uint64_t gpuos_share_used(void);
+void gpuos_share_reserved(int64_t delta);
+/* The holder lacks `excess` bytes to make `want` resident: others evict; 1 if the group's
+ * resident bytes went down. */
+int gpuos_share_ask(uint64_t excess, uint64_t want);
+void gpuos_share_done(uint64_t stall_ns); /* the call's memory is resident: no longer busy */
 
 /* ---- agent.c ------------------------------------------------------------------------ */
 

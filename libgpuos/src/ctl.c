@@ -291,6 +291,7 @@ static void atfork_child(void)
 	gpuos_scan_forget();
 	gpuos_val_forget();
 	gpuos_defer_forget();
+	gpuos_share_forget();
 	gpuos_seq.v = 0;
 	gpuos_validating = 0;
 	gpuos_hot.capturing = 0;

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "gpuos_agent.h"
@@ -97,6 +98,7 @@ static struct {
 	struct { uint64_t sig, ticks[LAGS]; uint32_t n; } seen[SEEN]; /* hash table: a signature
 				    * and the last ticks it was seen at */
 	int oversubscribed;         /* the allocations outgrew the limit: calls are checked */
+	int shared;                 /* in a group (share.c): its pool is the limit, calls always checked */
 	struct swap_ctx {
 		uint64_t ctx;       /* its id (ctx_key) */
 		CUstream s;         /* NULL: free slot */
@@ -131,6 +133,9 @@ uint64_t gpuos_res_limit(void)
 				fprintf(stderr, "gpuos: GPUOS_GPU_MEMORY=%s is not a number of bytes; no limit\n", e);
 			}
 		}
+		const char *share = getenv("GPUOS_SHARE");
+		if (R.limit && share && *share && !gpuos_share_join(share, &R.limit))
+			R.shared = 1;
 		R.st.limit = R.limit;
 		const char *ev = getenv("GPUOS_GPU_MEMORY_EVICT");
 		R.lru_only = ev && !strcmp(ev, "lru");
@@ -171,6 +176,32 @@ static ssize_t find(uint64_t p) /* the entry holding p, or -1 (R.mu held) */
 	return -1;
 }
 
+/* Room for `bytes` more resident, charged to the group if there is one. */
+static int take_room(uint64_t bytes)
+{
+	if (R.shared)
+		return gpuos_share_take(bytes);
+	return R.st.resident_bytes + bytes <= R.limit;
+}
+
+static void give_room(uint64_t bytes)
+{
+	if (R.shared && bytes)
+		gpuos_share_give(bytes);
+}
+
+/* New physical memory at base; in a group, a member that just exited may still be
+ * giving its memory back to the driver: wait for it a little. */
+static CUresult map_new(uint64_t base, uint64_t size, int device, CUmemGenericAllocationHandle *h)
+{
+	CUresult c = gpuos_movable_map_new(base, size, device, h);
+	for (int i = 0; R.shared && c == CUDA_ERROR_OUT_OF_MEMORY && i < 200; i++) {
+		usleep(10000);
+		c = gpuos_movable_map_new(base, size, device, h);
+	}
+	return c;
+}
+
 int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 {
 	int locked = lock_unless_held();
@@ -189,14 +220,17 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	 * the checks on, for good. */
 	CUmemGenericAllocationHandle h = 0;
 	int flip = 0;
-	if (!R.oversubscribed && R.st.reserved_bytes + size <= R.limit) {
-		if (gpuos_movable_map_new(base, size, device, &h) != CUDA_SUCCESS) {
+	if (!R.oversubscribed && (R.shared || R.st.reserved_bytes + size > R.limit))
+		R.oversubscribed = flip = 1; /* a group's pool is anyone's: always checked */
+	/* In a group, memory is made at first use, by the member whose turn it is: one that
+	 * waits must not take what the holder has just had evicted for itself. */
+	if (!R.oversubscribed || (!R.shared && take_room(size))) {
+		if (map_new(base, size, device, &h) != CUDA_SUCCESS) {
+			give_room(size);
 			unlock_if(locked);
 			return -1;
 		}
 		R.st.resident_bytes += size;
-	} else if (!R.oversubscribed) {
-		R.oversubscribed = flip = 1;
 	}
 	size_t i = R.n;
 	while (i && R.v[i - 1].base > base)
@@ -208,6 +242,8 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	R.st.reserved_bytes += size;
 	if (R.st.reserved_bytes > R.st.reserved_peak)
 		R.st.reserved_peak = R.st.reserved_bytes;
+	if (R.shared)
+		gpuos_share_reserved((int64_t)size);
 	unlock_if(locked);
 	if (flip)
 		gpuos_gate_resident(); /* not under the lock: a thread it waits for may want it */
@@ -235,8 +271,12 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
 	if (i >= 0) {
 		struct res *r = &R.v[i];
 		h = r->h;
-		if (h)
+		if (h) {
 			R.st.resident_bytes -= r->size;
+			give_room(r->size);
+		}
+		if (R.shared)
+			gpuos_share_reserved(-(int64_t)r->size);
 		R.st.allocations--;
 		R.st.reserved_bytes -= r->size;
 		if (r->has_content && !h)
@@ -478,10 +518,10 @@ static void learn_period(void)
 	R.st.period = R.period;
 }
 
-/* Evict up to EVICT_BATCH resident allocations the call does not need, the best victims
- * first (victim_score), as one batch, until `want` more bytes fit under the limit.  0, or
- * -1 if they cannot (or a step failed). */
-static int evict_batch(uint64_t want)
+/* Evict up to EVICT_BATCH resident allocations of the current context that the call does
+ * not need, the best victims first (victim_score), as one batch, until `excess` bytes are
+ * freed.  0, or -1 if there is none to evict (or a step failed). */
+static int evict_batch(uint64_t excess)
 {
 	struct res *victims[EVICT_BATCH];
 	size_t nv = 0;
@@ -489,7 +529,7 @@ static int evict_batch(uint64_t want)
 	/* Only the current context's: its synchronisation covers their work (a process with
 	 * memory in several contexts makes room in each from a call of that context). */
 	uint64_t ctx = gpuos_current_ctx();
-	while (R.st.resident_bytes - freed + want > R.limit && nv < EVICT_BATCH) {
+	while (freed < excess && nv < EVICT_BATCH) {
 		struct res *best = NULL;
 		uint64_t best_score = 0;
 		for (size_t i = 0; i < R.n; i++) {
@@ -539,6 +579,7 @@ static int evict_batch(uint64_t want)
 		R.st.evictions_future += !!R.period;
 		R.st.resident_bytes -= r->size;
 		R.st.evictions++;
+		give_room(r->size);
 	}
 	if (ok) {
 		R.st.bytes_out += copied;
@@ -551,11 +592,18 @@ static int evict_batch(uint64_t want)
 	return ok ? 0 : -1;
 }
 
+/* Room for `want` more resident bytes (charged to the group if there is one).  In a
+ * group the others are asked first: their memory is needed after this slice. */
 static int make_room(uint64_t want)
 {
-	while (R.st.resident_bytes + want > R.limit)
-		if (evict_batch(want))
+	while (!take_room(want)) {
+		uint64_t used = R.shared ? gpuos_share_used() : R.st.resident_bytes;
+		uint64_t excess = used + want > R.limit ? used + want - R.limit : want;
+		if (R.shared && gpuos_share_ask(excess, want))
+			continue;
+		if (evict_batch(excess))
 			return -1;
+	}
 	return 0;
 }
 
@@ -576,41 +624,59 @@ static CUresult bring_in(void)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUstream s = swap_stream(swap_ctx());
-	uint64_t t0 = gpuos_now_ns(), copied = 0;
-	for (size_t i = 0; i < R.n; i++) {
+	uint64_t t0 = gpuos_now_ns(), copied = 0, mapped = 0;
+	CUresult c = CUDA_SUCCESS;
+	for (size_t i = 0; i < R.n && c == CUDA_SUCCESS; i++) {
 		struct res *r = &R.v[i];
 		if (r->call != R.call || r->h)
 			continue;
-		CUresult c = gpuos_movable_map_new(r->base, r->size, r->device, &r->h);
+		c = map_new(r->base, r->size, r->device, &r->h);
 		if (c != CUDA_SUCCESS) {
 			r->h = 0;
-			return c;
+			break;
 		}
+		mapped += r->size;
 		R.st.resident_bytes += r->size;
 		if (r->has_content) {
 			c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
 			if (c != CUDA_SUCCESS)
-				return c;
+				break;
 			copied += r->size;
 			R.st.evicted_bytes -= r->size;
 			R.st.swap_ins++;
 		}
 	}
+	give_room(want - mapped); /* charged for all, made only these */
+	if (c == CUDA_SUCCESS && copied)
+		c = gpuos_drv.stream_sync(s);
 	if (copied) {
-		CUresult c = gpuos_drv.stream_sync(s);
-		if (c != CUDA_SUCCESS)
-			return c;
 		R.st.bytes_in += copied;
 		R.st.in_ns += gpuos_now_ns() - t0;
 	}
-	return CUDA_SUCCESS;
+	return c;
 }
 
-/* The lock, for the rest of this call (released at the outermost wrapper's exit). */
+static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
+
+static void share_done(uint64_t stall_ns)
+{
+	if (tls_share_busy) {
+		tls_share_busy = 0;
+		gpuos_share_done(stall_ns);
+	}
+}
+
+/* The lock, for the rest of this call (released at the outermost wrapper's exit); in a
+ * group, the GPU's turn first (waited for without the lock: the release thread may
+ * need it to evict for the holder meanwhile). */
 static void enter(void)
 {
 	if (gpuos_tls_res_held)
 		return;
+	if (R.shared) {
+		gpuos_share_acquire();
+		tls_share_busy = 1;
+	}
 	pthread_mutex_lock(&R.mu);
 	gpuos_tls_res_held = 1;
 	R.call++;
@@ -649,6 +715,7 @@ static CUresult finish(uint64_t t0, CUresult c, const char *what)
 {
 	uint64_t ns = gpuos_now_ns() - t0;
 	R.st.stall_ns += ns;
+	share_done(ns);
 	if (R.swapped == R.call) {
 		uint64_t us = ns / 1000;
 		int b = us ? 63 - __builtin_clzll(us) : 0;
@@ -680,8 +747,10 @@ CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
 	uint64_t t0 = gpuos_now_ns();
 	enter();
 	R.st.launches += !!launch;
-	if (capturing())
+	if (capturing()) {
+		share_done(0);
 		return CUDA_SUCCESS;
+	}
 	for (size_t i = 0; i < n; i++)
 		mark(*(const uint64_t *)((const char *)p + i * stride));
 	if (R.ticked == R.call && !R.lru_only)
@@ -699,6 +768,28 @@ CUresult gpuos_res_need_all(const char *why)
 	if (R.ticked == R.call && !R.lru_only)
 		learn_period();
 	return finish(t0, bring_in(), why);
+}
+
+uint64_t gpuos_res_evict_for_others(uint64_t bytes)
+{
+	pthread_mutex_lock(&R.mu);
+	R.call++; /* no call in progress: nothing is spared */
+	if (!R.call)
+		R.call = 1;
+	uint64_t before = R.st.resident_bytes;
+	/* context by context: an eviction synchronises and copies in its context */
+	for (size_t i = 0; i < R.n && before - R.st.resident_bytes < bytes; i++) {
+		uint64_t ctx = R.v[i].ctx;
+		if (!R.v[i].h || !gpuos_drv.ctx_push || gpuos_drv.ctx_push((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
+			continue;
+		while (before - R.st.resident_bytes < bytes && !evict_batch(bytes - (before - R.st.resident_bytes)))
+			;
+		CUcontext popped;
+		gpuos_drv.ctx_pop(&popped);
+	}
+	uint64_t freed = before - R.st.resident_bytes;
+	pthread_mutex_unlock(&R.mu);
+	return freed;
 }
 
 void gpuos_res_stats(struct gpuos_res_stats *out)

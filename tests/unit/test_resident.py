@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuos.movable import Agent, AgentError
+from helpers import ResidentApp
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -25,33 +26,9 @@ MIB = 1 << 20
 RESERVED = (2 + 4 + 2 + 8 + 2 + 4) * MIB  # t_resident's movable allocations, rounded to 2 MiB
 
 
-class App:
-    """t_resident under `gpuos run`, waiting at its end for `stop`."""
-
-    def __init__(self, build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int,
-                 *mode: str):
-        self.stop = tmp / "stop"
-        self.proc = subprocess.Popen([*GPUOS, "run", "-q", *gpuos_args, "--", str(build / "tests" / "t_resident"),
-                                      str(self.stop), str(rounds), str(seed), *mode], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = self.proc.stdout.readline().split()
-        if first[:1] != ["ok"]:
-            self.stop.touch()
-            out, err = self.proc.communicate(timeout=60)
-            pytest.fail(f"t_resident failed ({self.proc.returncode}): {' '.join(first)} {out} {err}")
-        self.pid = int(self.proc.stdout.readline().split()[1])
-
-    def stats(self, env: dict) -> dict:
-        res = subprocess.run([*GPUOS, "mem", "stats", str(self.pid), "--json"], env=env, capture_output=True,
-                             text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
-
-    def finish(self) -> int:
-        self.stop.touch()
-        self.proc.communicate(timeout=60)
-        return self.proc.returncode
-
+def App(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int, *mode: str) -> ResidentApp:
+    """t_resident under `gpuos run`, its work done and checked, waiting for `stop`."""
+    return ResidentApp(build, env, tmp, gpuos_args, rounds, seed, *mode).wait_ok()
 
 
 @pytest.mark.parametrize("seed", [7, 1234])
@@ -74,7 +51,7 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
         assert st["stall_ns"] >= st["in_ns"] + st["out_ns"] > 0
         assert sum(st["stall_hist"]) == st["calls_swapped"] and st["stall_p99_us"] >= 1
     finally:
-        rc = app.finish()
+        rc = app.finish()[0]
     assert rc == 0
 
 
@@ -90,7 +67,7 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
         try:
             got[evict] = app.stats(libgpuos_env)
         finally:
-            assert app.finish() == 0
+            assert app.finish()[0] == 0
     lru, future = got["lru"], got["future"]
     assert lru["lru_only"] == 1 and lru["period"] == 0 and lru["evictions_future"] == 0
     assert lru["swap_ins"] >= 6 * 199  # every allocation, every round
@@ -107,7 +84,7 @@ def test_memory_only_read_is_copied_out_once(libgpuos_build, libgpuos_env, tmp_p
     try:
         st = app.stats(libgpuos_env)
     finally:
-        assert app.finish() == 0
+        assert app.finish()[0] == 0
     assert st["swap_ins"] >= 6 * 49 and st["evictions"] >= 6 * 49
     assert st["bytes_out"] <= RESERVED  # each at most once, whole
     assert st["clean_bytes"] >= (st["evictions"] - 6) * 2 * MIB
@@ -143,7 +120,7 @@ def test_while_everything_fits_nothing_is_checked(libgpuos_build, libgpuos_env, 
         assert st["resident_bytes"] == st["reserved_bytes"] == RESERVED
         assert st["launches"] == 0 and st["calls_swapped"] == 0 and st["evictions"] == 0
     finally:
-        assert app.finish() == 0
+        assert app.finish()[0] == 0
 
 
 def test_without_a_limit_nothing_moves(libgpuos_build, libgpuos_env, tmp_path):
@@ -152,7 +129,7 @@ def test_without_a_limit_nothing_moves(libgpuos_build, libgpuos_env, tmp_path):
         st = app.stats(libgpuos_env)
         assert st["limit"] == 0 and st["evictions"] == 0 and st["bytes_in"] == 0
     finally:
-        assert app.finish() == 0
+        assert app.finish()[0] == 0
 
 
 @pytest.mark.parametrize("mode,limit,expected", [
@@ -181,7 +158,7 @@ def test_a_process_under_a_limit_is_not_held(libgpuos_build, libgpuos_env, tmp_p
             agent.hold()
         assert app.stats(libgpuos_env)["limit"] == 12 * MIB
     finally:
-        assert app.finish() == 0
+        assert app.finish()[0] == 0
 
 
 @pytest.mark.parametrize("args,message", [

@@ -250,6 +250,13 @@ class MpsFailed(GpuosError):
     kind = "mps-failed"
 
 
+class NoSuchGroup(GpuosError):
+    """`gpuos mem stats NAME`: no group of that name with members (`gpuos run --share`)."""
+
+    exit_code = 40
+    kind = "no-such-group"
+
+
 ALL_ERRORS: tuple[type[GpuosError], ...] = (
     GpuosError,
     NoSuchProcess,
@@ -285,4 +292,5 @@ ALL_ERRORS: tuple[type[GpuosError], ...] = (
     MpsNotRunning,
     MpsNotReady,
     MpsFailed,
+    NoSuchGroup,
 )

@@ -9,6 +9,7 @@ import click
 from .. import procs
 from ..errors import NoSuchProcess, NotTracked
 from ..movable.agent import Agent, AgentError, agent_available
+from ..movable.share import GroupStats, check_name, read_group
 from .output import emit_json, human_bytes, json_option, table
 
 
@@ -18,15 +19,27 @@ def mem() -> None:
 
 
 @mem.command("stats")
-@click.argument("pid", type=int)
+@click.argument("target", metavar="PID|GROUP")
 @json_option
-def stats_cmd(pid: int, as_json: bool) -> None:
+def stats_cmd(target: str, as_json: bool) -> None:
     """Show how process PID's GPU memory is scheduled: the limit, what is resident and what
     lives in host memory, the bytes moved, how long its calls waited for memory to come
     in, and the calls that needed more than the prediction could name.
 
     The process must run under `gpuos run` (exit 29 otherwise); without --gpu-memory the
-    limit is 0 and nothing is moved."""
+    limit is 0 and nothing is moved.
+
+    With a GROUP name (`gpuos run --share GROUP`): the group's pool, its members, whose
+    turn it is on the GPU, and the stall of each switch between members (exit 40 if the
+    group has no members)."""
+    if not target.isdigit():
+        try:
+            check_name(target)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="PID|GROUP") from None
+        _group_stats(read_group(target), as_json)
+        return
+    pid = int(target)
     if not procs.exists(pid):
         raise NoSuchProcess(f"no process {pid}")
     if not agent_available(pid):
@@ -66,3 +79,26 @@ def stats_cmd(pid: int, as_json: bool) -> None:
          else f"least recently used (no repeating call sequence found), {st.evictions_future} of "
               f"{st.evictions} evictions chosen by one found earlier"],
     ]).split("\n", 1)[1])
+
+
+def _group_stats(g: GroupStats, as_json: bool) -> None:
+    p99 = g.switch_percentile_us(99)
+    if as_json:
+        emit_json({"ok": True, "group": g.name, **{k: v for k, v in asdict(g).items() if k != "name"},
+                   "switch_p99_us": p99})
+        return
+    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
+    waits = sum(g.switch_hist)
+    click.echo(table(["", ""], [
+        ["group", g.name],
+        ["limit", f"{human_bytes(g.limit)}, {human_bytes(g.resident)} resident"],
+        ["time slice", ms(g.slice_ns)],
+        ["switches", f"{g.switches}" + (f"; the first call after each made its memory resident in "
+                                         f"{ms(g.switch_ns / waits)} on average, p99 under {p99 / 1000:.1f} ms"
+                                         if waits else "")],
+        ["members that died", str(g.reaped)],
+    ]).split("\n", 1)[1])
+    click.echo(table(["PID", "GPU", "RESIDENT", "RESERVED", "SLICES", "HELD", "WAITED", "EVICTED FOR OTHERS"],
+                     [[m.pid, "holds" if m.holder else "waits" if m.waiting else "-", human_bytes(m.resident),
+                       human_bytes(m.reserved), m.slices, ms(m.held_ns), ms(m.wait_ns),
+                       human_bytes(m.released_bytes)] for m in g.members]))

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..intercept.runner import RunOptions, RunResult, Supervisor
+from ..movable.share import check_name, group_limit
 from .output import human_bytes, table
 
 
@@ -60,6 +61,25 @@ def _size(text: str | None) -> int | None:
         raise click.BadParameter(f"{text!r} is not a size of at least 1M, such as 512M or 12G",
                                  param_hint="--gpu-memory")
     return int(float(m[1]) * SIZE_UNITS[m[2].lower()])
+
+
+def _group_limit(name: str, gpu_memory: int | None) -> int:
+    """The pool of group `name`: the group's if it has members (--gpu-memory, if given, must
+    agree), else --gpu-memory (a new group needs one)."""
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--share") from None
+    limit = group_limit(name)
+    if limit is None:
+        if not gpu_memory:
+            raise click.BadParameter(f"group {name!r} has no members: the first one needs --gpu-memory LIMIT",
+                                     param_hint="--share")
+        return gpu_memory
+    if gpu_memory and gpu_memory != limit:
+        raise click.BadParameter(f"group {name!r} shares {human_bytes(limit)} ({limit} bytes); give that "
+                                 "or leave --gpu-memory out", param_hint="--gpu-memory")
+    return limit
 
 
 def _check_cpu_list(text: str) -> None:
@@ -124,10 +144,19 @@ def _check_cpu_list(text: str) -> None:
                    "farthest, from the call sequence learned as it repeats (training steps, decode "
                    "loops), least recently used until one is learned; lru: least recently used "
                    "always (the baseline the benchmark compares with).")
+@click.option("--share", "share", metavar="NAME",
+              help="Join group NAME: processes that share one pool of --gpu-memory LIMIT bytes and "
+                   "take turns on the GPU (--slice); a process that needs room makes the others "
+                   "evict first. The first member sets LIMIT; later ones may leave --gpu-memory out "
+                   "(or must give the same). A process that exits or dies gives its memory back. "
+                   "`gpuos mem stats NAME` shows the group.")
+@click.option("--slice", "slice_ms", type=click.IntRange(1, 3_600_000), metavar="MS",
+              help="With --share, for a new group: how long a process keeps the GPU while others "
+                   "wait, in milliseconds [default: 200].")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, memory, gpu_memory, evict, quiet, cmd) -> None:
+            paused, memory, gpu_memory, evict, share, slice_ms, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -158,6 +187,10 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         _check_cpu_list(record_cpus)
     if paused and validate:
         raise click.BadParameter("validation cannot be paused", param_hint="--paused")
+    if slice_ms and not share:
+        raise click.BadParameter("only means something with --share", param_hint="--slice")
+    if share is not None:
+        gpu_memory = _group_limit(share, gpu_memory)
     if evict != "future" and not gpu_memory:
         raise click.BadParameter("only means something with --gpu-memory", param_hint="--evict")
     if gpu_memory and memory != "movable":
@@ -167,7 +200,7 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
                                 paused=paused, memory=memory, gpu_memory=gpu_memory,
-                                evict=evict)).run()
+                                evict=evict, share=share, slice_ms=slice_ms)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -57,6 +57,20 @@ class MovableAlloc:
     last_use: int  # the seq of the last recorded operation that touched it (0: none)
 
 
+def log2_hist_percentile(hist: tuple[int, ...], q: float) -> int | None:
+    """An upper bound of the q-th percentile of a histogram whose bucket i counts values in
+    [2^i, 2^(i+1)) (libgpuos's stall histograms): the top of its bucket; None if empty."""
+    total = sum(hist)
+    if not total:
+        return None
+    seen = 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= q / 100 * total:
+            return 2 ** (i + 1)
+    return 2 ** len(hist)
+
+
 @dataclass(frozen=True)
 class MemStats:
     """The memory scheduler's figures (struct gpuos_res_stats; `gpuos run --gpu-memory`)."""
@@ -89,15 +103,7 @@ class MemStats:
     def stall_percentile_us(self, q: float) -> int | None:
         """An upper bound of the q-th percentile of the stalls of calls that brought memory
         in, in microseconds (the top of its histogram bucket); None if none did."""
-        total = sum(self.stall_hist)
-        if not total:
-            return None
-        seen = 0
-        for i, n in enumerate(self.stall_hist):
-            seen += n
-            if seen >= q / 100 * total:
-                return 2 ** (i + 1)
-        return 2 ** len(self.stall_hist)
+        return log2_hist_percentile(self.stall_hist, q)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * share.c - processes sharing one pool of GPU memory (`gpuos run --share NAME`,
+ * GPUOS_SHARE): the group file, whose turn it is on the GPU, and evictions asked by
+ * another member.  The protocol is gpuos_share.h's top comment; resident.c calls in:
+ *
+ *   gpuos_share_join()     from the limit's first reading: map the group, take a slot,
+ *                          start the release thread;
+ *   gpuos_share_acquire()  before a call that needs memory: wait for the GPU;
+ *   gpuos_share_take/give  charge and discharge the group's resident bytes;
+ *   gpuos_share_ask()      the holder lacks room: others evict first (they run later);
+ *   gpuos_share_done()     the call's memory is resident (the first call after taking the
+ *                          GPU: its stall is the switch's).
+ *
+ * The release thread waits on the group's condition for `release` to be set on this
+ * member, then evicts that much through resident.c (gpuos_res_evict_for_others), in
+ * every context that has resident memory.  Only the holder asks, so two members never
+ * wait for each other's evictions.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "gpuos_share.h"
+
+#define POLL_NS 20000000ull      /* waits look at the members this often */
+#define ASK_TIMEOUT_NS 10000000000ull /* then the holder evicts its own */
+
+static struct {
+	struct gpuos_share *g; /* NULL: not in a group */
+	int me;
+	char name[GPUOS_SHARE_NAME_MAX + 1];
+	uint64_t switch_t0;    /* took the GPU from another member at (0: reported) */
+} S = { .me = -1 };
+
+/* /proc/PID/stat: its start time (field 22), 0 if it is gone or a zombie. */
+static uint64_t start_time(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+	if (!p || p[1] != ' ')
+		return 0;
+	p += 2;
+	if (*p == 'Z' || *p == 'X')
+		return 0;
+	for (int field = 3; field < 22 && p; field++) {
+		p = strchr(p, ' ');
+		if (p)
+			p++;
+	}
+	return p ? strtoull(p, NULL, 10) : 0;
+}
+
+/* Wake every waiter of the group (the lock held). */
+static void gwake(struct gpuos_share *g)
+{
+	__atomic_add_fetch(&g->wake, 1, __ATOMIC_RELEASE);
+	syscall(SYS_futex, &g->wake, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+static void vacate(struct gpuos_share *g, int i)
+{
+	struct gpuos_share_member *m = &g->m[i];
+	if (g->holder == i) {
+		g->m[i].held_ns += gpuos_now_ns() - g->held_since;
+		g->holder = -1;
+	}
+	memset(m, 0, sizeof *m);
+}
+
+/* Free the slots of members that died without leaving; recount the group's bytes. */
+static void reap(struct gpuos_share *g)
+{
+	uint64_t resident = 0;
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
+		struct gpuos_share_member *m = &g->m[i];
+		if (!m->pid)
+			continue;
+		if (i != S.me && start_time((pid_t)m->pid) != m->start_time) {
+			vacate(g, i);
+			g->reaped++;
+			gwake(g);
+			continue;
+		}
+		resident += m->resident;
+	}
+	g->resident = resident;
+}
+
+static void glock(struct gpuos_share *g)
+{
+	if (pthread_mutex_lock(&g->mu) == EOWNERDEAD) {
+		reap(g); /* a member died holding the lock: its slot goes, the sum is recounted */
+		pthread_mutex_consistent(&g->mu);
+	}
+}
+
+static void gunlock(struct gpuos_share *g)
+{
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Wait for a wake for at most ns (the lock held, as before; it is let go meanwhile). */
+static void gwait(struct gpuos_share *g, uint64_t ns)
+{
+	uint32_t seen = __atomic_load_n(&g->wake, __ATOMIC_ACQUIRE);
+	gunlock(g);
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
+	syscall(SYS_futex, &g->wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+	glock(g);
+}
+
+int gpuos_share_on(void)
+{
+	return S.g != NULL;
+}
+
+/* ---- the release thread ------------------------------------------------------------------ */
+
+static void *release_main(void *arg)
+{
+	struct gpuos_share *g = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
+	glock(g);
+	for (;;) {
+		struct gpuos_share_member *m = &g->m[S.me];
+		if (!m->pid)
+			break; /* left */
+		if (!m->release) {
+			gwait(g, POLL_NS * 50);
+			continue;
+		}
+		uint64_t want = m->release;
+		gunlock(g);
+		uint64_t done = gpuos_res_evict_for_others(want);
+		glock(g);
+		m->release -= want < m->release ? want : m->release; /* the holder may have asked more since */
+		m->released_bytes += done;
+		gwake(g);
+	}
+	gunlock(g);
+	return NULL;
+}
+
+/* ---- joining and leaving ------------------------------------------------------------------- */
+
+static void leave(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	g->resident -= g->m[S.me].resident;
+	vacate(g, S.me);
+	gwake(g);
+	gunlock(g);
+}
+
+void gpuos_share_forget(void)
+{
+	S.g = NULL; /* a forked child is not its parent's member */
+	S.me = -1;
+}
+
+static int init_group(struct gpuos_share *g, uint64_t limit, uint64_t slice_ns)
+{
+	memset(g, 0, sizeof *g);
+	pthread_mutexattr_t ma;
+	if (pthread_mutexattr_init(&ma) || pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) ||
+	    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&g->mu, &ma))
+		return -1;
+	g->version = GPUOS_SHARE_VERSION;
+	g->size = sizeof *g;
+	g->holder = -1;
+	g->limit = limit;
+	g->slice_ns = slice_ns;
+	__atomic_store_n(&g->magic, GPUOS_SHARE_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+int gpuos_share_join(const char *name, uint64_t *limit)
+{
+	if (S.g)
+		return 0;
+	size_t len = strlen(name);
+	if (!len || len > GPUOS_SHARE_NAME_MAX || strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+							 "0123456789_.-") != len || name[0] == '.') {
+		fprintf(stderr, "gpuos: GPUOS_SHARE=%s is not a group name ([A-Za-z0-9_.-], at most %d); not shared\n",
+			name, GPUOS_SHARE_NAME_MAX);
+		return -1;
+	}
+	uint64_t slice_ns = 200000000ull;
+	const char *sl = getenv("GPUOS_SHARE_SLICE_MS");
+	if (sl && *sl) {
+		char *end;
+		unsigned long long ms = strtoull(sl, &end, 10);
+		if (!*end && ms)
+			slice_ns = ms * 1000000ull;
+	}
+	char path[128];
+	snprintf(path, sizeof path, GPUOS_SHARE_PATH "%u-%s", (unsigned)getuid(), name);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) || st.st_uid != getuid() || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "gpuos: cannot use the group file %s: %s; not shared\n", path,
+			fd < 0 ? strerror(errno) : "not a file of this user");
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	struct gpuos_share *g = MAP_FAILED;
+	const char *why = NULL;
+	if (flock(fd, LOCK_EX))
+		why = strerror(errno);
+	else if (st.st_size != (off_t)sizeof *g && st.st_size && (why = "made by another version of gpuos"))
+		;
+	else if (!st.st_size && ftruncate(fd, sizeof *g))
+		why = strerror(errno);
+	else if ((g = mmap(NULL, sizeof *g, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+		why = strerror(errno);
+	else if (__atomic_load_n(&g->magic, __ATOMIC_ACQUIRE) != GPUOS_SHARE_MAGIC && init_group(g, *limit, slice_ns))
+		why = "cannot make its lock";
+	else if (g->version != GPUOS_SHARE_VERSION || g->size != sizeof *g)
+		why = "made by another version of gpuos";
+	if (!why) {
+		S.g = g; /* reap() knows S.me: set below, -1 meanwhile */
+		glock(g);
+		reap(g);
+		int live = 0, slot = -1;
+		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
+			if (g->m[i].pid)
+				live++;
+			else if (slot < 0)
+				slot = i;
+		}
+		if (!live) { /* a new group, or one all of whose members have gone */
+			g->limit = *limit;
+			g->slice_ns = slice_ns;
+			g->holder = -1;
+			g->resident = 0;
+		} else if (g->limit != *limit) {
+			fprintf(stderr, "gpuos: group %s shares %llu bytes of GPU memory; this process uses that, "
+					"not the %llu it asked for\n", name, (unsigned long long)g->limit,
+				(unsigned long long)*limit);
+			*limit = g->limit;
+		}
+		if (slot < 0) {
+			why = "it has " "64 members already";
+		} else {
+			g->m[slot] = (struct gpuos_share_member){ .pid = (uint32_t)getpid(),
+								  .start_time = start_time(getpid()) };
+			S.me = slot;
+		}
+		gunlock(g);
+	}
+	flock(fd, LOCK_UN);
+	close(fd);
+	if (why) {
+		fprintf(stderr, "gpuos: cannot join group %s (%s): %s; not shared\n", name, path, why);
+		if (g != MAP_FAILED)
+			munmap(g, sizeof *g);
+		S.g = NULL;
+		return -1;
+	}
+	snprintf(S.name, sizeof S.name, "%s", name);
+	pthread_t t;
+	if (pthread_create(&t, NULL, release_main, g)) {
+		leave();
+		S.g = NULL;
+		fprintf(stderr, "gpuos: cannot join group %s: no thread for evictions; not shared\n", name);
+		return -1;
+	}
+	pthread_detach(t);
+	atexit(leave);
+	return 0;
+}
+
+/* ---- the GPU's turn ------------------------------------------------------------------------ */
+
+/* The member that has waited longest, or -1. */
+static int oldest_waiter(const struct gpuos_share *g)
+{
+	int best = -1;
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		if (g->m[i].pid && g->m[i].waiting && (best < 0 || g->m[i].waiting_since < g->m[best].waiting_since))
+			best = i;
+	return best;
+}
+
+/* Whether the holder h's slice is over (and none of its calls is busy making memory
+ * resident: a call that has begun to is not cut short). */
+static int slice_over(const struct gpuos_share *g, int h, uint64_t now)
+{
+	return now - g->held_since >= g->slice_ns && !g->m[h].busy;
+}
+
+static int others_wait(const struct gpuos_share *g)
+{
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		if (i != S.me && g->m[i].pid && g->m[i].waiting)
+			return 1;
+	return 0;
+}
+
+void gpuos_share_acquire(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	struct gpuos_share_member *m = &g->m[S.me];
+	uint64_t t0 = gpuos_now_ns();
+	if (g->holder == S.me) {
+		if (!slice_over(g, S.me, t0) || !others_wait(g)) {
+			m->busy++;
+			gunlock(g);
+			return;
+		}
+		m->held_ns += t0 - g->held_since; /* its slice is over and others wait: let go */
+		g->holder = -1;
+		gwake(g);
+	}
+	if (!m->waiting++)
+		m->waiting_since = t0;
+	for (;;) {
+		uint64_t now = gpuos_now_ns();
+		int h = g->holder;
+		if (h == S.me)
+			break; /* another thread of this process took it */
+		if ((h < 0 || slice_over(g, h, now)) && oldest_waiter(g) == S.me) {
+			if (h >= 0)
+				g->m[h].held_ns += now - g->held_since;
+			if (h >= 0 || g->held_since)
+				g->switches++, S.switch_t0 = now;
+			g->holder = S.me;
+			g->held_since = now;
+			m->slices++;
+			gwake(g);
+			break;
+		}
+		uint64_t left = h >= 0 && now - g->held_since < g->slice_ns ? g->slice_ns - (now - g->held_since) : 0;
+		gwait(g, left && left < POLL_NS ? left : POLL_NS);
+		reap(g);
+	}
+	if (!--m->waiting)
+		m->waiting_since = 0;
+	m->wait_ns += gpuos_now_ns() - t0;
+	m->busy++;
+	gunlock(g);
+}
+
+void gpuos_share_done(uint64_t stall_ns)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	g->m[S.me].busy--;
+	if (S.switch_t0) { /* the first call since it took the GPU from another */
+		S.switch_t0 = 0;
+		uint64_t us = stall_ns / 1000;
+		int b = us ? 63 - __builtin_clzll(us) : 0;
+		g->switch_ns += stall_ns;
+		g->switch_hist[b < GPUOS_STALL_BUCKETS ? b : GPUOS_STALL_BUCKETS - 1]++;
+	}
+	if (!g->m[S.me].busy)
+		gwake(g); /* a waiter may take it now */
+	gunlock(g);
+}
+
+/* ---- the pool ------------------------------------------------------------------------------ */
+
+/* (After a fork the child is no member: S.g is NULL, and these do nothing.) */
+int gpuos_share_take(uint64_t bytes)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 1;
+	glock(g);
+	int ok = g->resident + bytes <= g->limit;
+	if (ok) {
+		g->resident += bytes;
+		g->m[S.me].resident += bytes;
+	}
+	gunlock(g);
+	return ok;
+}
+
+void gpuos_share_give(uint64_t bytes)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	g->resident -= bytes;
+	g->m[S.me].resident -= bytes;
+	gwake(g);
+	gunlock(g);
+}
+
+uint64_t gpuos_share_used(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 0;
+	glock(g);
+	uint64_t used = g->resident;
+	gunlock(g);
+	return used;
+}
+
+void gpuos_share_reserved(int64_t delta)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	g->m[S.me].reserved += (uint64_t)delta;
+	gunlock(g);
+}
+
+int gpuos_share_ask(uint64_t excess, uint64_t want)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 0;
+	glock(g);
+	reap(g);
+	if (g->holder != S.me) { /* only the holder asks: two members never wait for each other */
+		gunlock(g);
+		return 0;
+	}
+	/* Those not waiting for the GPU first, then those waiting, the latest first: the
+	 * order in which their memory will be needed again, farthest first. */
+	uint64_t asked = 0, before = g->resident;
+	for (int pass = 0; pass < 2 && asked < excess; pass++) {
+		for (;;) {
+			int pick = -1;
+			for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
+				struct gpuos_share_member *m = &g->m[i];
+				if (i == S.me || !m->pid || m->resident <= m->release || !!m->waiting != pass)
+					continue;
+				if (pick < 0 || (pass && m->waiting_since > g->m[pick].waiting_since))
+					pick = i;
+			}
+			if (pick < 0 || asked >= excess)
+				break;
+			struct gpuos_share_member *m = &g->m[pick];
+			uint64_t take = m->resident - m->release;
+			if (take > excess - asked)
+				take = excess - asked;
+			m->release += take;
+			asked += take;
+		}
+	}
+	if (!asked) {
+		gunlock(g);
+		return 0;
+	}
+	gwake(g);
+	uint64_t deadline = gpuos_now_ns() + ASK_TIMEOUT_NS;
+	for (;;) {
+		int pending = 0;
+		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+			pending |= i != S.me && g->m[i].pid && g->m[i].release;
+		if (!pending || g->resident + want <= g->limit || gpuos_now_ns() >= deadline)
+			break;
+		gwait(g, POLL_NS);
+		reap(g);
+	}
+	int progress = g->resident < before;
+	gunlock(g);
+	return progress;
+}
+
+

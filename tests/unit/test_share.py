@@ -1,0 +1,154 @@
+"""Processes sharing one pool of GPU memory (`gpuos run --share NAME`, libgpuos/src/share.c)
+on the host: several t_resident processes under `gpuos run`, each on its own fake driver,
+in one group whose pool is smaller than what any one of them reserves.
+
+Every t_resident keeps a host copy of its device memory and compares every byte it reads
+back: memory evicted at another member's request and not brought back intact, or a
+launch that runs before its memory is back, fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuos.movable.share import group_path, read_group
+from helpers import ResidentApp, mem_stats as stats
+
+GPUOS = [sys.executable, "-m", "gpuos.cli"]
+MIB = 1 << 20
+RESERVED = (2 + 4 + 2 + 8 + 2 + 4) * MIB  # t_resident's movable allocations, rounded to 2 MiB
+
+
+@pytest.fixture
+def group(tmp_path):
+    name = f"t{os.getpid()}-{tmp_path.name}"[:64]
+    yield name
+    group_path(name).unlink(missing_ok=True)
+
+
+def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, seed: int, *mode: str):
+    return ResidentApp(build, env, tmp, gpuos_args, rounds, seed, *mode)
+
+
+def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
+    """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
+    the group never has more than 16 MiB resident, the GPU changed hands, and members
+    evicted memory for each other."""
+    seen = {"max": 0, "samples": 0}
+    done = threading.Event()
+
+    def sample() -> None:  # the group's resident bytes, as the members keep them
+        while not done.is_set():
+            try:
+                seen["max"] = max(seen["max"], read_group(group).resident)
+                seen["samples"] += 1
+            except Exception:  # noqa: BLE001 - not made yet, or between members
+                pass
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    members = [Member(libgpuos_build, libgpuos_env, tmp_path / f"m{i}",
+                      ["--share", group, "--gpu-memory", "16M", "--slice", "5"], 300, 11 + i) for i in range(3)]
+    try:
+        for m in members:
+            m.wait_ok()
+        g = stats(libgpuos_env, group)
+        own = [stats(libgpuos_env, m.pid) for m in members]
+    finally:
+        done.set()
+        t.join()
+        results = [m.finish() for m in members]
+    assert all(rc == 0 for rc, _ in results), results
+    assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
+    assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
+    assert sorted(m["pid"] for m in g["members"]) == sorted(m.pid for m in members)
+    assert all(m["reserved"] == RESERVED and m["slices"] >= 1 for m in g["members"])
+    assert sum(m["resident"] for m in g["members"]) == g["resident"]
+    assert g["switches"] >= 2 and sum(g["switch_hist"]) >= 1 and g["switch_p99_us"] >= 1
+    assert sum(m["released_bytes"] for m in g["members"]) > 0  # evicted for another member
+    for st in own:
+        assert st["limit"] == 16 * MIB and st["over_limit"] == 0 and st["evictions"] > 0
+
+
+def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, tmp_path, group):
+    """A member killed while it holds memory (no chance to leave): the next one to look
+    finds it dead, its bytes leave the group's count, and the survivor has the pool."""
+    first = Member(libgpuos_build, libgpuos_env, tmp_path / "a", ["--share", group, "--gpu-memory", "12M"], 100, 1)
+    first.wait_ok()
+    assert read_group(group).resident > 0
+    second = Member(libgpuos_build, libgpuos_env, tmp_path / "b", ["--share", group], 2000, 2, "cycle")
+    time.sleep(0.3)
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.communicate(timeout=60)
+    try:
+        second.wait_ok()
+        g = stats(libgpuos_env, group)
+    finally:
+        rc, err = second.finish()
+    assert rc == 0, err
+    assert g["reaped"] == 1 and [m["pid"] for m in g["members"]] == [second.pid]
+    assert g["resident"] == g["members"][0]["resident"] <= 12 * MIB
+
+
+def test_a_group_that_has_emptied_is_gone(libgpuos_build, libgpuos_env, tmp_path, group):
+    m = Member(libgpuos_build, libgpuos_env, tmp_path, ["--share", group, "--gpu-memory", "12M"], 20, 3)
+    m.wait_ok()
+    assert stats(libgpuos_env, group)["members"][0]["pid"] == m.pid
+    assert m.finish()[0] == 0
+    res = subprocess.run([*GPUOS, "mem", "stats", group], env=libgpuos_env, capture_output=True, text=True)
+    assert res.returncode == 40 and "no members" in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--share", "new-{g}"], "the first one needs --gpu-memory"),
+    (["--share", "{g}", "--gpu-memory", "14M"], "shares 12.0 MiB"),
+    (["--share", "a/b", "--gpu-memory", "1G"], "is not a group name"),
+    (["--share", ".x", "--gpu-memory", "1G"], "is not a group name"),
+    (["--slice", "10", "--gpu-memory", "1G"], "only means something with --share"),
+    (["--share", "{g}", "--slice", "0"], "0 is not in the range"),
+])
+def test_bad_groups_are_refused(libgpuos_build, libgpuos_env, tmp_path, group, args, message):
+    """A running member (12 MiB) makes the group exist; bad requests exit 2 before
+    anything starts."""
+    m = Member(libgpuos_build, libgpuos_env, tmp_path, ["--share", group, "--gpu-memory", "12M"], 20, 4)
+    m.wait_ok()
+    try:
+        res = subprocess.run([*GPUOS, "run", *[a.format(g=group) for a in args], "--", "true"], env=libgpuos_env,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        assert m.finish()[0] == 0
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("lib", ["plain", "tsan"])
+def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, lib):
+    """Two processes of four threads each (16 MiB per process) in a 12 MiB pool: each
+    process's release thread evicts while its other threads launch; all exact, and with
+    ThreadSanitizer (library and program) no race is reported."""
+    env, prog = dict(libgpuos_env), "t_resident"
+    if lib == "tsan":
+        res = subprocess.run(["make", "-s", "-C", str(Path(__file__).resolve().parents[2] / "libgpuos"),
+                              f"O={libgpuos_build}", "tsan"], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        env["GPUOS_LIBGPUOS"] = str(libgpuos_build / "tsan" / "libgpuos.so")
+        prog = "t_resident_tsan"
+    procs = []
+    for i in range(2):
+        (tmp_path / f"stop{i}").touch()  # each ends at once, having checked everything
+        procs.append(subprocess.Popen([*GPUOS, "run", "-q", "--share", group, "--gpu-memory", "12M", "--slice", "3",
+                                       "--", str(libgpuos_build / "tests" / prog), str(tmp_path / f"stop{i}"), "100",
+                                       str(5 + i), "threads"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "ThreadSanitizer" not in err, err[-3000:]
+        assert out.split()[:2] == ["ok", "100"]
