@@ -19,12 +19,28 @@ its final state), in one run:
               of the run, the mean and p99 stall of a call that waited (p99: the top of
               its power-of-two histogram bucket), the evictions the learned sequence chose
 
-Single-process workloads only: `--share` groups (several processes in one pool) are not
-built yet.  CUDA managed memory beyond the GPU is not measured (on these shared machines
-it can hang the GPU; MSched measured demand paging at about 0.12 GB/s against 41.7 GB/s
-for a batched transfer).
+Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
+once:
 
-    python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--pressures 100,150,200,300]
+  llm-replicas  three replicas of a GPT prefill loop of about 9 GB each
+  dnn-mix       GPT and ResNet-50, each training and inference: four processes
+
+  ideal       the same processes at once, each with the GPU's whole memory as its limit
+              (nothing checked or moved): each one's items per second, and the sum of
+              their peaks
+  per pressure P: one pool of sum-of-peaks * 100 / P, time slices of --slice ms, each
+              process evicting by LRU (reactive) or by its learned sequence (proactive);
+              in both the process whose turn it is makes the others evict first.  The
+              figure is the sum of the members' items per second against the ideal's,
+              with the group's switches and the stall of the first call after each
+              (mean and p99), and the bytes moved.
+
+CUDA managed memory beyond the GPU is not measured (on these shared machines it can hang
+the GPU; MSched measured demand paging at about 0.12 GB/s against 41.7 GB/s for a batched
+transfer).
+
+    python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
+                             [--pressures 100,150,200,300] [--slice 1000]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -33,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -43,13 +60,25 @@ from pathlib import Path
 
 from cr_baseline import PCIE_PROBE
 
+import threading
+import time
+
 from gpuos import __version__
+from gpuos.errors import GpuosError
+from gpuos.movable.share import group_path, read_group
 from gpuos.workloads.run import last_json_object, run_polling_mem_stats, suite_cmd, under_gpuos
 
 WORKLOADS = {
     "gpt-train": ["--layers", "8", "--seq", "512", "--steps", "30", "--warmup", "3"],
     "resnet50-train": ["--batch", "32", "--steps", "30", "--warmup", "3"],
     "gpt-infer": ["--layers", "24", "--seq", "1024", "--steps", "30", "--warmup", "3"],
+}
+GPT_9GB = ["--d-model", "2560", "--heads", "20", "--layers", "28", "--seq", "1024", "--steps", "20", "--warmup", "2"]
+GROUPS = {
+    "llm-replicas": [("gpt-infer", GPT_9GB)] * 3,
+    "dnn-mix": [("gpt-train", WORKLOADS["gpt-train"]), ("resnet50-train", WORKLOADS["resnet50-train"]),
+                ("gpt-infer", WORKLOADS["gpt-infer"]),
+                ("resnet50-infer", ["--batch", "64", "--steps", "60", "--warmup", "3"])],
 }
 TIMEOUT = 900.0
 
@@ -152,9 +181,124 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_members(members: list[tuple[str, list[str]]], options: list[str], group: str | None) -> dict:
+    """The members at once, each under `gpuos run OPTIONS`, with their memory figures
+    polled, and the group's (read from its file) while it has members."""
+    got: list = [None] * len(members)
+    last_group = {}
+    done = threading.Event()
+
+    def member(i: int) -> None:
+        w, args = members[i]
+        got[i] = run_polling_mem_stats(under_gpuos(suite_cmd(w, args), "-q", *options), timeout=TIMEOUT)
+
+    def poll_group() -> None:
+        while group and not done.is_set():
+            try:
+                last_group["stats"] = read_group(group)
+            except GpuosError:
+                pass
+            time.sleep(0.2)
+
+    poller = threading.Thread(target=poll_group)
+    poller.start()
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(len(members))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    poller.join()
+    out = {"members": []}
+    for (w, _), (fin, stats) in zip(members, got):
+        res = last_json_object(fin.stdout) if fin.returncode == 0 else None
+        m = {"workload": w, "returncode": fin.returncode}
+        if res is None:
+            m["error"] = fin.describe()[-1500:]
+            m["gpuos_said"] = [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]
+        else:
+            m.update(items_per_s=res["items_per_s"], seconds=res["seconds"], checksum=res["checksum"])
+        if stats is not None:
+            m["stats"] = asdict(stats)
+        out["members"].append(m)
+    if "stats" in last_group:
+        g = last_group["stats"]
+        out["group"] = asdict(g)
+        waits = sum(g.switch_hist)
+        out["switch_mean_ms"] = g.switch_ns / waits / 1e6 if waits else None
+        p99 = g.switch_percentile_us(99)
+        out["switch_p99_ms"] = p99 / 1000 if p99 else None
+    return out
+
+
+def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int) -> dict:
+    members = GROUPS[name]
+    # each alone with the whole GPU as its limit: nothing checked or moved, its peak counted
+    ideal = run_members(members, ["--gpu-memory", str(gpu_bytes)], None)
+    if any("items_per_s" not in m for m in ideal["members"]):
+        raise RuntimeError(f"{name}: the ideal run failed: {ideal}")
+    peak = sum(m["stats"]["reserved_peak"] for m in ideal["members"])
+    total = sum(m["items_per_s"] for m in ideal["members"])
+    row = {"group": name, "members": [w for w, _ in members], "ideal": ideal, "peak_reserved": peak,
+           "ideal_items_per_s": total, "slice_ms": slice_ms, "pressures": []}
+    print(f"{name}: ideal {total:.1f} items/s in all, peaks {peak / 2**30:.2f} GiB", flush=True)
+    for p in pressures:
+        limit = peak * 100 // p
+        cell = {"pressure": p, "limit": limit}
+        for evict, system in (("lru", "reactive"), ("future", "proactive")):
+            share = f"oversub-{os.getpid()}-{name}-{p}-{evict}"
+            try:
+                r = run_members(members, ["--share", share, "--gpu-memory", str(limit), "--slice", str(slice_ms),
+                                          "--evict", evict], share)
+            finally:
+                group_path(share).unlink(missing_ok=True)
+            ok = all("items_per_s" in m for m in r["members"])
+            if ok:
+                r["relative"] = sum(m["items_per_s"] for m in r["members"]) / total
+                r["checksums_equal"] = all(m["checksum"] == i["checksum"]
+                                           for m, i in zip(r["members"], ideal["members"]))
+                st = [m.get("stats", {}) for m in r["members"]]
+                r["bytes_in"] = sum(x.get("bytes_in", 0) for x in st)
+                r["bytes_out"] = sum(x.get("bytes_out", 0) for x in st)
+                in_ns = sum(x.get("in_ns", 0) for x in st)
+                r["in_GBps"] = r["bytes_in"] / in_ns if in_ns else None
+            cell[system] = r
+            print(f"{name} {p}% {system}: " + (f"{r['relative']:.3f} of ideal, checksums "
+                                               f"{'equal' if r['checksums_equal'] else 'DIFFER'}, "
+                                               f"{r.get('group', {}).get('switches', 0)} switches"
+                                               if ok else "failed: " + "; ".join(
+                                                   m.get("error", "")[:200] for m in r["members"])), flush=True)
+        row["pressures"].append(cell)
+    return row
+
+
+def group_markdown(result: dict) -> str:
+    lines = ["| group | pressure | reactive (LRU) of ideal | proactive (learned) of ideal | checksums equal "
+             "| moved in, reactive / proactive | copy-in rate | switches | switch stall, mean / p99 below |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result.get("groups", []):
+        for cell in row["pressures"]:
+            r, f = cell["reactive"], cell["proactive"]
+            if "relative" not in r or "relative" not in f:
+                why = lambda c: next((failure(m) for m in c["members"] if "error" in m), "-")  # noqa: E731
+                lines.append(f"| {row['group']} | {cell['pressure']}% | {why(r)} | {why(f)} | - | - | - | - | - |")
+                continue
+            rate = f.get("in_GBps")
+            lines.append(f"| {row['group']} | {cell['pressure']}% | {r['relative']:.1%} | {f['relative']:.1%} "
+                         f"| {r['checksums_equal'] and f['checksums_equal']} "
+                         f"| {r['bytes_in'] / 1e9:.1f} / {f['bytes_in'] / 1e9:.1f} GB | "
+                         + (f"{rate:.1f} GB/s" if rate else "-")
+                         + f" | {f.get('group', {}).get('switches', '-')} | "
+                         + (f"{f['switch_mean_ms']:.1f} / {f['switch_p99_ms']:.1f} ms"
+                            if f.get("switch_mean_ms") is not None else "-") + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="gpt-train,resnet50-train,gpt-infer")
+    ap.add_argument("--groups", default="llm-replicas,dnn-mix", help="groups of processes sharing a pool; '' for none")
+    ap.add_argument("--slice", type=int, default=1000, help="the groups' time slice, ms")
     ap.add_argument("--pressures", default="100,150,200,300")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -163,12 +307,19 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
-    for w in args.workloads.split(","):
-        result["rows"].append(run_workload(w, [int(p) for p in args.pressures.split(",")],
-                                           result["gpu_memory_total"]))
+    pressures = [int(p) for p in args.pressures.split(",")]
+    for w in filter(None, args.workloads.split(",")):
+        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"]))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
+    result["groups"] = []
+    for g in filter(None, args.groups.split(",")):
+        result["groups"].append(run_group(g, pressures, args.slice, result["gpu_memory_total"]))
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{g} done; wrote {path}", flush=True)
     print(markdown(result))
+    print()
+    print(group_markdown(result))
 
 
 if __name__ == "__main__":

@@ -176,6 +176,10 @@ struct gpuos_res_stats {
 	uint64_t reserved_peak;  /* the most reserved_bytes has been */
 	uint64_t clean_bytes;    /* evicted without being copied out: unchanged since their last
 				  * copy-out (their fingerprints, 4 KiB chunks, agree) */
+	uint64_t ahead_bytes;    /* copied in ahead of their use (counted in bytes_in too) */
+	uint64_t ahead_hits;     /* allocations a call found brought in ahead for it */
+	uint64_t ahead_unused;   /* ... evicted again before any call used them */
+	uint64_t ahead_waits;    /* calls that waited for a copy ahead still running */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

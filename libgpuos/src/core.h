@@ -150,6 +150,11 @@ struct gpuos_drv {
 	PFN_cuMemcpyDtoDAsync_v3020 memcpy_dtod_async;
 	PFN_cuDeviceGetCount_v2000 device_get_count;
 	PFN_cuDeviceCanAccessPeer_v4000 device_can_access_peer;
+	/* the memory scheduler's (resident.c: copies ahead) */
+	PFN_cuEventCreate_v2000 event_create;
+	PFN_cuEventRecord_v2000 event_record;
+	PFN_cuEventQuery_v2000 event_query;
+	PFN_cuEventSynchronize_v2000 event_sync;
 };
 extern struct gpuos_drv gpuos_drv;
 

@@ -274,6 +274,10 @@ static const struct {
 	DRV(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
 	DRV(device_get_count, "cuDeviceGetCount"),
 	DRV(device_can_access_peer, "cuDeviceCanAccessPeer"),
+	DRV(event_create, "cuEventCreate"),
+	DRV(event_record, "cuEventRecord"),
+	DRV(event_query, "cuEventQuery"),
+	DRV(event_sync, "cuEventSynchronize"),
 #undef DRV
 };
 

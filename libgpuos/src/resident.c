@@ -36,6 +36,16 @@
  * stats say so (period 0).  GPUOS_GPU_MEMORY_EVICT=lru keeps LRU (the baseline).
  * Copies run on a stream of gpuos's own per context, one synchronisation per batch.
  *
+ * Copies ahead.  With a period learned (and no group), each call, after its own copies,
+ * brings in the evicted allocations the sequence will use next (within a period,
+ * soonest first, at most AHEAD_MAX), into free room or the room of resident ones the
+ * sequence does not use for a period.  Never by evicting one it still uses: the call
+ * in progress holds the allocation Belady would evict (the one just used), and evicting
+ * the next farthest instead turns a cycle into a sliding window that moves everything
+ * every period (measured: as many bytes as LRU).  These copies are not waited for: they
+ * run on gpuos's stream while the call's own work runs, and an event after them is
+ * waited for only by a call that needs one of them before they are done (or by a free).
+ *
  * Only what changed is copied out.  A victim is hashed on the GPU first (fingerprint.cu:
  * 64 bits per 4 KiB chunk, at memory speed, far above the copy's), and the hashes are
  * kept with its host copy; at its next eviction, only the chunks whose hash differs from
@@ -63,6 +73,7 @@
 #define DOUBTS 8         /* ticks in a row that disagree before it is dropped */
 #define CHUNK ((uint64_t)GPUOS_VALIDATE_CHUNK) /* fingerprinted bytes per hash */
 #define EVICT_BATCH 64   /* allocations evicted at once, at most */
+#define AHEAD_MAX 16     /* allocations brought in ahead of their use at once, at most */
 #define GAP_CHUNKS 16    /* changed chunks at most this far apart are copied as one run */
 
 struct res {
@@ -76,6 +87,9 @@ struct res {
 	int host_pinned;
 	int has_content;                /* evicted after use: host holds the contents */
 	uint64_t *ref;                  /* the host copy's chunk hashes (NULL: not known) */
+	int ahead;                      /* brought in ahead of its use, not used since */
+	int in_flight;                  /* ... its copy may still run: done when ahead_ev is */
+	CUevent ahead_ev;
 	uint64_t tick;                  /* the last call that needed it */
 	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
 	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
@@ -108,6 +122,7 @@ static struct {
 		CUdeviceptr d_segs; /* struct gpuos_fp_seg[EVICT_BATCH] */
 		CUdeviceptr d_hash; /* hash_cap hashes */
 		uint64_t hash_cap;
+		CUevent ahead;      /* recorded after the last copies ahead (NULL: none made yet) */
 	} swap[MAX_CTX];
 	uint64_t *h_hash;           /* the batch's hashes, read back */
 	uint64_t h_cap;
@@ -270,6 +285,8 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base)
 	CUmemGenericAllocationHandle h = 0;
 	if (i >= 0) {
 		struct res *r = &R.v[i];
+		if (r->in_flight)
+			gpuos_drv.event_sync(r->ahead_ev); /* its copy ahead must end before it is unmapped */
 		h = r->h;
 		if (h) {
 			R.st.resident_bytes -= r->size;
@@ -518,32 +535,39 @@ static void learn_period(void)
 	R.st.period = R.period;
 }
 
+/* The resident allocation of context ctx that the call does not need, used farthest
+ * ahead (victim_score), not taken yet; NULL if none.  *score: its score. */
+static struct res *best_victim(uint64_t ctx, uint64_t *score)
+{
+	struct res *best = NULL;
+	for (size_t i = 0; i < R.n; i++) {
+		struct res *r = &R.v[i];
+		if (!r->h || r->call == R.call || r->tick == UINT64_MAX || r->ctx != ctx)
+			continue;
+		uint64_t sc = victim_score(r);
+		if (!best || sc > *score) {
+			best = r;
+			*score = sc;
+		}
+	}
+	return best;
+}
+
 /* Evict up to EVICT_BATCH resident allocations of the current context that the call does
- * not need, the best victims first (victim_score), as one batch, until `excess` bytes are
- * freed.  0, or -1 if there is none to evict (or a step failed). */
-static int evict_batch(uint64_t excess)
+ * not need, the best victims first (victim_score), and only those scoring above *above
+ * (NULL: any), as one batch, until `excess` bytes are freed.  0, or -1 if there is none
+ * to evict (or a step failed). */
+static int evict_batch(uint64_t excess, const uint64_t *above)
 {
 	struct res *victims[EVICT_BATCH];
 	size_t nv = 0;
-	uint64_t freed = 0;
+	uint64_t freed = 0, score = 0;
 	/* Only the current context's: its synchronisation covers their work (a process with
 	 * memory in several contexts makes room in each from a call of that context). */
 	uint64_t ctx = gpuos_current_ctx();
-	while (freed < excess && nv < EVICT_BATCH) {
-		struct res *best = NULL;
-		uint64_t best_score = 0;
-		for (size_t i = 0; i < R.n; i++) {
-			struct res *r = &R.v[i];
-			if (!r->h || r->call == R.call || r->tick == UINT64_MAX || r->ctx != ctx)
-				continue;
-			uint64_t score = victim_score(r);
-			if (!best || score > best_score) {
-				best = r;
-				best_score = score;
-			}
-		}
-		if (!best)
-			break;
+	struct res *best;
+	while (freed < excess && nv < EVICT_BATCH && (best = best_victim(ctx, &score)) != NULL &&
+	       (!above || score > *above)) {
 		victims[nv++] = best;
 		freed += best->size;
 		best->tick = UINT64_MAX; /* taken (set again below) */
@@ -579,6 +603,8 @@ static int evict_batch(uint64_t excess)
 		R.st.evictions_future += !!R.period;
 		R.st.resident_bytes -= r->size;
 		R.st.evictions++;
+		R.st.ahead_unused += r->ahead;
+		r->ahead = r->in_flight = 0;
 		give_room(r->size);
 	}
 	if (ok) {
@@ -601,10 +627,88 @@ static int make_room(uint64_t want)
 		uint64_t excess = used + want > R.limit ? used + want - R.limit : want;
 		if (R.shared && gpuos_share_ask(excess, want))
 			continue;
-		if (evict_batch(excess))
+		if (evict_batch(excess, NULL))
 			return -1;
 	}
 	return 0;
+}
+
+/* Map new memory for r and, if it has contents, copy them back on s (not waited for);
+ * *copied: the bytes. */
+static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied)
+{
+	CUresult c = map_new(r->base, r->size, r->device, &r->h);
+	if (c != CUDA_SUCCESS) {
+		r->h = 0;
+		return c;
+	}
+	R.st.resident_bytes += r->size;
+	if (!r->has_content)
+		return CUDA_SUCCESS;
+	c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
+	if (c != CUDA_SUCCESS)
+		return c; /* resident, its contents where they were (host) */
+	*copied = r->size;
+	R.st.evicted_bytes -= r->size;
+	R.st.swap_ins++;
+	return CUDA_SUCCESS;
+}
+
+/* After a call's own copies: bring in the evicted allocations of this context that the
+ * learned sequence uses next (within a period, soonest first), into free room or the
+ * room of resident ones it does not use for a period.  The copies are not waited for;
+ * an event after them is. */
+static void copy_ahead(struct swap_ctx *sc)
+{
+	if (!sc || !gpuos_drv.event_create || !gpuos_drv.event_record || !gpuos_drv.event_query ||
+	    !gpuos_drv.event_sync)
+		return;
+	if (!sc->ahead && gpuos_drv.event_create(&sc->ahead, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+		sc->ahead = NULL;
+		return;
+	}
+	uint64_t ctx = gpuos_current_ctx();
+	struct res *cand[AHEAD_MAX];
+	uint64_t dist[AHEAD_MAX];
+	size_t nc = 0;
+	for (size_t i = 0; i < R.n; i++) {
+		struct res *r = &R.v[i];
+		if (r->h || r->ctx != ctx || !r->nuse)
+			continue;
+		uint64_t d = victim_score(r); /* for one not resident: the ticks until its next use */
+		if (d >= R.period || (nc == AHEAD_MAX && d >= dist[nc - 1]))
+			continue;
+		size_t k = nc < AHEAD_MAX ? nc++ : AHEAD_MAX - 1;
+		for (; k > 0 && dist[k - 1] > d; k--) {
+			cand[k] = cand[k - 1];
+			dist[k] = dist[k - 1];
+		}
+		cand[k] = r;
+		dist[k] = d;
+	}
+	uint64_t bytes = 0, t0 = gpuos_now_ns();
+	static const uint64_t unused_for_a_period = UINT64_MAX - 2; /* victim_score above it */
+	for (size_t k = 0; k < nc; k++) {
+		struct res *r = cand[k];
+		if (R.st.resident_bytes + r->size > R.limit &&
+		    (evict_batch(R.st.resident_bytes + r->size - R.limit, &unused_for_a_period) ||
+		     R.st.resident_bytes + r->size > R.limit))
+			break; /* no room but that of allocations the sequence still uses */
+		uint64_t copied = 0;
+		if (make_resident(r, sc->s, &copied) != CUDA_SUCCESS)
+			break;
+		r->ahead = 1;
+		r->in_flight = copied > 0;
+		r->ahead_ev = sc->ahead;
+		bytes += copied;
+	}
+	if (!bytes)
+		return;
+	if (gpuos_drv.event_record(sc->ahead, sc->s) != CUDA_SUCCESS)
+		gpuos_drv.stream_sync(sc->s); /* no event to wait on: wait now */
+	R.st.ahead_bytes += bytes;
+	R.st.bytes_in += bytes;
+	R.st.in_ns += gpuos_now_ns() - t0;
 }
 
 /* Make the entries marked for this call resident: room first, then new memory mapped and
@@ -612,39 +716,54 @@ static int make_room(uint64_t want)
 static CUresult bring_in(void)
 {
 	uint64_t want = 0;
-	for (size_t i = 0; i < R.n; i++)
-		if (R.v[i].call == R.call && !R.v[i].h)
-			want += R.v[i].size;
-	if (!want)
+	CUevent wait_ev = NULL;
+	for (size_t i = 0; i < R.n; i++) {
+		struct res *r = &R.v[i];
+		if (r->call != R.call)
+			continue;
+		if (!r->h)
+			want += r->size;
+		if (r->ahead) {
+			R.st.ahead_hits++;
+			r->ahead = 0;
+		}
+		if (r->in_flight)
+			wait_ev = r->ahead_ev;
+	}
+	if (wait_ev) { /* a copy ahead for this call may still run */
+		if (gpuos_drv.event_query(wait_ev) != CUDA_SUCCESS)
+			R.st.ahead_waits++;
+		CUresult c = gpuos_drv.event_sync(wait_ev);
+		if (c != CUDA_SUCCESS)
+			return c;
+		for (size_t i = 0; i < R.n; i++)
+			if (R.v[i].ahead_ev == wait_ev)
+				R.v[i].in_flight = 0; /* recorded after every copy before it */
+	}
+	struct swap_ctx *sc = swap_ctx();
+	if (!want) {
+		if (R.period && !R.lru_only && !R.shared)
+			copy_ahead(sc);
 		return CUDA_SUCCESS;
+	}
 	R.st.calls_swapped++;
 	R.swapped = R.call;
 	if (make_room(want)) {
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	CUstream s = swap_stream(swap_ctx());
+	CUstream s = swap_stream(sc);
 	uint64_t t0 = gpuos_now_ns(), copied = 0, mapped = 0;
 	CUresult c = CUDA_SUCCESS;
 	for (size_t i = 0; i < R.n && c == CUDA_SUCCESS; i++) {
 		struct res *r = &R.v[i];
 		if (r->call != R.call || r->h)
 			continue;
-		c = map_new(r->base, r->size, r->device, &r->h);
-		if (c != CUDA_SUCCESS) {
-			r->h = 0;
-			break;
-		}
-		mapped += r->size;
-		R.st.resident_bytes += r->size;
-		if (r->has_content) {
-			c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
-			if (c != CUDA_SUCCESS)
-				break;
-			copied += r->size;
-			R.st.evicted_bytes -= r->size;
-			R.st.swap_ins++;
-		}
+		uint64_t bytes = 0;
+		c = make_resident(r, s, &bytes);
+		if (c == CUDA_SUCCESS)
+			mapped += r->size;
+		copied += bytes;
 	}
 	give_room(want - mapped); /* charged for all, made only these */
 	if (c == CUDA_SUCCESS && copied)
@@ -653,6 +772,8 @@ static CUresult bring_in(void)
 		R.st.bytes_in += copied;
 		R.st.in_ns += gpuos_now_ns() - t0;
 	}
+	if (c == CUDA_SUCCESS && R.period && !R.lru_only && !R.shared)
+		copy_ahead(sc);
 	return c;
 }
 
@@ -782,7 +903,7 @@ uint64_t gpuos_res_evict_for_others(uint64_t bytes)
 		uint64_t ctx = R.v[i].ctx;
 		if (!R.v[i].h || !gpuos_drv.ctx_push || gpuos_drv.ctx_push((CUcontext)(uintptr_t)ctx) != CUDA_SUCCESS)
 			continue;
-		while (before - R.st.resident_bytes < bytes && !evict_batch(bytes - (before - R.st.resident_bytes)))
+		while (before - R.st.resident_bytes < bytes && !evict_batch(bytes - (before - R.st.resident_bytes), NULL))
 			;
 		CUcontext popped;
 		gpuos_drv.ctx_pop(&popped);

@@ -58,7 +58,8 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
 def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build, libgpuos_env, tmp_path):
     """Rounds that fill the six large allocations in the same order: least recently used
     eviction brings every one back in every round; once the period (six calls) is learned,
-    the allocation needed farthest ahead goes instead, and fewer come back.  Both exact."""
+    the allocation needed farthest ahead goes instead, and fewer come back; some come back
+    ahead of the call that needs them, so fewer calls wait.  Both exact."""
     got = {}
     for evict in ("lru", "future"):
         (tmp_path / evict).mkdir()
@@ -74,6 +75,9 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert future["lru_only"] == 0 and future["period"] == 6
     assert future["evictions_future"] > future["evictions"] * 0.9
     assert future["bytes_in"] < lru["bytes_in"] * 0.85
+    # with the sequence known, allocations come in ahead of the call that uses them
+    assert lru["ahead_bytes"] == 0 and future["ahead_bytes"] > 0
+    assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 
 def test_memory_only_read_is_copied_out_once(libgpuos_build, libgpuos_env, tmp_path):

@@ -33,7 +33,7 @@ Exit codes:
                                       30 libgpuos.so missing
   35 MPS binaries missing             38 GPU or MPS server refuses clients
   36 MPS daemon not started by gpuos  39 MPS supervisor failed: `gpuos mps recover`
-  37 no gpuos MPS supervisor for GPU
+  37 no gpuos MPS supervisor for GPU  40 no such group (gpuos mem stats)
 """
 
 

@@ -66,6 +66,8 @@ def stats_cmd(target: str, as_json: bool) -> None:
         ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],
         ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
         ["not copied out (unchanged)", human_bytes(st.clean_bytes)],
+        ["copied in ahead of use", f"{human_bytes(st.ahead_bytes)}; {st.ahead_hits} found by their call "
+                                   f"({st.ahead_waits} waited for the copy), {st.ahead_unused} evicted unused"],
         ["launches checked", str(st.launches)],
         ["calls that waited", f"{st.calls_swapped}, {ms(st.stall_ns)} in all"
          + (f", {ms(st.stall_ns / st.calls_swapped)} each on average, p99 under "

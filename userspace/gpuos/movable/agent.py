@@ -34,7 +34,8 @@ PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
 MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
-                    "lru_only", "reserved_peak", "clean_bytes")
+                    "lru_only", "reserved_peak", "clean_bytes", "ahead_bytes", "ahead_hits", "ahead_unused",
+                    "ahead_waits")
 STALL_BUCKETS = 24  # GPUOS_STALL_BUCKETS
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * (len(MEM_STATS_FIELDS) + STALL_BUCKETS))
 
@@ -98,6 +99,10 @@ class MemStats:
     lru_only: int  # 1: the LRU baseline was asked for (GPUOS_GPU_MEMORY_EVICT=lru)
     reserved_peak: int  # the most reserved_bytes has been
     clean_bytes: int  # evicted without a copy: unchanged since their last copy-out
+    ahead_bytes: int  # copied in ahead of their use (in bytes_in too)
+    ahead_hits: int  # allocations a call found brought in ahead for it
+    ahead_unused: int  # brought in ahead, evicted again unused
+    ahead_waits: int  # calls that waited for a copy ahead still running
     stall_hist: tuple[int, ...]  # calls that brought memory in, by stall: [2^i, 2^(i+1)) microseconds
 
     def stall_percentile_us(self, q: float) -> int | None:
