@@ -1,6 +1,6 @@
 """GPU memory oversubscription on a real GPU (`gpuos run --gpu-memory`, libgpuos/src/resident.c).
 
-A workload of the suite runs once as it is, which gives its checksum and the most memory
+A workload of the suite (two training, one inference) runs once as it is, which gives its checksum and the most memory
 PyTorch's allocator reserved.  Then it runs under a limit of two thirds of that (150%
 oversubscription): its memory is evicted to pinned host memory and brought back before
 the launches that touch it, once evicting by the learned call sequence and once least
@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import asdict
 
 import pytest
 from gpu_needs import torch_gpu_marks
 
+from gpuos.movable.share import group_path
 from gpuos.workloads.run import last_json_object, private_caches, run, run_polling_mem_stats, suite_cmd, under_gpuos
 
 
 WORKLOADS = {
     "gpt-train": ["--layers", "8", "--seq", "512", "--steps", "12", "--warmup", "2"],
     "resnet50-train": ["--batch", "32", "--steps", "12", "--warmup", "2"],
+    # a sequence that repeats exactly: its period is learned, so copies ahead run
+    "gpt-infer": ["--layers", "24", "--seq", "1024", "--steps", "12", "--warmup", "2"],
 }
 FRACTION = 2 / 3  # the limit against the plain run's peak: 150% oversubscription
 
@@ -43,7 +47,7 @@ def record(line: dict) -> None:
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
-def test_oversubscribed_training_is_bit_identical(workload, tmp_path):
+def test_oversubscribed_workload_is_bit_identical(workload, tmp_path):
     env = dict(os.environ, **private_caches(tmp_path / "caches"))
     plain = run(suite_cmd(workload, WORKLOADS[workload]), timeout=900, env=env)
     assert plain.returncode == 0, plain.stderr[-2000:]
@@ -66,3 +70,41 @@ def test_oversubscribed_training_is_bit_identical(workload, tmp_path):
         assert last.evictions > 0 and last.swap_ins > 0 and last.over_limit == 0
         if evict == "lru":
             assert last.period == 0 and last.evictions_future == 0
+
+
+def test_a_group_of_processes_shares_one_pool_bit_identically(tmp_path):
+    """The three workloads at once in one `--share` group whose pool is two thirds of the
+    sum of their peaks: each takes its turn on the GPU, the one whose turn it is makes the
+    others evict, and every checksum equals its plain run's."""
+    env = dict(os.environ, **private_caches(tmp_path / "caches"))
+    refs, peaks = {}, 0
+    for w, args in WORKLOADS.items():
+        plain = run(suite_cmd(w, args), timeout=900, env=env)
+        assert plain.returncode == 0, plain.stderr[-2000:]
+        refs[w] = last_json_object(plain.stdout)
+        peaks += int(refs[w]["peak_gib"] * 2**30)
+    limit = int(peaks * FRACTION)
+    group = f"gpu-test-{os.getpid()}"
+    got: dict = {}
+
+    def member(w: str) -> None:
+        got[w] = run_polling_mem_stats(under_gpuos(suite_cmd(w, WORKLOADS[w]), "-q", "--share", group,
+                                                   "--gpu-memory", str(limit), "--slice", "500"),
+                                       timeout=900, env=env)
+
+    threads = [threading.Thread(target=member, args=(w,)) for w in WORKLOADS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        group_path(group).unlink(missing_ok=True)
+    for w, (fin, last) in got.items():
+        assert fin.returncode == 0, fin.describe()
+        res = last_json_object(fin.stdout)
+        record({"group": group, "workload": w, "limit": limit, "plain_s": refs[w]["seconds"],
+                "shared_s": res["seconds"], "checksum_equal": res["checksum"] == refs[w]["checksum"],
+                "stats": asdict(last) if last else None})
+        assert res["checksum"] == refs[w]["checksum"]
+        assert last is not None and last.limit == limit and last.over_limit == 0
