@@ -15,8 +15,9 @@
  *     only after adding it to both; it subtracts what it unmaps.
  *   - One member holds the GPU at a time (holder; -1: none): only the holder's calls
  *     that need memory go on, the others' wait in libgpuos.  A waiting member takes the
- *     GPU when no one holds it, or when the holder has held it for slice_ns and none of
- *     its calls is busy making memory resident, the one waiting longest first.  A holder
+ *     GPU when no one holds it, or when the holder has held it for slice_ns (counted from
+ *     when its first call's memory was in) and none of its calls is busy making memory
+ *     resident, the one waiting longest first.  A holder
  *     whose slice is over while others wait lets it go at its next call.
  *   - A holder that needs room asks the others first (their memory is used after its
  *     slice, its own during it: the known future): it sets their `release`, and each
@@ -67,7 +68,8 @@ struct gpuos_share {
 	uint64_t limit;           /* bytes */
 	uint64_t slice_ns;        /* a holder keeps the GPU at least this long when others wait */
 	uint64_t resident;        /* bytes, all members */
-	uint64_t held_since;      /* CLOCK_MONOTONIC ns the holder took it */
+	uint64_t held_since;      /* CLOCK_MONOTONIC ns the holder took it, or its first call's
+				   * memory was in after a switch: its slice counts from there */
 	uint64_t switches;        /* the GPU went from one member to another */
 	uint64_t switch_ns;       /* time new holders' first calls spent making their memory resident */
 	uint64_t reaped;          /* members found dead */

@@ -543,7 +543,7 @@ uint64_t gpuos_res_evict_for_others(uint64_t bytes);
 /* Join group `name`: 0, *limit the group's; -1 (said on stderr): not shared. */
 int gpuos_share_join(const char *name, uint64_t *limit);
 void gpuos_share_forget(void);         /* in a forked child */
-void gpuos_share_acquire(void);        /* wait for the GPU's turn; the call is busy */
+int gpuos_share_acquire(void);         /* wait for the GPU's turn (1: a turn begins); busy */
 int gpuos_share_take(uint64_t bytes);  /* charge if they fit: 1, else 0 */
 void gpuos_share_give(uint64_t bytes);
 uint64_t gpuos_share_used(void);

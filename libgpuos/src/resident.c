@@ -46,6 +46,11 @@
  * run on gpuos's stream while the call's own work runs, and an event after them is
  * waited for only by a call that needs one of them before they are done (or by a free).
  *
+ * In a group (share.c), a call that begins a turn taken from another member brings back,
+ * besides its own memory, what this process used in its last turn, as one batch: the
+ * others evict for all of it at once.  Batches stop while their memory is evicted again
+ * unused more often than used.
+ *
  * Only what changed is copied out.  A victim is hashed on the GPU first (fingerprint.cu:
  * 64 bits per 4 KiB chunk, at memory speed, far above the copy's), and the hashes are
  * kept with its host copy; at its next eviction, only the chunks whose hash differs from
@@ -74,6 +79,7 @@
 #define CHUNK ((uint64_t)GPUOS_VALIDATE_CHUNK) /* fingerprinted bytes per hash */
 #define EVICT_BATCH 64   /* allocations evicted at once, at most */
 #define AHEAD_MAX 16     /* allocations brought in ahead of their use at once, at most */
+#define TURN_TRIES 16    /* allocations a turn's batches may bring in unused before they stop */
 #define GAP_CHUNKS 16    /* changed chunks at most this far apart are copied as one run */
 
 struct res {
@@ -90,6 +96,7 @@ struct res {
 	int ahead;                      /* brought in ahead of its use, not used since */
 	int in_flight;                  /* ... its copy may still run: done when ahead_ev is */
 	CUevent ahead_ev;
+	int turn;                       /* in the batch of a turn beginning */
 	uint64_t tick;                  /* the last call that needed it */
 	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
 	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
@@ -113,6 +120,8 @@ static struct {
 				    * and the last ticks it was seen at */
 	int oversubscribed;         /* the allocations outgrew the limit: calls are checked */
 	int shared;                 /* in a group (share.c): its pool is the limit, calls always checked */
+	int turn_begins;            /* this call begins a turn on the GPU taken from another member */
+	uint64_t turn_tick;         /* the tick the last turn began at */
 	struct swap_ctx {
 		uint64_t ctx;       /* its id (ctx_key) */
 		CUstream s;         /* NULL: free slot */
@@ -654,19 +663,54 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied)
 	return CUDA_SUCCESS;
 }
 
+/* r made resident ahead of its use: its copy (if any) on sc's stream, not waited for.
+ * *bytes grows by what is copied. */
+static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
+{
+	uint64_t copied = 0;
+	CUresult c = make_resident(r, sc->s, &copied);
+	if (c != CUDA_SUCCESS)
+		return c;
+	r->ahead = 1;
+	r->in_flight = copied > 0;
+	r->ahead_ev = sc->ahead;
+	*bytes += copied;
+	return CUDA_SUCCESS;
+}
+
+/* The copies ahead issued since t0: the event after them, the counts. */
+static void ahead_issued(struct swap_ctx *sc, uint64_t bytes, uint64_t t0)
+{
+	if (!bytes)
+		return;
+	if (gpuos_drv.event_record(sc->ahead, sc->s) != CUDA_SUCCESS)
+		gpuos_drv.stream_sync(sc->s); /* no event to wait on: wait now */
+	R.st.ahead_bytes += bytes;
+	R.st.bytes_in += bytes;
+	R.st.in_ns += gpuos_now_ns() - t0;
+}
+
+/* Whether copies ahead can be made in sc (the driver has events, sc has one). */
+static int ahead_ready(struct swap_ctx *sc)
+{
+	if (!sc || !gpuos_drv.event_create || !gpuos_drv.event_record || !gpuos_drv.event_query ||
+	    !gpuos_drv.event_sync)
+		return 0;
+	if (!sc->ahead && gpuos_drv.event_create(&sc->ahead, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+		sc->ahead = NULL;
+		return 0;
+	}
+	return 1;
+}
+
 /* After a call's own copies: bring in the evicted allocations of this context that the
  * learned sequence uses next (within a period, soonest first), into free room or the
  * room of resident ones it does not use for a period.  The copies are not waited for;
  * an event after them is. */
 static void copy_ahead(struct swap_ctx *sc)
 {
-	if (!sc || !gpuos_drv.event_create || !gpuos_drv.event_record || !gpuos_drv.event_query ||
-	    !gpuos_drv.event_sync)
+	if (!ahead_ready(sc))
 		return;
-	if (!sc->ahead && gpuos_drv.event_create(&sc->ahead, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-		sc->ahead = NULL;
-		return;
-	}
 	uint64_t ctx = gpuos_current_ctx();
 	struct res *cand[AHEAD_MAX];
 	uint64_t dist[AHEAD_MAX];
@@ -694,21 +738,22 @@ static void copy_ahead(struct swap_ctx *sc)
 		    (evict_batch(R.st.resident_bytes + r->size - R.limit, &unused_for_a_period) ||
 		     R.st.resident_bytes + r->size > R.limit))
 			break; /* no room but that of allocations the sequence still uses */
-		uint64_t copied = 0;
-		if (make_resident(r, sc->s, &copied) != CUDA_SUCCESS)
+		if (bring_ahead(sc, r, &bytes) != CUDA_SUCCESS)
 			break;
-		r->ahead = 1;
-		r->in_flight = copied > 0;
-		r->ahead_ev = sc->ahead;
-		bytes += copied;
 	}
-	if (!bytes)
-		return;
-	if (gpuos_drv.event_record(sc->ahead, sc->s) != CUDA_SUCCESS)
-		gpuos_drv.stream_sync(sc->s); /* no event to wait on: wait now */
-	R.st.ahead_bytes += bytes;
-	R.st.bytes_in += bytes;
-	R.st.in_ns += gpuos_now_ns() - t0;
+	ahead_issued(sc, bytes, t0);
+}
+
+/* Room for `bytes` more resident in the group, made by the other members only (a turn's
+ * batch must not evict this process's own working set): 0, or -1. */
+static int room_from_others(uint64_t bytes)
+{
+	while (!take_room(bytes)) {
+		uint64_t used = gpuos_share_used();
+		if (used + bytes > R.limit && !gpuos_share_ask(used + bytes - R.limit, bytes))
+			return -1;
+	}
+	return 0;
 }
 
 /* Make the entries marked for this call resident: room first, then new memory mapped and
@@ -741,14 +786,35 @@ static CUresult bring_in(void)
 				R.v[i].in_flight = 0; /* recorded after every copy before it */
 	}
 	struct swap_ctx *sc = swap_ctx();
-	if (!want) {
+	/* A turn taken from another member begins: what this process used in its last turn
+	 * comes back with this call's memory, the others evicting for all of it at once (one
+	 * request, one synchronisation each) instead of call by call. */
+	uint64_t turn = 0, ctx = gpuos_current_ctx();
+	if (R.turn_begins) {
+		R.turn_begins = 0;
+		/* only while it pays: batches whose memory is evicted again unused (a turn
+		 * that does not use what the last one did) stop them */
+		int pays = R.st.ahead_unused <= R.st.ahead_hits + TURN_TRIES;
+		for (size_t i = 0; pays && ahead_ready(sc) && i < R.n; i++) {
+			struct res *r = &R.v[i];
+			r->turn = !r->h && r->call != R.call && r->ctx == ctx && r->nuse && r->tick >= R.turn_tick;
+			turn += r->turn ? r->size : 0;
+		}
+		R.turn_tick = R.tick;
+	}
+	if (!want && !turn) {
 		if (R.period && !R.lru_only && !R.shared)
 			copy_ahead(sc);
 		return CUDA_SUCCESS;
 	}
-	R.st.calls_swapped++;
+	R.st.calls_swapped += !!want;
 	R.swapped = R.call;
-	if (make_room(want)) {
+	if (turn && (want + turn > R.limit || room_from_others(want + turn))) {
+		for (size_t i = 0; i < R.n; i++)
+			R.v[i].turn = 0; /* not all of it fits: this call's memory alone */
+		turn = 0;
+	}
+	if (!turn && make_room(want)) {
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -765,13 +831,23 @@ static CUresult bring_in(void)
 			mapped += r->size;
 		copied += bytes;
 	}
-	give_room(want - mapped); /* charged for all, made only these */
 	if (c == CUDA_SUCCESS && copied)
 		c = gpuos_drv.stream_sync(s);
 	if (copied) {
 		R.st.bytes_in += copied;
 		R.st.in_ns += gpuos_now_ns() - t0;
 	}
+	uint64_t ahead = 0, t1 = gpuos_now_ns();
+	for (size_t i = 0; i < R.n; i++) { /* the turn's batch, after this call's own */
+		struct res *r = &R.v[i];
+		if (!r->turn)
+			continue;
+		r->turn = 0;
+		if (c == CUDA_SUCCESS && !r->h && bring_ahead(sc, r, &ahead) == CUDA_SUCCESS)
+			mapped += r->size;
+	}
+	ahead_issued(sc, ahead, t1);
+	give_room(want + turn - mapped); /* charged for all, made only these */
 	if (c == CUDA_SUCCESS && R.period && !R.lru_only && !R.shared)
 		copy_ahead(sc);
 	return c;
@@ -794,12 +870,14 @@ static void enter(void)
 {
 	if (gpuos_tls_res_held)
 		return;
+	int turn = 0;
 	if (R.shared) {
-		gpuos_share_acquire();
+		turn = gpuos_share_acquire();
 		tls_share_busy = 1;
 	}
 	pthread_mutex_lock(&R.mu);
 	gpuos_tls_res_held = 1;
+	R.turn_begins |= turn;
 	R.call++;
 	if (!R.call)
 		R.call = 1;

@@ -6,7 +6,8 @@
  *
  *   gpuos_share_join()     from the limit's first reading: map the group, take a slot,
  *                          start the release thread;
- *   gpuos_share_acquire()  before a call that needs memory: wait for the GPU;
+ *   gpuos_share_acquire()  before a call that needs memory: wait for the GPU (1: this
+ *                          call begins a turn taken from another member);
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
  *   gpuos_share_ask()      the holder lacks room: others evict first (they run later);
  *   gpuos_share_done()     the call's memory is resident (the first call after taking the
@@ -325,11 +326,11 @@ static int others_wait(const struct gpuos_share *g)
 	return 0;
 }
 
-void gpuos_share_acquire(void)
+int gpuos_share_acquire(void)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
-		return;
+		return 0;
 	glock(g);
 	struct gpuos_share_member *m = &g->m[S.me];
 	uint64_t t0 = gpuos_now_ns();
@@ -337,7 +338,7 @@ void gpuos_share_acquire(void)
 		if (!slice_over(g, S.me, t0) || !others_wait(g)) {
 			m->busy++;
 			gunlock(g);
-			return;
+			return 0;
 		}
 		m->held_ns += t0 - g->held_since; /* its slice is over and others wait: let go */
 		g->holder = -1;
@@ -369,7 +370,9 @@ void gpuos_share_acquire(void)
 		m->waiting_since = 0;
 	m->wait_ns += gpuos_now_ns() - t0;
 	m->busy++;
+	int turn = S.switch_t0 != 0;
 	gunlock(g);
+	return turn;
 }
 
 void gpuos_share_done(uint64_t stall_ns)
@@ -381,6 +384,9 @@ void gpuos_share_done(uint64_t stall_ns)
 	g->m[S.me].busy--;
 	if (S.switch_t0) { /* the first call since it took the GPU from another */
 		S.switch_t0 = 0;
+		/* the slice counts from here: the switch's moves are not the holder's work */
+		if (g->holder == S.me)
+			g->held_since = gpuos_now_ns();
 		uint64_t us = stall_ns / 1000;
 		int b = us ? 63 - __builtin_clzll(us) : 0;
 		g->switch_ns += stall_ns;
