@@ -27,7 +27,8 @@
  *     that died without leaving (its /proc entry gone, a zombie, or another process
  *     with its pid) is reaped by whoever looks next: the same, counted in `reaped`.
  *     (The driver frees a dead process's memory as it exits; a member whose mapping
- *     fails for lack of GPU memory retries for a while.)
+ *     fails for lack of GPU memory retries for a while.)  Members must see each other in
+ *     /proc: one pid namespace.
  * Readers that do not take the lock (`gpuos mem stats GROUP`) may see a moment's
  * inconsistency between fields.  Everything below `mu` is for libgpuos only.
  */

@@ -827,8 +827,7 @@ static CUresult bring_in(void)
 			continue;
 		uint64_t bytes = 0;
 		c = make_resident(r, s, &bytes);
-		if (c == CUDA_SUCCESS)
-			mapped += r->size;
+		mapped += r->h ? r->size : 0; /* mapped, even if its copy failed */
 		copied += bytes;
 	}
 	if (c == CUDA_SUCCESS && copied)
@@ -843,8 +842,9 @@ static CUresult bring_in(void)
 		if (!r->turn)
 			continue;
 		r->turn = 0;
-		if (c == CUDA_SUCCESS && !r->h && bring_ahead(sc, r, &ahead) == CUDA_SUCCESS)
-			mapped += r->size;
+		if (c == CUDA_SUCCESS && !r->h)
+			bring_ahead(sc, r, &ahead);
+		mapped += r->h ? r->size : 0;
 	}
 	ahead_issued(sc, ahead, t1);
 	give_room(want + turn - mapped); /* charged for all, made only these */

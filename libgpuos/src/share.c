@@ -148,8 +148,8 @@ static void *release_main(void *arg)
 	glock(g);
 	for (;;) {
 		struct gpuos_share_member *m = &g->m[S.me];
-		if (!m->pid)
-			break; /* left */
+		if (m->pid != (uint32_t)getpid())
+			break; /* left (the slot may be another's by now) */
 		if (!m->release) {
 			gwait(g, POLL_NS * 50);
 			continue;
