@@ -23,7 +23,9 @@
  *     slice, its own during it: the known future): it sets their `release`, and each
  *     member's release thread evicts that much of its memory to host memory and sets
  *     it to 0.  When the others have nothing left, the holder evicts its own.
- *   - A member that exits leaves: its slot is freed and its bytes subtracted.  A member
+ *   - A member that exits leaves: its slot is freed and its bytes subtracted; the last
+ *     one removes the file (under the flock; a joiner that opened it before checks,
+ *     under the flock, that it is still the file at that path).  A member
  *     that died without leaving (its /proc entry gone, a zombie, or another process
  *     with its pid) is reaped by whoever looks next: the same, counted in `reaped`.
  *     (The driver frees a dead process's memory as it exits; a member whose mapping

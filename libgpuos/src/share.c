@@ -43,6 +43,9 @@ static struct {
 	struct gpuos_share *g; /* NULL: not in a group */
 	int me;
 	char name[GPUOS_SHARE_NAME_MAX + 1];
+	char path[128];        /* the group file */
+	dev_t dev;             /* ... and its identity when this process joined */
+	ino_t ino;
 	uint64_t switch_t0;    /* took the GPU from another member at (0: reported) */
 } S = { .me = -1 };
 
@@ -168,6 +171,42 @@ static void *release_main(void *arg)
 
 /* ---- joining and leaving ------------------------------------------------------------------- */
 
+/* The group file, open and flock(2)ed exclusively, still the one at `path` (the last
+ * member to leave removes it: a file unlinked meanwhile is not the group's any more);
+ * *st its state under the lock.  -1 (errno), or -2: not a regular file of this user. */
+static int open_locked(const char *path, int create, struct stat *st)
+{
+	for (int attempt = 0; attempt < 8; attempt++) {
+		int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | create, 0600);
+		if (fd < 0)
+			return -1;
+		struct stat now;
+		if (flock(fd, LOCK_EX) || fstat(fd, st)) {
+			int e = errno;
+			close(fd);
+			errno = e;
+			return -1;
+		}
+		if (st->st_uid != getuid() || !S_ISREG(st->st_mode)) {
+			close(fd);
+			return -2;
+		}
+		if (!stat(path, &now) && now.st_ino == st->st_ino && now.st_dev == st->st_dev)
+			return fd;
+		close(fd); /* removed (or replaced) while we waited for the lock */
+	}
+	errno = EAGAIN;
+	return -1;
+}
+
+static int members(const struct gpuos_share *g)
+{
+	int n = 0;
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		n += g->m[i].pid != 0;
+	return n;
+}
+
 static void leave(void)
 {
 	struct gpuos_share *g = S.g;
@@ -177,7 +216,21 @@ static void leave(void)
 	g->resident -= g->m[S.me].resident;
 	vacate(g, S.me);
 	gwake(g);
+	int left = members(g);
 	gunlock(g);
+	if (left)
+		return;
+	/* The last one out removes the file, under its flock: a process joining holds it
+	 * too, and finds the file gone if it came second. */
+	struct stat st;
+	int fd = open_locked(S.path, 0, &st);
+	if (fd < 0)
+		return;
+	glock(g);
+	if (!members(g) && st.st_ino == S.ino && st.st_dev == S.dev)
+		unlink(S.path);
+	gunlock(g);
+	close(fd);
 }
 
 void gpuos_share_forget(void)
@@ -221,22 +274,20 @@ int gpuos_share_join(const char *name, uint64_t *limit)
 		if (!*end && ms)
 			slice_ns = ms * 1000000ull;
 	}
-	char path[128];
-	snprintf(path, sizeof path, GPUOS_SHARE_PATH "%u-%s", (unsigned)getuid(), name);
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	char *path = S.path;
+	snprintf(path, sizeof S.path, GPUOS_SHARE_PATH "%u-%s", (unsigned)getuid(), name);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) || st.st_uid != getuid() || !S_ISREG(st.st_mode)) {
+	int fd = open_locked(path, O_CREAT, &st);
+	if (fd < 0) {
 		fprintf(stderr, "gpuos: cannot use the group file %s: %s; not shared\n", path,
-			fd < 0 ? strerror(errno) : "not a file of this user");
-		if (fd >= 0)
-			close(fd);
+			fd == -1 ? strerror(errno) : "not a file of this user");
 		return -1;
 	}
+	S.dev = st.st_dev;
+	S.ino = st.st_ino;
 	struct gpuos_share *g = MAP_FAILED;
 	const char *why = NULL;
-	if (flock(fd, LOCK_EX))
-		why = strerror(errno);
-	else if (st.st_size != (off_t)sizeof *g && st.st_size && (why = "made by another version of gpuos"))
+	if (st.st_size != (off_t)sizeof *g && st.st_size && (why = "made by another version of gpuos"))
 		;
 	else if (!st.st_size && ftruncate(fd, sizeof *g))
 		why = strerror(errno);

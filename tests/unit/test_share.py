@@ -125,8 +125,9 @@ def test_a_group_that_has_emptied_is_gone(libgpuos_build, libgpuos_env, tmp_path
     m.wait_ok()
     assert stats(libgpuos_env, group)["members"][0]["pid"] == m.pid
     assert m.finish()[0] == 0
+    assert not group_path(group).exists()  # the last one out removed it
     res = subprocess.run([*GPUOS, "mem", "stats", group], env=libgpuos_env, capture_output=True, text=True)
-    assert res.returncode == 40 and "no members" in res.stderr
+    assert res.returncode == 40 and "no group" in res.stderr
 
 
 @pytest.mark.parametrize("args, message", [
