@@ -120,10 +120,14 @@ def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, 
     assert g["resident"] == g["members"][0]["resident"] <= 12 * MIB
 
 
-def test_a_group_that_has_emptied_is_gone(libgpuos_build, libgpuos_env, tmp_path, group):
+def test_a_group_is_listed_until_it_has_emptied(libgpuos_build, libgpuos_env, tmp_path, group):
     m = Member(libgpuos_build, libgpuos_env, tmp_path, ["--share", group, "--gpu-memory", "12M"], 20, 3)
     m.wait_ok()
     assert stats(libgpuos_env, group)["members"][0]["pid"] == m.pid
+    listed = json.loads(subprocess.run([*GPUOS, "mem", "groups", "--json"], env=libgpuos_env, capture_output=True,
+                                       text=True, check=True).stdout)["groups"]
+    assert {"group": group, "limit": 12 * MIB, "members": [m.pid]}.items() <= \
+        next(g for g in listed if g["group"] == group).items()
     assert m.finish()[0] == 0
     assert not group_path(group).exists()  # the last one out removed it
     res = subprocess.run([*GPUOS, "mem", "stats", group], env=libgpuos_env, capture_output=True, text=True)

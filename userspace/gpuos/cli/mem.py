@@ -7,15 +7,15 @@ from dataclasses import asdict
 import click
 
 from .. import procs
-from ..errors import NoSuchProcess, NotTracked
+from ..errors import GpuosError, NoSuchProcess, NotTracked
 from ..movable.agent import Agent, AgentError, agent_available
-from ..movable.share import GroupStats, check_name, read_group
+from ..movable.share import GroupStats, check_name, group_names, read_group
 from .output import emit_json, human_bytes, json_option, table
 
 
 @click.group("mem")
 def mem() -> None:
-    """GPU memory oversubscription (`gpuos run --gpu-memory LIMIT`)."""
+    """GPU memory oversubscription (`gpuos run --gpu-memory LIMIT [--share NAME]`)."""
 
 
 @mem.command("stats")
@@ -104,3 +104,28 @@ def _group_stats(g: GroupStats, as_json: bool) -> None:
                      [[m.pid, "holds" if m.holder else "waits" if m.waiting else "-", human_bytes(m.resident),
                        human_bytes(m.reserved), m.slices, ms(m.held_ns), ms(m.wait_ns),
                        human_bytes(m.released_bytes)] for m in g.members]))
+
+
+@mem.command("groups")
+@json_option
+def groups_cmd(as_json: bool) -> None:
+    """List this user's groups sharing a pool of GPU memory (`gpuos run --share NAME`):
+    each one's limit, resident bytes, members and the member holding the GPU."""
+    rows = []
+    for name in group_names():
+        try:
+            g = read_group(name)
+        except GpuosError:
+            continue  # no members now (one died without leaving), or not readable
+        holder = next((m.pid for m in g.members if m.holder), None)
+        rows.append({"group": name, "limit": g.limit, "resident": g.resident, "members": [m.pid for m in g.members],
+                     "holder": holder, "switches": g.switches})
+    if as_json:
+        emit_json({"ok": True, "groups": rows})
+        return
+    if not rows:
+        click.echo("no groups with members (gpuos run --share NAME starts one)")
+        return
+    click.echo(table(["GROUP", "LIMIT", "RESIDENT", "MEMBERS", "HOLDS THE GPU", "SWITCHES"],
+                     [[r["group"], human_bytes(r["limit"]), human_bytes(r["resident"]),
+                       " ".join(map(str, r["members"])), r["holder"] or "-", r["switches"]] for r in rows]))

@@ -110,3 +110,13 @@ def group_limit(name: str) -> int | None:
         return read_group(name).limit
     except NoSuchGroup:
         return None
+
+
+def group_names() -> list[str]:
+    """The names of this user's group files (with or without members now)."""
+    prefix = f"gpuos-share-{os.getuid()}-"
+    try:
+        names = [p.name[len(prefix):] for p in SHM_DIR.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return []
+    return sorted(n for n in names if NAME_RE.fullmatch(n))
