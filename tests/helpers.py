@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -363,8 +364,22 @@ class ResidentApp:
                                       *mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = 0
 
-    def wait_ok(self) -> "ResidentApp":
-        """Until its work is done and checked ("ok"); fails the test if it was not."""
+    def wait_ok(self, timeout: float = 300.0) -> "ResidentApp":
+        """Until its work is done and checked ("ok"); fails the test if it was not, or if
+        it has not said so within `timeout` seconds (killed then: a hang must not hold
+        the whole suite)."""
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            try:  # the application under `gpuos run`, then the run
+                kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            except OSError:
+                kids = []
+            for pid in [*map(int, kids), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            out, err = self.proc.communicate(timeout=60)
+            pytest.fail(f"t_resident said nothing in {timeout:.0f} s: {out} {err[-3000:]}")
         first = self.proc.stdout.readline().split()
         if first[:1] != ["ok"]:
             self.stop.touch()
