@@ -95,6 +95,13 @@ def header() -> dict:
             "pcie_pinned": pcie, "rows": []}
 
 
+def why_failed(fin) -> dict:
+    """A failed run's error, and what libgpuos said (a call refused for lack of room is
+    said there, once)."""
+    return {"error": fin.describe()[-1500:],
+            "gpuos_said": [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]}
+
+
 def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     fin, stats = run_polling_mem_stats(
         under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(limit), "--evict", evict),
@@ -102,9 +109,7 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     out = {"evict": evict, "limit": limit, "returncode": fin.returncode}
     res = last_json_object(fin.stdout) if fin.returncode == 0 else None
     if res is None:
-        out["error"] = fin.describe()[-1500:]
-        # what libgpuos said (a call refused for lack of room is said there, once)
-        out["gpuos_said"] = [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]
+        out.update(why_failed(fin))
         return out
     st = asdict(stats) if stats else {}
     out.update(seconds=res["seconds"], relative=ideal["seconds"] / res["seconds"],
@@ -214,8 +219,7 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
         res = last_json_object(fin.stdout) if fin.returncode == 0 else None
         m = {"workload": w, "returncode": fin.returncode}
         if res is None:
-            m["error"] = fin.describe()[-1500:]
-            m["gpuos_said"] = [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]
+            m.update(why_failed(fin))
         else:
             m.update(items_per_s=res["items_per_s"], seconds=res["seconds"], checksum=res["checksum"])
         if stats is not None:

@@ -37,6 +37,7 @@
 #include <dlfcn.h>
 #pragma GCC visibility pop
 
+#include "gpuos_agent.h"
 #include "gpuos_ring.h"
 #include "selftime.h"
 #include "validate.h"
@@ -444,6 +445,10 @@ CUresult gpuos_fp_load(CUmodule *mod);
 CUresult gpuos_fp_hash(CUfunction hash, CUdeviceptr segs, unsigned int nseg, CUdeviceptr out, uint64_t nchunks,
 		       CUstream s);
 unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block);
+/* Device memory of libgpuos's own, hidden from the allocation map (*p 0 on failure or
+ * after the free). */
+CUresult gpuos_own_dev_alloc(CUdeviceptr *p, size_t bytes);
+void gpuos_own_dev_free(CUdeviceptr *p, size_t bytes);
 
 /* Validation around one real call (when gpuos_validating). */
 void gpuos_val_begin(struct gpuos_val_op *op);
@@ -537,6 +542,16 @@ void gpuos_res_stats(struct gpuos_res_stats *out);
 /* Evict about `bytes` of this process's resident memory, another group member asking
  * (share.c's release thread); the bytes freed. */
 uint64_t gpuos_res_evict_for_others(uint64_t bytes);
+
+/* The bucket of a stall of `ns` in libgpuos's histograms (struct gpuos_res_stats'
+ * stall_hist, struct gpuos_share's switch_hist): [2^i, 2^(i+1)) microseconds, the first
+ * also less, the last also more. */
+static inline int gpuos_stall_bucket(uint64_t ns)
+{
+	uint64_t us = ns / 1000;
+	int b = us ? 63 - __builtin_clzll(us) : 0;
+	return b < GPUOS_STALL_BUCKETS ? b : GPUOS_STALL_BUCKETS - 1;
+}
 
 /* ---- share.c: a group sharing one pool (gpuos_share.h) -------------------------------- */
 

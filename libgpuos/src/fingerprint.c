@@ -6,7 +6,9 @@
  * Two users: validation (validate.c) hashes every live allocation before and after an
  * operation to see what it changed; eviction under a memory limit (resident.c) hashes
  * a victim to copy out only the chunks that changed since its contents were last
- * copied out.  Both call the driver through gpuos_drv, on streams of their own.
+ * copied out.  Both call the driver through gpuos_drv, on streams of their own, with
+ * device memory of libgpuos's own (gpuos_own_dev_alloc: hidden from the allocation map,
+ * so neither fingerprinted nor predicted).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,26 @@
 extern const char gpuos_fingerprint_ptx[];
 
 #define MAX_GRID 65535u
+
+CUresult gpuos_own_dev_alloc(CUdeviceptr *p, size_t bytes)
+{
+	CUresult r = gpuos_drv.mem_alloc(p, bytes);
+	if (r != CUDA_SUCCESS) {
+		*p = 0;
+		return r;
+	}
+	gpuos_track_ignore((uint64_t)*p, bytes, 1);
+	return CUDA_SUCCESS;
+}
+
+void gpuos_own_dev_free(CUdeviceptr *p, size_t bytes)
+{
+	if (!*p)
+		return;
+	gpuos_track_ignore((uint64_t)*p, bytes, 0);
+	gpuos_drv.mem_free(*p);
+	*p = 0;
+}
 
 unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block)
 {

@@ -250,7 +250,6 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	 * waits must not take what the holder has just had evicted for itself. */
 	if (!R.oversubscribed || (!R.shared && take_room(size))) {
 		if (map_new(base, size, device, &h) != CUDA_SUCCESS) {
-			give_room(size);
 			unlock_if(locked);
 			return -1;
 		}
@@ -359,26 +358,6 @@ static uint64_t chunks(uint64_t size)
 	return (size + CHUNK - 1) / CHUNK;
 }
 
-/* Device memory of gpuos's own (not the application's: hidden from the allocation map). */
-static CUresult dev_alloc(CUdeviceptr *p, size_t bytes)
-{
-	if (gpuos_drv.mem_alloc(p, bytes) != CUDA_SUCCESS) {
-		*p = 0;
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	gpuos_track_ignore((uint64_t)*p, bytes, 1);
-	return CUDA_SUCCESS;
-}
-
-static void dev_free(CUdeviceptr *p, size_t bytes)
-{
-	if (!*p)
-		return;
-	gpuos_track_ignore((uint64_t)*p, bytes, 0);
-	gpuos_drv.mem_free(*p);
-	*p = 0;
-}
-
 /* The victims' chunk hashes, in victim order, read back to R.h_hash (the context is
  * synchronised: their contents are final), or NULL if they cannot be had. */
 static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *victims, size_t nv)
@@ -400,12 +379,12 @@ static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *vict
 		segs[k] = (struct gpuos_fp_seg){ .base = victims[k]->base, .size = victims[k]->size, .first_chunk = n };
 		n += chunks(victims[k]->size);
 	}
-	if (!sc->d_segs && dev_alloc(&sc->d_segs, sizeof segs) != CUDA_SUCCESS)
+	if (!sc->d_segs && gpuos_own_dev_alloc(&sc->d_segs, sizeof segs) != CUDA_SUCCESS)
 		return NULL;
 	if (n > sc->hash_cap) {
-		dev_free(&sc->d_hash, sc->hash_cap * 8);
+		gpuos_own_dev_free(&sc->d_hash, sc->hash_cap * 8);
 		sc->hash_cap = 0;
-		if (dev_alloc(&sc->d_hash, n * 8) != CUDA_SUCCESS)
+		if (gpuos_own_dev_alloc(&sc->d_hash, n * 8) != CUDA_SUCCESS)
 			return NULL;
 		sc->hash_cap = n;
 	}
@@ -627,16 +606,20 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 	return ok ? 0 : -1;
 }
 
-/* Room for `want` more resident bytes (charged to the group if there is one).  In a
- * group the others are asked first: their memory is needed after this slice. */
-static int make_room(uint64_t want)
+/* Room for `want` more resident bytes (charged to the group if there is one): 0, or -1.
+ * In a group the others are asked first: their memory is needed after this slice; this
+ * process's own is evicted only if `own` (a turn's batch must not evict its own working
+ * set). */
+static int make_room(uint64_t want, int own)
 {
 	while (!take_room(want)) {
 		uint64_t used = R.shared ? gpuos_share_used() : R.st.resident_bytes;
-		uint64_t excess = used + want > R.limit ? used + want - R.limit : want;
+		if (used + want <= R.limit)
+			continue; /* room came back meanwhile */
+		uint64_t excess = used + want - R.limit;
 		if (R.shared && gpuos_share_ask(excess, want))
 			continue;
-		if (evict_batch(excess, NULL))
+		if (!own || evict_batch(excess, NULL))
 			return -1;
 	}
 	return 0;
@@ -744,18 +727,6 @@ static void copy_ahead(struct swap_ctx *sc)
 	ahead_issued(sc, bytes, t0);
 }
 
-/* Room for `bytes` more resident in the group, made by the other members only (a turn's
- * batch must not evict this process's own working set): 0, or -1. */
-static int room_from_others(uint64_t bytes)
-{
-	while (!take_room(bytes)) {
-		uint64_t used = gpuos_share_used();
-		if (used + bytes > R.limit && !gpuos_share_ask(used + bytes - R.limit, bytes))
-			return -1;
-	}
-	return 0;
-}
-
 /* Make the entries marked for this call resident: room first, then new memory mapped and
  * the evicted contents copied back, one synchronisation for all. */
 static CUresult bring_in(void)
@@ -809,12 +780,12 @@ static CUresult bring_in(void)
 	}
 	R.st.calls_swapped += !!want;
 	R.swapped = R.call;
-	if (turn && (want + turn > R.limit || room_from_others(want + turn))) {
+	if (turn && (want + turn > R.limit || make_room(want + turn, 0))) {
 		for (size_t i = 0; i < R.n; i++)
 			R.v[i].turn = 0; /* not all of it fits: this call's memory alone */
 		turn = 0;
 	}
-	if (!turn && make_room(want)) {
+	if (!turn && make_room(want, 1)) {
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -915,11 +886,8 @@ static CUresult finish(uint64_t t0, CUresult c, const char *what)
 	uint64_t ns = gpuos_now_ns() - t0;
 	R.st.stall_ns += ns;
 	share_done(ns);
-	if (R.swapped == R.call) {
-		uint64_t us = ns / 1000;
-		int b = us ? 63 - __builtin_clzll(us) : 0;
-		R.st.stall_hist[b < GPUOS_STALL_BUCKETS ? b : GPUOS_STALL_BUCKETS - 1]++;
-	}
+	if (R.swapped == R.call)
+		R.st.stall_hist[gpuos_stall_bucket(ns)]++;
 	if (c == CUDA_ERROR_OUT_OF_MEMORY) {
 		static int said;
 		if (!said++)

@@ -13,7 +13,7 @@
  *   gpuos_share_done()     the call's memory is resident (the first call after taking the
  *                          GPU: its stall is the switch's).
  *
- * The release thread waits on the group's condition for `release` to be set on this
+ * The release thread sleeps on the group's futex word until `release` is set on this
  * member, then evicts that much through resident.c (gpuos_res_evict_for_others), in
  * every context that has resident memory.  Only the holder asks, so two members never
  * wait for each other's evictions.
@@ -42,7 +42,6 @@
 static struct {
 	struct gpuos_share *g; /* NULL: not in a group */
 	int me;
-	char name[GPUOS_SHARE_NAME_MAX + 1];
 	char path[128];        /* the group file */
 	dev_t dev;             /* ... and its identity when this process joined */
 	ino_t ino;
@@ -133,11 +132,6 @@ static void gwait(struct gpuos_share *g, uint64_t ns)
 	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
 	syscall(SYS_futex, &g->wake, FUTEX_WAIT, seen, &ts, NULL, 0);
 	glock(g);
-}
-
-int gpuos_share_on(void)
-{
-	return S.g != NULL;
 }
 
 /* ---- the release thread ------------------------------------------------------------------ */
@@ -337,7 +331,6 @@ int gpuos_share_join(const char *name, uint64_t *limit)
 		S.g = NULL;
 		return -1;
 	}
-	snprintf(S.name, sizeof S.name, "%s", name);
 	pthread_t t;
 	if (pthread_create(&t, NULL, release_main, g)) {
 		leave();
@@ -438,10 +431,8 @@ void gpuos_share_done(uint64_t stall_ns)
 		/* the slice counts from here: the switch's moves are not the holder's work */
 		if (g->holder == S.me)
 			g->held_since = gpuos_now_ns();
-		uint64_t us = stall_ns / 1000;
-		int b = us ? 63 - __builtin_clzll(us) : 0;
 		g->switch_ns += stall_ns;
-		g->switch_hist[b < GPUOS_STALL_BUCKETS ? b : GPUOS_STALL_BUCKETS - 1]++;
+		g->switch_hist[gpuos_stall_bucket(stall_ns)]++;
 	}
 	if (!g->m[S.me].busy)
 		gwake(g); /* a waiter may take it now */

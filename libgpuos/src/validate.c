@@ -288,53 +288,33 @@ static void scope_leave(struct scope *sc)
 
 /* ---- device buffers -------------------------------------------------------------- */
 
-static void dev_free(CUdeviceptr *p, size_t bytes)
-{
-	if (!*p)
-		return;
-	gpuos_track_ignore((uint64_t)*p, bytes, 0);
-	gpuos_drv.mem_free(*p);
-	*p = 0;
-}
-
-static CUresult dev_alloc(CUdeviceptr *p, size_t bytes)
-{
-	CUresult r = gpuos_drv.mem_alloc(p, bytes);
-	if (r != CUDA_SUCCESS) {
-		*p = 0;
-		return r;
-	}
-	gpuos_track_ignore((uint64_t)*p, bytes, 1);
-	return CUDA_SUCCESS;
-}
-
 /* Room for `nchunks` hashes (x3) and `nseg` segments.  Frees before allocating anew
  * to keep the peak low; asks for a quarter more than needed, then exactly that. */
 static CUresult vctx_reserve(struct vctx *vc, uint64_t nchunks, size_t nseg)
 {
 	CUresult r;
 	if (nchunks > vc->chunk_cap) {
-		dev_free(&vc->d_before, vc->chunk_cap * 8);
-		dev_free(&vc->d_after, vc->chunk_cap * 8);
-		dev_free(&vc->d_changed, vc->chunk_cap * 8);
+		gpuos_own_dev_free(&vc->d_before, vc->chunk_cap * 8);
+		gpuos_own_dev_free(&vc->d_after, vc->chunk_cap * 8);
+		gpuos_own_dev_free(&vc->d_changed, vc->chunk_cap * 8);
 		vc->chunk_cap = 0;
 		uint64_t want = nchunks + nchunks / 4;
 		want = (want + 8191) & ~(uint64_t)8191; /* 64 KiB of hashes */
 		for (int attempt = 0; attempt < 2; attempt++) {
 			size_t bytes = (size_t)want * 8;
-			r = dev_alloc(&vc->d_before, bytes);
+			r = gpuos_own_dev_alloc(&vc->d_before, bytes);
 			if (r == CUDA_SUCCESS)
-				r = dev_alloc(&vc->d_after, bytes);
+				r = gpuos_own_dev_alloc(&vc->d_after, bytes);
 			if (r == CUDA_SUCCESS)
-				r = dev_alloc(&vc->d_changed, bytes);
+				r = gpuos_own_dev_alloc(&vc->d_changed, bytes);
 			if (r == CUDA_SUCCESS) {
 				vc->chunk_cap = (size_t)want;
 				break;
 			}
 			/* undo (each is freed only if it was allocated) */
-			dev_free(&vc->d_before, bytes);
-			dev_free(&vc->d_after, bytes);
-			dev_free(&vc->d_changed, bytes);
+			gpuos_own_dev_free(&vc->d_before, bytes);
+			gpuos_own_dev_free(&vc->d_after, bytes);
+			gpuos_own_dev_free(&vc->d_changed, bytes);
 			if (r != CUDA_ERROR_OUT_OF_MEMORY || want == nchunks)
 				return r;
 			want = nchunks;
@@ -344,13 +324,13 @@ static CUresult vctx_reserve(struct vctx *vc, uint64_t nchunks, size_t nseg)
 	}
 	size_t sbytes = nseg * sizeof(struct gpuos_fp_seg);
 	if (sbytes > vc->segs_cap) {
-		dev_free(&vc->d_segs, vc->segs_cap);
+		gpuos_own_dev_free(&vc->d_segs, vc->segs_cap);
 		vc->segs_cap = 0;
 		size_t want = sbytes + sbytes / 2 + 4096;
-		r = dev_alloc(&vc->d_segs, want);
+		r = gpuos_own_dev_alloc(&vc->d_segs, want);
 		if (r != CUDA_SUCCESS) {
 			want = sbytes;
-			r = dev_alloc(&vc->d_segs, want);
+			r = gpuos_own_dev_alloc(&vc->d_segs, want);
 			if (r != CUDA_SUCCESS)
 				return r;
 		}
@@ -397,7 +377,7 @@ static CUresult vctx_init(struct vctx *vc)
 		}
 	}
 	if (!vc->d_count) {
-		r = dev_alloc(&vc->d_count, 16);
+		r = gpuos_own_dev_alloc(&vc->d_count, 16);
 		if (r != CUDA_SUCCESS)
 			return r;
 	}

@@ -13,6 +13,10 @@ from ..movable.share import GroupStats, check_name, group_names, read_group
 from .output import emit_json, human_bytes, json_option, table
 
 
+def ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms"
+
+
 @click.group("mem")
 def mem() -> None:
     """GPU memory oversubscription (`gpuos run --gpu-memory LIMIT [--share NAME]`)."""
@@ -55,7 +59,6 @@ def stats_cmd(target: str, as_json: bool) -> None:
     if not st.limit:
         click.echo(f"pid {pid}: no --gpu-memory limit; its movable memory stays resident")
         return
-    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
     rate = lambda b, ns: f"{b / ns:.2f} GB/s" if ns else "-"  # noqa: E731
     click.echo(table(["", ""], [
         ["limit", human_bytes(st.limit)],
@@ -89,7 +92,6 @@ def _group_stats(g: GroupStats, as_json: bool) -> None:
         emit_json({"ok": True, "group": g.name, **{k: v for k, v in asdict(g).items() if k != "name"},
                    "switch_p99_us": p99})
         return
-    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
     waits = sum(g.switch_hist)
     click.echo(table(["", ""], [
         ["group", g.name],

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from gpuos.errors import GpuosError, NoSuchGroup
 
-from .agent import log2_hist_percentile
+from .agent import STALL_BUCKETS, log2_hist_percentile
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 MAGIC = 0x45524853  # GPUOS_SHARE_MAGIC
 VERSION = 1
 MEMBERS = 64
-STALL_BUCKETS = 24
 HEADER = struct.Struct("<IIIi7Q" + "Q" * STALL_BUCKETS)
 MEMBER = struct.Struct("<IHH9Q")
 SHM_DIR = Path("/dev/shm")
