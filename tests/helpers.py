@@ -396,3 +396,20 @@ class ResidentApp:
         self.stop.touch()
         _, err = self.proc.communicate(timeout=60)
         return self.proc.returncode, err
+
+
+# A process that holds a file it deleted (CRIU saves it as a ghost file) and counts into a
+# log: argv[1] the log, argv[2] the file.
+GHOST_HOLDER = """\
+import os, sys, time
+held = open(sys.argv[2], "w")  # open, then deleted: CRIU saves it as a ghost file
+held.write("x" * 10000)
+held.flush()
+os.unlink(sys.argv[2])
+log = open(sys.argv[1], "a", buffering=1)
+i = 0
+while True:
+    log.write(f"{i}\\n")
+    i += 1
+    time.sleep(0.01)
+"""

@@ -74,7 +74,8 @@ struct gpuos_share {
 	uint64_t held_since;      /* CLOCK_MONOTONIC ns the holder took it, or its first call's
 				   * memory was in after a switch: its slice counts from there */
 	uint64_t switches;        /* the GPU went from one member to another */
-	uint64_t switch_ns;       /* time new holders' first calls spent making their memory resident */
+	uint64_t switch_ns;       /* from each switch to its new holder's first call having its memory
+				   * resident (the wait for the turn is the members' wait_ns) */
 	uint64_t reaped;          /* members found dead */
 	uint64_t switch_hist[GPUOS_STALL_BUCKETS]; /* those first calls, by stall: [2^i, 2^(i+1)) us */
 	struct gpuos_share_member m[GPUOS_SHARE_MEMBERS];

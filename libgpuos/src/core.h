@@ -566,7 +566,7 @@ void gpuos_share_reserved(int64_t delta);
 /* The holder lacks `excess` bytes to make `want` resident: others evict; 1 if the group's
  * resident bytes went down. */
 int gpuos_share_ask(uint64_t excess, uint64_t want);
-void gpuos_share_done(uint64_t stall_ns); /* the call's memory is resident: no longer busy */
+void gpuos_share_done(void); /* the call's memory is resident: no longer busy */
 
 /* ---- agent.c ------------------------------------------------------------------------ */
 

@@ -826,11 +826,11 @@ static CUresult bring_in(void)
 
 static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
 
-static void share_done(uint64_t stall_ns)
+static void share_done(void)
 {
 	if (tls_share_busy) {
 		tls_share_busy = 0;
-		gpuos_share_done(stall_ns);
+		gpuos_share_done();
 	}
 }
 
@@ -885,7 +885,7 @@ static CUresult finish(uint64_t t0, CUresult c, const char *what)
 {
 	uint64_t ns = gpuos_now_ns() - t0;
 	R.st.stall_ns += ns;
-	share_done(ns);
+	share_done();
 	if (R.swapped == R.call)
 		R.st.stall_hist[gpuos_stall_bucket(ns)]++;
 	if (c == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -915,7 +915,7 @@ CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
 	enter();
 	R.st.launches += !!launch;
 	if (capturing()) {
-		share_done(0);
+		share_done();
 		return CUDA_SUCCESS;
 	}
 	for (size_t i = 0; i < n; i++)

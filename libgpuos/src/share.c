@@ -11,7 +11,7 @@
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
  *   gpuos_share_ask()      the holder lacks room: others evict first (they run later);
  *   gpuos_share_done()     the call's memory is resident (the first call after taking the
- *                          GPU: its stall is the switch's).
+ *                          GPU: the time from the take to here is the switch's stall).
  *
  * The release thread sleeps on the group's futex word until `release` is set on this
  * member, then evicts that much through resident.c (gpuos_res_evict_for_others), in
@@ -419,7 +419,7 @@ int gpuos_share_acquire(void)
 	return turn;
 }
 
-void gpuos_share_done(uint64_t stall_ns)
+void gpuos_share_done(void)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
@@ -427,10 +427,13 @@ void gpuos_share_done(uint64_t stall_ns)
 	glock(g);
 	g->m[S.me].busy--;
 	if (S.switch_t0) { /* the first call since it took the GPU from another */
+		/* from the take, not from the call's start: the wait for the turn is not the
+		 * switch's cost (members' wait_ns has it) */
+		uint64_t now = gpuos_now_ns(), stall_ns = now - S.switch_t0;
 		S.switch_t0 = 0;
 		/* the slice counts from here: the switch's moves are not the holder's work */
 		if (g->holder == S.me)
-			g->held_since = gpuos_now_ns();
+			g->held_since = now;
 		g->switch_ns += stall_ns;
 		g->switch_hist[gpuos_stall_bucket(stall_ns)]++;
 	}

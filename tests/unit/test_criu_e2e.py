@@ -19,7 +19,7 @@ from gpuos import procs
 from gpuos.config import Paths
 from gpuos.store import ImageStore
 
-from helpers import (Processes, assert_consecutive, counted, gpuos, gpuos_env, gpuos_json,
+from helpers import (GHOST_HOLDER, Processes, assert_consecutive, counted, gpuos, gpuos_env, gpuos_json,
                      hidden_entries, journals, kill_if_running, tree_digest, wait_for)
 
 pytestmark = pytest.mark.criu
@@ -228,3 +228,37 @@ def test_corrupt_image_is_refused_before_anything_is_restored(cr: CR):
     wait_for(lambda: not procs.exists(pid), what="the half-restored process to be reaped")
     assert counted(log) == at_dump
     assert journals(cr.paths.run) == [] and cr.restore_workdirs() == []
+
+
+def test_a_restore_stopped_by_a_bad_chunk_leaves_no_ghost_file_and_the_mended_image_restores(cr: CR):
+    """A file open but deleted at the checkpoint is recreated by CRIU's restore under a
+    name of its own (a ghost file). gpuos kills a CRIU whose chunk was bad before that file
+    is removed again: the failed restore must remove it, or no later restore gets past it."""
+    script, log, held = cr.tmp / "ghost.py", cr.tmp / "count.log", cr.tmp / "held.tmp"
+    script.write_text(GHOST_HOLDER)
+    proc = cr.processes.start([sys.executable, str(script), str(log), str(held)], "ghost")
+    wait_for(lambda: len(counted(log)) >= 5, what="the ghost holder to count")
+    code, out = gpuos_json(cr.env, "checkpoint", str(proc.pid), "--image", "ghost")
+    assert code == 0, out
+    proc.wait(timeout=10)
+    manifest = ImageStore.load(cr.store.root / "ghost")
+    assert manifest.deleted_dirs == [str(cr.tmp)]
+    pages = max((f for f in manifest.files if "/pages-" in f.path), key=lambda f: f.size)
+    chunk = cr.store.chunks().stored(pages.chunks[-1].id)
+    good = chunk.read_bytes()
+    chunk.chmod(0o644)
+    chunk.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+
+    line = error_line(gpuos(cr.env, "restore", "ghost"), 10)
+    assert "is corrupt" in line and "nothing was restored" in line
+    assert list(cr.tmp.glob("held.tmp*")) == []
+    wait_for(lambda: not procs.exists(proc.pid), what="the half-restored process to be reaped")
+    chunk.write_bytes(good)
+    at_dump = len(counted(log))
+    code, res = gpuos_json(cr.env, "restore", "ghost")
+    assert code == 0, res
+    try:
+        wait_for(lambda: len(counted(log)) >= at_dump + 10, what="the mended image's process to count on")
+        assert list(cr.tmp.glob("held.tmp*")) == []
+    finally:
+        kill_if_running(res["pid"], str(script))

@@ -15,7 +15,7 @@ import pytest
 
 from gpuos import procs
 
-from helpers import counted, gpuos, gpuos_env, gpuos_json, hidden_entries, journals, wait_for
+from helpers import GHOST_HOLDER, counted, gpuos, gpuos_env, gpuos_json, hidden_entries, journals, wait_for
 
 pytestmark = pytest.mark.criu
 
@@ -115,21 +115,6 @@ def test_bad_replica_counts_are_refused(env, home, store, processes, tmp_path):
         res = gpuos(env, "restore", "job", "--replicas", n)
         assert res.returncode == 2, (n, res.stderr)
         assert "--replicas" in res.stderr
-
-
-GHOST_HOLDER = """\
-import os, sys, time
-held = open(sys.argv[2], "w")  # open, then deleted: CRIU saves it as a ghost file
-held.write("x" * 10000)
-held.flush()
-os.unlink(sys.argv[2])
-log = open(sys.argv[1], "a", buffering=1)
-i = 0
-while True:
-    log.write(f"{i}\\n")
-    i += 1
-    time.sleep(0.01)
-"""
 
 
 def test_replicas_of_a_process_holding_a_deleted_file_all_restore(env, home, store, processes, tmp_path,

@@ -184,6 +184,7 @@ def checkpoint(req: CheckpointRequest, run_dir: Path, store: ImageStore,
                         _drop(inh)
             with phase("criu-dump"):
                 remap_dirs = links.candidate_dirs(tree)
+                draft.deleted_dirs = sorted(map(str, remap_dirs))
                 before = links.remaps_in(remap_dirs)
                 criu.dump(req.pid, staging / CRIU_DIR, req.leave_running, options)
                 links.keep(links.remaps_in(remap_dirs) - before, staging)

@@ -10,6 +10,13 @@ deleting that link when a restore opens it; without ``--link-remap`` it refuses 
 ``--leave-running`` checkpoint and let an image be restored only once. So gpuos moves
 each new link into the image (``links/`` + its absolute path, covered by the image's
 checksums) right after the dump, and puts a copy back before each restore.
+
+A file that is open but has no name left at all is saved by CRIU as a ghost file, which
+its restore recreates as ``<old name>.cr.<id>.ghost`` next to the old name, opens and
+removes. A CRIU killed in between (gpuos kills it when a chunk it asked for is bad) leaves
+that file behind, and every later restore of the image fails on it ("Can't create ghost
+regfile: File exists"); so the checkpoint records the directories where the process held
+deleted files, and a failed restore removes the ghost files it left there.
 """
 
 from __future__ import annotations
@@ -36,6 +43,20 @@ def _deleted_paths(pid: int) -> set[str]:
 def candidate_dirs(tree: list[int]) -> set[Path]:
     """The directories where CRIU may create link remaps for this tree."""
     return {Path(p).parent for pid in tree for p in _deleted_paths(pid)}
+
+
+def ghost_ids(paths: list[str]) -> set[int]:
+    """CRIU's ids of the ghost files among an image's CRIU files (``ghost-file-<hex id>.img``)."""
+    names = (Path(p).name for p in paths)
+    return {int(n[len("ghost-file-"):-len(".img")], 16) for n in names
+            if n.startswith("ghost-file-") and n.endswith(".img")}
+
+
+def ghosts_in(dirs: list[str], ids: set[int]) -> set[Path]:
+    """The ghost files of these ids that exist now in these directories."""
+    suffixes = {f".cr.{i:x}.ghost" for i in ids}
+    return {p for d in map(Path, dirs) if d.is_dir() for p in d.glob("*.cr.*.ghost")
+            if any(p.name.endswith(s) for s in suffixes)}
 
 
 def remaps_in(dirs: set[Path]) -> set[Path]:

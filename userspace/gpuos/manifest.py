@@ -164,6 +164,9 @@ class Manifest:
     # Format 5: where the chunks are, relative to the image directory ("../.chunks" for an
     # image in a store, "chunks" for one outside: its own)
     chunk_dir: str = ""
+    # Where the process held files that were deleted (links.py: a failed restore removes
+    # the ghost files its CRIU left there); empty in images taken before this was recorded
+    deleted_dirs: list[str] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 

@@ -342,6 +342,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         op.finish()
         raise
     relinked = links.put_back(base)
+    ghost_ids = links.ghost_ids([f.path for f in manifest.files])
+    ghosts_before = links.ghosts_in(manifest.deleted_dirs, ghost_ids)
     placements: list[Placement] = []
     helpers: lazy.LazyHost | None = None
     streamer: ImageStreamer | None = None
@@ -371,6 +373,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         if helpers:
             helpers.abort()
         links.remove(relinked)
+        links.remove(sorted(links.ghosts_in(manifest.deleted_dirs, ghost_ids) - ghosts_before))
         cleanup()
         op.finish()
         if streamer and streamer.errors:  # a chunk CRIU wanted was bad: exit 10 (CRIU's log says no more)

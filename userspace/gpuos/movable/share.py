@@ -55,7 +55,7 @@ class GroupStats:
     slice_ns: int
     resident: int
     switches: int  # the GPU went from one member to another
-    switch_ns: int  # new holders' first calls making their memory resident, in all
+    switch_ns: int  # from each switch until the new holder's first call had its memory resident, in all
     reaped: int  # members found dead
     switch_hist: tuple[int, ...]  # those first calls by stall: [2^i, 2^(i+1)) microseconds
     members: tuple[Member, ...]
