@@ -13,8 +13,12 @@
  * The rules, all under `mu` (a robust, process-shared mutex; waiters sleep on `wake`):
  *   - resident = the sum of the members' resident bytes <= limit.  A member maps memory
  *     only after adding it to both; it subtracts what it unmaps.
- *   - One member holds the GPU at a time (holder; -1: none): only the holder's calls
- *     that need memory go on, the others' wait in libgpuos.  A waiting member takes the
+ *   - A call whose memory is resident goes on.  One that needs memory made resident
+ *     goes on without the GPU's turn if the pool has free room for it while no member
+ *     waits for the turn, is asked to evict, or is the holder busy making room: members
+ *     run side by side while their memory fits together.  Any other waits for the turn.
+ *   - One member holds the GPU at a time (holder; -1: none): only it may ask the others
+ *     to evict (below).  A waiting member takes the
  *     GPU when no one holds it, or when the holder has held it for slice_ns (counted from
  *     when its first call's memory was in) and none of its calls is busy making memory
  *     resident, the one waiting longest first.  A holder

@@ -46,7 +46,13 @@
  * run on gpuos's stream while the call's own work runs, and an event after them is
  * waited for only by a call that needs one of them before they are done (or by a free).
  *
- * In a group (share.c), a call that begins a turn taken from another member brings back,
+ * In a group (share.c), a call whose memory is resident goes on at once, and so does one
+ * that fits in the pool's free room while no member waits for the GPU, is asked to evict,
+ * or is making room as its holder: members run side by side while their memory fits
+ * together.  Any other call waits for the GPU's turn, and runs again from its marks
+ * (same tick) once it has it.
+ *
+ * A call that begins a turn taken from another member brings back,
  * besides its own memory, what this process used in its last turn, as one batch: the
  * others evict for all of it at once.  Batches stop while their memory is evicted again
  * unused more often than used.
@@ -246,8 +252,8 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	int flip = 0;
 	if (!R.oversubscribed && (R.shared || R.st.reserved_bytes + size > R.limit))
 		R.oversubscribed = flip = 1; /* a group's pool is anyone's: always checked */
-	/* In a group, memory is made at first use, by the member whose turn it is: one that
-	 * waits must not take what the holder has just had evicted for itself. */
+	/* In a group, memory is made at first use, under the pool's rules (bring_in): one
+	 * that waits must not take what the holder has just had evicted for itself. */
 	if (!R.oversubscribed || (!R.shared && take_room(size))) {
 		if (map_new(base, size, device, &h) != CUDA_SUCCESS) {
 			unlock_if(locked);
@@ -727,9 +733,13 @@ static void copy_ahead(struct swap_ctx *sc)
 	ahead_issued(sc, bytes, t0);
 }
 
+static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
+
 /* Make the entries marked for this call resident: room first, then new memory mapped and
- * the evicted contents copied back, one synchronisation for all. */
-static CUresult bring_in(void)
+ * the evicted contents copied back, one synchronisation for all.  In a group, a call
+ * without the GPU's turn that cannot have its room without it sets *need_turn and
+ * changes nothing. */
+static CUresult bring_in(int *need_turn)
 {
 	uint64_t want = 0;
 	CUevent wait_ev = NULL;
@@ -778,6 +788,12 @@ static CUresult bring_in(void)
 			copy_ahead(sc);
 		return CUDA_SUCCESS;
 	}
+	/* In a group without the GPU's turn: free room only, else the turn first */
+	int charged = R.shared && !tls_share_busy && need_turn;
+	if (charged && !gpuos_share_take_free(want)) {
+		*need_turn = 1;
+		return CUDA_SUCCESS;
+	}
 	R.st.calls_swapped += !!want;
 	R.swapped = R.call;
 	if (turn && (want + turn > R.limit || make_room(want + turn, 0))) {
@@ -785,7 +801,7 @@ static CUresult bring_in(void)
 			R.v[i].turn = 0; /* not all of it fits: this call's memory alone */
 		turn = 0;
 	}
-	if (!turn && make_room(want, 1)) {
+	if (!charged && !turn && make_room(want, 1)) {
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -824,8 +840,6 @@ static CUresult bring_in(void)
 	return c;
 }
 
-static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
-
 static void share_done(void)
 {
 	if (tls_share_busy) {
@@ -834,25 +848,27 @@ static void share_done(void)
 	}
 }
 
-/* The lock, for the rest of this call (released at the outermost wrapper's exit); in a
- * group, the GPU's turn first (waited for without the lock: the release thread may
- * need it to evict for the holder meanwhile). */
-static void enter(void)
+/* The lock, for the rest of this call (released at the outermost wrapper's exit); with
+ * `turn` (in a group), the GPU's turn first, waited for without the lock: the release
+ * thread may need it to evict for the holder meanwhile.  0, or -1 if the lock is held
+ * already (a nested wrapper's call: it goes on as its outermost one does). */
+static int enter(int turn)
 {
 	if (gpuos_tls_res_held)
-		return;
-	int turn = 0;
-	if (R.shared) {
-		turn = gpuos_share_acquire();
+		return -1;
+	int begins = 0;
+	if (turn && R.shared) {
+		begins = gpuos_share_acquire();
 		tls_share_busy = 1;
 	}
 	pthread_mutex_lock(&R.mu);
 	gpuos_tls_res_held = 1;
-	R.turn_begins |= turn;
+	R.turn_begins |= begins;
 	R.call++;
 	if (!R.call)
 		R.call = 1;
 	R.sig = 0xcbf29ce484222325ull;
+	return 0;
 }
 
 void gpuos_res_release(void)
@@ -878,7 +894,8 @@ static void mark(uint64_t p)
 		return; /* twice in one call */
 	r->call = R.call;
 	r->tick = R.tick;
-	r->uses[r->nuse++ % USES] = R.tick;
+	if (!r->nuse || r->uses[(r->nuse - 1) % USES] != R.tick) /* a call run again: one use */
+		r->uses[r->nuse++ % USES] = R.tick;
 }
 
 static CUresult finish(uint64_t t0, CUresult c, const char *what)
@@ -909,32 +926,48 @@ static int capturing(void)
 	return 1;
 }
 
-CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
+/* The call's memory (p[i * stride] for i < n, or every allocation if all) made resident.  In a
+ * group, first without the GPU's turn; if it needs the turn, the lock is let go, the turn
+ * waited for, and the call marked again as the same tick (one call: one use, one
+ * signature).  A call nested in another that holds the lock cannot let it go: it makes
+ * its room as a member without the turn can (free room, else its own memory). */
+static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what)
 {
 	uint64_t t0 = gpuos_now_ns();
-	enter();
-	R.st.launches += !!launch;
-	if (capturing()) {
-		share_done();
-		return CUDA_SUCCESS;
+	int ticked = 0;
+	for (int again = 0;; again = 1) {
+		int outermost = enter(again) == 0;
+		if (!again) {
+			R.st.launches += !!launch;
+			R.st.need_all += !!all;
+		}
+		if (capturing()) {
+			share_done();
+			return CUDA_SUCCESS;
+		}
+		if (ticked)
+			R.ticked = R.call; /* the tick it took before */
+		for (size_t i = 0; i < (all ? R.n : n); i++)
+			mark(all ? R.v[i].base : *(const uint64_t *)((const char *)p + i * stride));
+		if (!again && R.ticked == R.call && !R.lru_only)
+			learn_period();
+		ticked = R.ticked == R.call;
+		int need_turn = 0;
+		CUresult c = bring_in(outermost ? &need_turn : NULL);
+		if (!need_turn)
+			return finish(t0, c, what);
+		gpuos_res_release();
 	}
-	for (size_t i = 0; i < n; i++)
-		mark(*(const uint64_t *)((const char *)p + i * stride));
-	if (R.ticked == R.call && !R.lru_only)
-		learn_period();
-	return finish(t0, bring_in(), launch ? "a launch" : "a copy or memset");
+}
+
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
+{
+	return need(p, n, stride, 0, launch, launch ? "a launch" : "a copy or memset");
 }
 
 CUresult gpuos_res_need_all(const char *why)
 {
-	uint64_t t0 = gpuos_now_ns();
-	enter();
-	R.st.need_all++;
-	for (size_t i = 0; i < R.n; i++)
-		mark(R.v[i].base);
-	if (R.ticked == R.call && !R.lru_only)
-		learn_period();
-	return finish(t0, bring_in(), why);
+	return need(NULL, 0, 0, 1, 0, why);
 }
 
 uint64_t gpuos_res_evict_for_others(uint64_t bytes)

@@ -6,8 +6,9 @@
  *
  *   gpuos_share_join()     from the limit's first reading: map the group, take a slot,
  *                          start the release thread;
- *   gpuos_share_acquire()  before a call that needs memory: wait for the GPU (1: this
- *                          call begins a turn taken from another member);
+ *   gpuos_share_take_free() a call without the GPU's turn: free room, if no one needs it more;
+ *   gpuos_share_acquire()  before a call that needs room it cannot have so: wait for the
+ *                          GPU (1: this call begins a turn taken from another member);
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
  *   gpuos_share_ask()      the holder lacks room: others evict first (they run later);
  *   gpuos_share_done()     the call's memory is resident (the first call after taking the
@@ -452,6 +453,26 @@ int gpuos_share_take(uint64_t bytes)
 		return 1;
 	glock(g);
 	int ok = g->resident + bytes <= g->limit;
+	if (ok) {
+		g->resident += bytes;
+		g->m[S.me].resident += bytes;
+	}
+	gunlock(g);
+	return ok;
+}
+
+/* Free room for a call that does not hold the GPU's turn: only while no member waits for
+ * the turn, is asked to evict, or holds the GPU busy making room; their need comes first
+ * (the room a holder has just had evicted is its own). */
+int gpuos_share_take_free(uint64_t bytes)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 1;
+	glock(g);
+	int ok = g->resident + bytes <= g->limit && (g->holder < 0 || !g->m[g->holder].busy);
+	for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
+		ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release);
 	if (ok) {
 		g->resident += bytes;
 		g->m[S.me].resident += bytes;
