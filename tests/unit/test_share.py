@@ -79,21 +79,28 @@ def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, t
         assert st["limit"] == 16 * MIB and st["over_limit"] == 0 and st["evictions"] > 0
 
 
+def two_readers(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
+                seed: int) -> tuple[list[dict], dict]:
+    """Two members that read their six allocations round after round, exact: each one's
+    stats and the group's at the end."""
+    members = [Member(build, env, tmp / f"m{i}", ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)],
+                      rounds, seed + i, "read") for i in range(2)]
+    try:
+        for m in members:
+            m.wait_ok()
+        own = [stats(env, m.pid) for m in members]
+        g = stats(env, group)
+    finally:
+        results = [m.finish() for m in members]
+    assert all(rc == 0 for rc, _ in results), results
+    return own, g
+
+
 def test_members_whose_memory_fits_together_run_side_by_side(libgpuos_build, libgpuos_env, tmp_path, group):
     """Two members of 22 MiB each in a 48 MiB pool, in turns of 5 ms: their memory fits
     together, so neither waits for the other's turn (no switch, no eviction), and both
     are exact."""
-    members = [Member(libgpuos_build, libgpuos_env, tmp_path / f"m{i}",
-                      ["--share", group, "--gpu-memory", "48M", "--slice", "5"], 3000, 41 + i, "read")
-               for i in range(2)]
-    try:
-        for m in members:
-            m.wait_ok()
-        own = [stats(libgpuos_env, m.pid) for m in members]
-        g = stats(libgpuos_env, group)
-    finally:
-        results = [m.finish() for m in members]
-    assert all(rc == 0 for rc, _ in results), results
+    own, g = two_readers(libgpuos_build, libgpuos_env, tmp_path, group, "48M", 5, 3000, 41)
     assert g["switches"] == 0 and g["resident"] == 2 * RESERVED, g
     assert all(m["wait_ns"] == 0 for m in g["members"]), g
     assert all(st["evictions"] == 0 and st["launches"] >= 3000 for st in own), own
@@ -104,17 +111,7 @@ def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_
     MiB pool, in turns of 20 ms: a turn brings back what the member used in its last one
     as one batch (the other evicting for all of it at once), and the calls find it there.
     Exact."""
-    members = [Member(libgpuos_build, libgpuos_env, tmp_path / f"m{i}",
-                      ["--share", group, "--gpu-memory", "24M", "--slice", "20"], 8000, 21 + i, "read")
-               for i in range(2)]
-    try:
-        for m in members:
-            m.wait_ok()
-        own = [stats(libgpuos_env, m.pid) for m in members]
-        g = stats(libgpuos_env, group)
-    finally:
-        results = [m.finish() for m in members]
-    assert all(rc == 0 for rc, _ in results), results
+    own, g = two_readers(libgpuos_build, libgpuos_env, tmp_path, group, "24M", 20, 8000, 21)
     assert g["switches"] >= 2
     for st in own:
         assert st["ahead_bytes"] > 0 and st["ahead_hits"] > st["ahead_unused"], json.dumps([own, g])
