@@ -145,14 +145,15 @@ def _check_cpu_list(text: str) -> None:
                    "loops), least recently used until one is learned; lru: least recently used "
                    "always (the baseline the benchmark compares with).")
 @click.option("--share", "share", metavar="NAME",
-              help="Join group NAME: processes that share one pool of --gpu-memory LIMIT bytes and "
-                   "take turns on the GPU (--slice); a process that needs room makes the others "
-                   "evict first. The first member sets LIMIT; later ones may leave --gpu-memory out "
+              help="Join group NAME: processes that share one pool of --gpu-memory LIMIT bytes. "
+                   "They run side by side while their memory fits together, and take turns on the "
+                   "GPU (--slice) when it does not; the one whose turn it is makes the others evict "
+                   "first. The first member sets LIMIT; later ones may leave --gpu-memory out "
                    "(or must give the same). A process that exits or dies gives its memory back. "
                    "`gpuos mem stats NAME` shows the group.")
 @click.option("--slice", "slice_ms", type=click.IntRange(1, 3_600_000), metavar="MS",
-              help="With --share, for a new group: how long a process keeps the GPU while others "
-                   "wait, in milliseconds [default: 200].")
+              help="With --share, for a new group: how long a process keeps the GPU's turn while "
+                   "others wait for it, in milliseconds [default: 200].")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
