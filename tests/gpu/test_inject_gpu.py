@@ -19,6 +19,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -152,6 +153,36 @@ def test_kernel_log_shows_the_xid(kind):
             assert found(xid, text, names_pid), (xid, text, names_pid, xids)
     finally:
         log.close()
+
+
+@pytest.mark.parametrize("kind", ["oob-write", "ro-write", "illegal-instruction"])
+def test_faults_watch_names_the_faulter_by_its_address_space(kind, tmp_path):
+    """As root, `gpuos faults watch` puts a UVM fault tracker on every CUDA process: an MMU
+    fault is reported once more as Xid 31 [uvm-tracker] naming the injector; an SM
+    exception never reaches UVM, so nothing is reported that way."""
+    if os.geteuid() != 0:
+        pytest.skip("fault trackers need root")
+    env = dict(os.environ, GPUOS_HOME=str(tmp_path / "h"))
+    watch = subprocess.Popen([sys.executable, "-m", "gpuos.cli", "faults", "watch", "--json", "--no-journal",
+                              "--duration", "25"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        time.sleep(3)  # the watch is up
+        res, lines = _run(kind, "--delay", "3")  # armed, then 3 s for the watch to find it
+        assert res.returncode == 0 and lines[-1]["stage"] == "faulted"
+        pid = lines[0]["pid"]
+        time.sleep(2)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=30)
+    print(out, err)
+    events = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    tracked = [e for e in events if e.get("source") == "uvm-tracker"]
+    if kind == "illegal-instruction":
+        assert tracked == [], tracked
+    else:
+        assert [(e["xid"], e["pid"], e["fault_class"]) for e in tracked] == [(31, pid, "memory")], events
+        assert tracked[0]["mmu"]["access_type"] == "write"
 
 
 def _mps_running() -> bool:

@@ -47,6 +47,11 @@ EXPECTED: dict[str, list[tuple[int, str, str | None]] | None] = {
     "trap": [(43, "channel", "server")],
     "assert": None,
 }
+# MMU faults of the SMs reach UVM: its fault tracker on the injector's address space names
+# it (faults/uvm_tools.py; root), and no other process's tracker takes the fault.
+TRACKED = {"oob-write", "oob-read", "ro-write"}
+ARM_S = 4  # the injector waits this long after arming: the supervisor sees it as a client of
+           # the server (get_client_list every 2 s) and puts a tracker on it before the fault
 FAULTS_S = 8        # incident closed -> every expected fault event (a kernel-log event that
                     # NVML does not report waits out the 2 s join window)
 CONTAINED_S = 10    # a contained fault: how long the clients must go on after it
@@ -181,7 +186,8 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
         assert row["command"] and row["gpu_memory"], row
 
     t0 = time.time()
-    code, text = mps.cli("faults", "inject", "--kind", kind, "--json", timeout=60, env=mps.mps_env)
+    code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
+                         env=mps.mps_env)
     lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
     faulter = next((x["pid"] for x in lines if x.get("pid")), None)
     assert lines and lines[-1].get("stage") == "faulted", f"the injector did not fault: {text}"
@@ -232,6 +238,11 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
         assert seen(xid, cls, who), (f"no Xid {xid} ({cls}) naming {who or 'no pid'} "
                                      f"(injector {faulter}, server {server}, ours {ours}): {faults}")
     assert faults, "the supervisor reported no fault"
+    named = {f.get("pid") for f in faults if f.get("source") == "uvm-tracker"}
+    if kind in TRACKED:
+        assert named == {faulter}, f"the fault tracker named {named}, not the injector {faulter}: {faults}"
+    else:
+        assert not named, f"a fault tracker named {named} for {kind}: {faults}"
     assert "server-ready" in names, f"no server-ready after the incident: {names}"
     restarted = {e.get("client") for e in evs if e["event"] == "victim-restarted"}
     assert {c["client"] for c in clients} <= restarted, f"restarted: {restarted}"

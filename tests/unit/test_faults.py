@@ -922,7 +922,7 @@ class FakeKmod:
 def test_the_stream_passes_gpuos_ko_faults_through_at_once():
     from gpuos.faults.kmod import fault_event
     kmod, log = FakeKmod(), ListLog()
-    stream = FaultStream(log, None, window=2.0, clock=FakeClock(), boot_time=0.0, kmod=kmod)
+    stream = FaultStream(log, None, window=2.0, clock=FakeClock(), boot_time=0.0, threaded=[kmod])
     try:
         kmod.callback(fault_event(kmod_event(pid=77), 1000.0, 10_000_000_000))
         got = stream.poll(0.01)

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from gpuos.mps.state import (INPUTS, Client, ClientExited, ClientRequest, ClientSpawnFailed,
+from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
                              Emit, Fault, HookFinished, KillHook, Machine, PolicySet, ProbeServer,
                              RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen,
@@ -316,6 +316,56 @@ def test_a_late_report_of_a_handled_fault_is_an_echo():
 def test_per_client_limit_overrides_the_default():
     r = Run().running(1, max_restarts=0)
     r.fault()
+    r.drained()
+    assert r.feed(ServerRestarted(True, SERVER)) == []
+    assert r.m.clients["c1"].state == "gave-up"
+
+
+def tracker_fault(pid: int) -> Fault:
+    """What faultsrc.TrackerSource makes of a fatal fault in pid's address space (no GPU
+    named: attributed by its pid)."""
+    return Fault({"xid": 31, "fault_class": "memory", "pid": pid, "source": TRACKER_SOURCE}, None)
+
+
+def test_the_faulter_named_by_the_tracker_is_not_restarted_after_max_faults():
+    """The tracker names the faulter for certain: it is marked so (not merely "named"), its
+    faults are counted once an incident, and at max_faults (default 2) it is no longer
+    recovered while its co-runner is."""
+    r = Run(Settings(max_restarts=10, recent_window=10))
+    r.running(2)
+    for round_ in (1, 2):
+        r.t += 11  # past recent_window: a new fault, not an echo of the last one
+        r.fault(pid=r.m.clients["c1"].pid)  # the Xid line names c1 too: still one fault of c1's
+        r.feed(tracker_fault(r.m.clients["c1"].pid))
+        roles = {v.client: v.role for v in r.m.incident.victims}
+        assert roles == {"c1": "faulter", "c2": "victim"}
+        r.drained()
+        r.feed(ServerRestarted(True, SERVER))
+        if round_ == 1:
+            r.feed(ClientStarted("c1", 4001))
+        r.feed(ClientStarted("c2", 4100 + round_))
+        assert r.m.state is S.RUNNING
+    assert r.m.clients["c1"].faults == 2 and r.m.clients["c1"].state == "gave-up"
+    v = {v["client"]: v for v in r.m.history[-1]["victims"]}
+    assert v["c1"]["recovery"] == "gave-up" and "caused 2 GPU faults (limit 2)" in v["c1"]["detail"]
+    assert v["c2"]["recovery"] == "restarted" and r.m.clients["c2"].faults == 0
+
+
+def test_a_fault_only_the_xid_names_counts_against_no_one():
+    """An Xid's pid under MPS need not be the faulter's: "named", never counted."""
+    r = Run(Settings(max_restarts=10, max_faults=1, recent_window=10))
+    r.running(1)
+    r.fault(pid=r.m.clients["c1"].pid)
+    assert r.m.incident.victims[0].role == "named"
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    assert r.m.clients["c1"].faults == 0 and r.m.clients["c1"].state == "starting"
+
+
+def test_per_client_fault_limit_overrides_the_default():
+    r = Run().running(1, max_faults=1)
+    r.feed(tracker_fault(2001))
+    assert r.m.state is S.DRAINING  # the tracker's fault alone opens the incident
     r.drained()
     assert r.feed(ServerRestarted(True, SERVER)) == []
     assert r.m.clients["c1"].state == "gave-up"

@@ -94,7 +94,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
-import fcntl
 import json
 import mmap
 import os
@@ -105,24 +104,27 @@ import stat
 import sys
 import time
 
+from gpuos.faults.uvm_tools import (  # shared with gpuos's own fault trackers
+    ACCESS_TYPES, ENTRY_SIZE, FATAL_REASONS, FAULT_TYPES, NVIDIA_UVM_PRIMARY_MINOR,
+    UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS, UVM_TOOLS_INIT_EVENT_TRACKER,
+    UVM_TOOLS_INIT_EVENT_TRACKER_V2, UVM_TOOLS_SET_NOTIFICATION_THRESHOLD, U8, U16, U32, U64,
+    ControlData, EnableEventsParams, FatalFaultInfoV2, InitEventTrackerParams, NvProcessorUuid,
+    SetThresholdParams, Sys, _struct, ioctl_struct, uvm_major)
+from gpuos.faults.uvm_tools import FatalFault, decode_fatal
+from gpuos.faults.uvm_tools import Queue as SharedQueue
+
 # --------------------------------------------------------------------------------------
 # Constants (kernel-open/ of 580.142)
 
-UVM_TOOLS_INIT_EVENT_TRACKER = 56           # uvm_ioctl.h:822
-UVM_TOOLS_SET_NOTIFICATION_THRESHOLD = 57   # uvm_ioctl.h:837
-UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS = 58    # uvm_ioctl.h:847
 UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS = 59   # uvm_ioctl.h:857
 UVM_TOOLS_GET_PROCESSOR_UUID_TABLE = 64     # uvm_ioctl.h:913
 UVM_TOOLS_FLUSH_EVENTS = 67                 # uvm_ioctl.h:948
-UVM_TOOLS_INIT_EVENT_TRACKER_V2 = 76        # uvm_ioctl.h:1094
 UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2 = 77  # uvm_ioctl.h:1097
 
-NVIDIA_UVM_PRIMARY_MINOR = 0                # uvm_common.h:46
 NVIDIA_UVM_TOOLS_MINOR = 1                  # uvm_common.h:47
 UVM_ID_MAX_PROCESSORS = 32 * 8 + 1          # uvm_processors.h:293-294, nvlimits.h:37
 UVM_MAX_PROCESSORS_V1 = 32 + 1              # uvm_types.h:62-63
 UVM_EVENT_NUM_TYPES = 15                    # uvm_types.h:302 (valid: 1..14)
-UVM_EVENT_NUM_TYPES_ALL = 64                # uvm_types.h:312
 
 # uvm_types.h:281-313
 EVENT_TYPES = {
@@ -135,18 +137,7 @@ EVENT_TYPES = {
 EVENT_BY_NAME = {v: k for k, v in EVENT_TYPES.items() if k < UVM_EVENT_NUM_TYPES}
 DEFAULT_EVENTS = "gpu_fault,fatal_fault,gpu_fault_replay"
 
-# uvm_types.h:270-279
-ACCESS_TYPES = {0: "invalid", 1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
-# uvm_types.h:407-433
-FAULT_TYPES = {0: "invalid", 1: "invalid_pde", 2: "invalid_pte", 3: "write", 4: "atomic",
-               5: "invalid_pde_size", 6: "limit_violation", 7: "unbound_inst_block",
-               8: "priv_violation", 9: "pitch_mask_violation", 10: "work_creation",
-               11: "unsupported_aperture", 12: "compression_failure", 13: "unsupported_kind",
-               14: "region_violation", 15: "poison", 16: "cc_violation"}
-# uvm_types.h:435-450
-FATAL_REASONS = {0: "invalid", 1: "invalid_address", 2: "invalid_permissions",
-                 3: "invalid_fault_type", 4: "out_of_memory", 5: "internal_error",
-                 6: "invalid_operation"}
+# uvm_types.h:270-279, 407-433, 435-450: ACCESS_TYPES, FAULT_TYPES, FATAL_REASONS (gpuos.faults.uvm_tools)
 # uvm_types.h:563-571
 CLIENT_TYPES = {0: "invalid", 1: "gpc (replayable)", 2: "hub (non-replayable)"}
 # uvm_types.h:452-476
@@ -162,39 +153,15 @@ NV_STATUS_NAMES = {
     0x56: "NV_ERR_NOT_SUPPORTED", 0x59: "NV_ERR_OPERATING_SYSTEM", 0xFFFF: "NV_ERR_GENERIC",
 }
 
-# Syscall numbers. pidfd_open/pidfd_getfd use the common numbering on both arches.
-SYSCALLS = {
-    "x86_64": {"pidfd_open": 434, "pidfd_getfd": 438, "kcmp": 312},
-    "aarch64": {"pidfd_open": 434, "pidfd_getfd": 438, "kcmp": 272},
-}
-KCMP_FILE = 0
-
 # --------------------------------------------------------------------------------------
 # ctypes layouts
 
-U8, U16, U32, U64, S32 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32
-
-
-def _struct(name, fields):
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
-
-
-NvProcessorUuid = _struct("NvProcessorUuid", [("uuid", U8 * 16)])  # common/inc/nvCpuUuid.h:29-40
-
-InitEventTrackerParams = _struct("UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS", [   # uvm_ioctl.h:823-832
-    ("queueBuffer", U64), ("queueBufferSize", U64), ("controlBuffer", U64),
-    ("processor", NvProcessorUuid), ("allProcessors", U32), ("uvmFd", U32), ("rmStatus", U32)])
-SetThresholdParams = _struct("UVM_TOOLS_SET_NOTIFICATION_THRESHOLD_PARAMS", [  # uvm_ioctl.h:838-842
-    ("notificationThreshold", U32), ("rmStatus", U32)])
-EnableEventsParams = _struct("UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS_PARAMS", [  # uvm_ioctl.h:848-852
-    ("eventTypeFlags", U64), ("rmStatus", U32)])
+# NvProcessorUuid, the INIT_EVENT_TRACKER / SET_NOTIFICATION_THRESHOLD / ENABLE_EVENTS
+# params, ControlData and FatalFaultInfoV2 are gpuos.faults.uvm_tools's (imported above)
+S32 = ctypes.c_int32
 UuidTableParams = _struct("UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_PARAMS", [  # uvm_ioctl.h:914-918
     ("tablePtr", U64), ("rmStatus", U32)])
 FlushEventsParams = _struct("UVM_TOOLS_FLUSH_EVENTS_PARAMS", [("rmStatus", U32)])  # uvm_ioctl.h:949-952
-
-ControlData = _struct("UvmToolsEventControlData", [  # uvm_types.h:1401-1412
-    ("get_ahead", U32), ("get_behind", U32), ("put_ahead", U32), ("put_behind", U32),
-    ("dropped", U64 * UVM_EVENT_NUM_TYPES_ALL)])
 
 # ---- event payloads, v1 (UvmEventEntry) -------------------------------------------
 CpuFaultInfo = _struct("UvmEventCpuFaultInfo", [  # uvm_types.h:339-359 (v1 and v2)
@@ -265,9 +232,6 @@ GpuFaultInfoV2 = _struct("UvmEventGpuFaultInfo_V2", [  # uvm_types.h:629-677
 GpuFaultReplayInfoV2 = _struct("UvmEventGpuFaultReplayInfo_V2", [  # uvm_types.h:712-728
     ("eventType", U8), ("clientType", U8), ("gpuIndex", U16), ("batchId", U32),
     ("timeStamp", U64), ("timeStampGpu", U64)])
-FatalFaultInfoV2 = _struct("UvmEventFatalFaultInfo_V2", [  # uvm_types.h:753-770
-    ("eventType", U8), ("faultType", U8), ("accessType", U8), ("reason", U8),
-    ("processorIndex", U16), ("padding16bits", U16), ("address", U64), ("timeStamp", U64)])
 ReadDuplicateInfoV2 = _struct("UvmEventReadDuplicateInfo_V2", [  # uvm_types.h:801-830
     ("eventType", U8), ("padding8bits", U8), ("padding16bits", U16), ("padding32bits", U32),
     ("address", U64), ("size", U64), ("timeStamp", U64),
@@ -434,60 +398,12 @@ def oserr(e: OSError) -> dict:
     return {"errno": e.errno, "errno_name": errno.errorcode.get(e.errno or 0, "?"), "strerror": e.strerror}
 
 
-class Sys:
-    """pidfd_open, pidfd_getfd, kcmp through libc's syscall()."""
-
-    def __init__(self):
-        arch = platform.machine()
-        if arch not in SYSCALLS:
-            raise OSError(errno.ENOSYS, f"no syscall numbers for {arch} (x86_64, aarch64 known)")
-        self.nr = SYSCALLS[arch]
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.libc.syscall.restype = ctypes.c_long
-
-    def _call(self, name: str, *args) -> int:
-        r = self.libc.syscall(ctypes.c_long(self.nr[name]), *[ctypes.c_long(a) for a in args])
-        if r < 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"{name}: {os.strerror(e)}")
-        return r
-
-    def pidfd_open(self, pid: int) -> int:
-        return self._call("pidfd_open", pid, 0)
-
-    def pidfd_getfd(self, pidfd: int, fd: int) -> int:
-        return self._call("pidfd_getfd", pidfd, fd, 0)
-
-    def same_file(self, fd1: int, fd2: int) -> bool:
-        me = os.getpid()
-        return self._call("kcmp", me, me, KCMP_FILE, fd1, fd2) == 0
-
-
-def uvm_major() -> int | None:
-    try:
-        with open("/proc/devices") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == "nvidia-uvm":
-                    return int(parts[0])
-    except OSError:
-        pass
-    return None
-
-
 def read_text(path: str, limit: int = 4096) -> str | None:
     try:
         with open(path, "rb") as f:
             return f.read(limit).decode(errors="replace")
     except OSError:
         return None
-
-
-def ioctl_struct(fd: int, request: int, params: ctypes.Structure) -> ctypes.Structure:
-    """ioctl with a copy of params; returns the struct the driver wrote back. Raises OSError."""
-    buf = bytearray(bytes(params))
-    fcntl.ioctl(fd, request, buf, True)
-    return type(params).from_buffer_copy(bytes(buf))
 
 
 # --------------------------------------------------------------------------------------
@@ -537,52 +453,11 @@ def decode_entry(raw: bytes, version: int) -> dict:
 # --------------------------------------------------------------------------------------
 # The queue
 
-class Queue:
-    """A tracker's queue and control buffers: anonymous private mappings of this process
-    (page aligned, as map_user_pages needs), read and advanced here."""
-
-    def __init__(self, entries: int, version: int):
-        self.version = version
-        self.entries = entries
-        self.entry_size = ctypes.sizeof(ENTRY_TYPES[version])
-        self.qbytes = entries * self.entry_size
-        qlen = (self.qbytes + PAGE - 1) // PAGE * PAGE
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        prot = mmap.PROT_READ | mmap.PROT_WRITE
-        self.qmap = mmap.mmap(-1, qlen, flags=flags, prot=prot)
-        self.cmap = mmap.mmap(-1, PAGE, flags=flags, prot=prot)
-        self._qview = (ctypes.c_char * qlen).from_buffer(self.qmap)
-        self.ctrl = ControlData.from_buffer(self.cmap)
-        self.qaddr = ctypes.addressof(self._qview)
-        self.caddr = ctypes.addressof(self.ctrl)
-        self.get = 0
-
-    def pending(self) -> int:
-        return (self.ctrl.put_behind - self.get) & (self.entries - 1)
-
-    def drain(self) -> list[bytes]:
-        """Entries from get to put_behind, then get_ahead = get_behind = put (uvm_tools.c:448-499)."""
-        mask = self.entries - 1
-        put = self.ctrl.put_behind & mask
-        out = []
-        i = self.get
-        while i != put:
-            off = i * self.entry_size
-            out.append(bytes(self.qmap[off:off + self.entry_size]))
-            i = (i + 1) & mask
-        self.get = put
-        self.ctrl.get_behind = put
-        self.ctrl.get_ahead = put
-        return out
+class Queue(SharedQueue):
+    """gpuos's tracker queue, with the driver's drop counts."""
 
     def dropped(self) -> dict:
         return {EVENT_TYPES.get(i, str(i)): int(n) for i, n in enumerate(self.ctrl.dropped) if n}
-
-    def close(self):
-        # Only after the tracker fd is closed (the driver unpins then, uvm_tools.c:384-446).
-        del self.ctrl, self._qview
-        self.qmap.close()
-        self.cmap.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -1060,6 +935,15 @@ def run(args) -> int:
 # --------------------------------------------------------------------------------------
 # Self-test (no driver needed)
 
+def fatal_entry() -> ctypes.Union:
+    """A v2 FatalFault entry filled the way uvm_tools.c fills it."""
+    e = UvmEventEntryV2()
+    f = e.eventData.fatalFault
+    f.eventType, f.faultType, f.accessType, f.reason, f.processorIndex = 6, 1, 2, 1, 1
+    f.address, f.timeStamp = 0xdead000, 333
+    return e
+
+
 def self_test() -> int:
     fails = []
 
@@ -1074,6 +958,11 @@ def self_test() -> int:
     for cls, field, want in EXPECTED_OFFSETS:
         got = getattr(cls, field).offset
         check(got == want, f"offsetof {cls.__name__}.{field} = {got}, headers say {want}")
+    check(all(ctypes.sizeof(ENTRY_TYPES[v]) == ENTRY_SIZE[v] for v in (1, 2)),
+          f"gpuos.faults.uvm_tools's entry sizes {ENTRY_SIZE} are the unions'")
+    check(decode_fatal(bytes(fatal_entry()), 7) == FatalFault(7, 0xdead000, "write", "invalid_pde",
+                                                            "invalid_address", 333),
+          "gpuos.faults.uvm_tools decodes a v2 fatal fault")
     check(ctypes.alignment(UvmEventEntry) == 8 and ctypes.alignment(UvmEventEntryV2) == 8,
           "event entries are 8-byte aligned (uvm_types.h:1299-1300)")
     check(event_mask(DEFAULT_EVENTS) == (1 << 3) | (1 << 4) | (1 << 6), f"default mask {DEFAULT_EVENTS} = 0x58")

@@ -15,6 +15,7 @@ from ..faults.journal import FaultJournal
 from ..faults.kmsg import KernelLogUnavailable, KmsgGap, open_kernel_log, parse_xid
 from ..faults.model import FaultEvent
 from ..faults.kmod import SOURCE as SOURCE_KMOD, KmodFaultSource, KmodUnavailable
+from ..faults.uvm_tools import TrackerFaultSource
 from ..faults.nvml import NvmlSource, NvmlUnavailable
 from ..faults.watch import FaultStream, Notice
 from ..runtime import Runtime
@@ -105,6 +106,9 @@ def faults() -> None:
               help="Stop after S seconds [default: at Ctrl-C or SIGTERM].")
 @click.option("--no-nvml", is_flag=True, help="Do not use NVML (kernel log only).")
 @click.option("--no-kmsg", is_flag=True, help="Do not read the kernel log (NVML only).")
+@click.option("--no-trackers", is_flag=True,
+              help="Do not put UVM fault trackers on the CUDA processes (as root they name the "
+                   "process whose address space took a fatal memory fault, under MPS too).")
 @click.option("--no-kmod", is_flag=True,
               help="Do not listen to gpuos.ko's fault reports (the patched driver's).")
 @click.option("--no-journal", is_flag=True,
@@ -118,8 +122,8 @@ def faults() -> None:
                                 "report of it).")
 @click.pass_obj
 def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | None,
-              no_nvml: bool, no_kmsg: bool, no_kmod: bool, no_journal: bool, log_file: str | None,
-              window: float) -> None:
+              no_nvml: bool, no_kmsg: bool, no_trackers: bool, no_kmod: bool, no_journal: bool,
+              log_file: str | None, window: float) -> None:
     """Print GPU faults as they happen and keep them in the fault journal.
 
     \b
@@ -129,8 +133,15 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
       DETAILS  channel(s); MMU engine, address, fault and access type; SM errors
                (GPC, TPC, SM); ESR; the recovery action Xid 154 names
       ACTION   what gpuos does and what recovering takes
-      SOURCE   kmsg, nvml, or kmsg+nvml when both reported it; gpuos.ko
+      SOURCE   kmsg, nvml, or kmsg+nvml when both reported it; gpuos.ko; uvm-tracker
     NVML events that are not Xids show "NVML" in place of "Xid N".
+
+    As root, with the stock driver, UVM fault trackers on every CUDA process (its
+    /dev/nvidia-uvm address space, through /dev/nvidia-uvm-tools) report each
+    fatal memory fault once more, as Xid 31 [uvm-tracker], with the pid of the
+    process whose address space took it: the faulter, under MPS too, where the
+    Xid line may name another client (measured on an H100). SM exceptions
+    (Xid 13, 43) do not reach UVM and are not reported so.
 
     With the patched driver and gpuos.ko loaded, each client's fatal MMU fault is
     also reported before the driver acts on it: "gpuos.ko" in place of "Xid N",
@@ -225,7 +236,16 @@ def watch_cmd(rt: Runtime, as_json: bool, from_start: bool, duration: float | No
         stop = True
 
     old_term = signal.signal(signal.SIGTERM, on_term)
-    stream = FaultStream(kernel_log, nvml, window=window, kmod=kmod)
+    trackers = None
+    if not no_trackers and not log_file:
+        try:
+            trackers = TrackerFaultSource()
+        except (FileNotFoundError, PermissionError):
+            pass  # no nvidia-uvm, or not root: nothing to say, as for gpuos.ko
+        except OSError as exc:
+            say(f"no UVM fault trackers: {exc}")
+    stream = FaultStream(kernel_log, nvml, window=window,
+                         threaded=[s for s in (kmod, trackers) if s is not None])
     end = None if duration is None else time.monotonic() + duration
     try:
         try:

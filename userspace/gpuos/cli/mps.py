@@ -177,6 +177,10 @@ def mps() -> None:
                    "writes them. Repeatable.")
 @click.option("--no-kmsg", is_flag=True, help="Do not read the kernel log for Xid lines.")
 @click.option("--no-nvml", is_flag=True, help="Do not listen to NVML error events.")
+@click.option("--no-fault-trackers", is_flag=True,
+              help="Do not put UVM fault trackers on the clients' address spaces. As root they "
+                   "name the client whose GPU work took a fatal memory fault (Xid 31), which the "
+                   "Xid line may not; a client that causes --max-faults faults is not restarted.")
 @click.option("--drain-grace", type=click.FloatRange(0, 3600), default=None, metavar="S",
               help="Seconds the victims of a fault get to exit on their own before SIGTERM, then "
                    "as long again (--kill-grace) before SIGKILL [default: 10].")
@@ -188,6 +192,9 @@ def mps() -> None:
 @click.option("--max-restarts", type=click.IntRange(0, 1000000), default=None, metavar="N",
               help="Times one client is recovered (restart or hook) before gpuos gives up on it "
                    "[default: 3].")
+@click.option("--max-faults", type=click.IntRange(1, 1000000), default=None, metavar="N",
+              help="A client that the fault trackers name as the faulter N times is not recovered "
+                   "again [default: 2].")
 @click.option("--hook-timeout", type=click.FloatRange(0.1, 86400), default=None, metavar="S",
               help="Seconds a recovery hook may run before it is killed [default: 300].")
 @click.option("--poll", type=click.FloatRange(0.02, 10), default=None, metavar="S",
@@ -197,7 +204,8 @@ def mps() -> None:
 @json_option
 @click.pass_obj
 def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds, no_kmsg, no_nvml,
-              drain_grace, kill_grace, restart_attempts, max_restarts, hook_timeout, poll,
+              no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
+              hook_timeout, poll,
               timeout, as_json) -> None:
     """Start MPS on one GPU under a gpuos supervisor.
 
@@ -297,6 +305,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds,
             options = Options.from_dict(saved.options)
         for name, value in (("drain_grace", drain_grace), ("kill_grace", kill_grace),
                             ("restart_attempts", restart_attempts), ("max_restarts", max_restarts),
+                            ("max_faults", max_faults),
                             ("hook_timeout", hook_timeout), ("default_policy", policy),
                             ("default_hook", hook)):
             if value is not None:
@@ -306,6 +315,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds,
         if feeds:
             options.feeds = [str(Path(f).absolute()) for f in feeds]
         options.kmsg, options.nvml = not no_kmsg, not no_nvml
+        options.trackers = not no_fault_trackers
         if poll is not None:
             options.poll = poll
             options.mps_poll = max(poll, min(0.5, 2 * poll))
@@ -500,7 +510,8 @@ def _victims_line(inc: dict) -> str:
     parts = []
     for v in inc["victims"]:
         who = v["client"] or f"pid {v['pid']}"
-        parts.append(f"{who}{' (named by the fault)' if v['role'] == 'named' else ''}: {v['recovery']}")
+        role = {"named": " (named by the fault)", "faulter": " (the faulter)"}.get(v["role"], "")
+        parts.append(f"{who}{role}: {v['recovery']}")
     return "; ".join(parts) or "none"
 
 
@@ -644,6 +655,9 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
                    "and the MPS variables set; e.g. one that resumes CMD from its own checkpoint.")
 @click.option("--max-restarts", type=click.IntRange(0, 1000000), default=None, metavar="N",
               help="Recover this client at most N times [default: the supervisor's, 3].")
+@click.option("--max-faults", type=click.IntRange(1, 1000000), default=None, metavar="N",
+              help="Do not recover this client once the fault trackers have named it as the faulter "
+                   "N times [default: the supervisor's, 2].")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Append CMD's stdout and stderr (every run of it) to FILE, opened as you "
                    "[default: $GPUOS_HOME/mps/GPU/output/ID.log].")
@@ -653,7 +667,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, output, wait, as_json,
+def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, max_faults, output, wait, as_json,
                 cmd) -> None:
     """Run CMD as a client of the GPU's MPS, under the supervisor.
 
@@ -685,6 +699,7 @@ def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, output, wait,
     env = {k: v for k, v in os.environ.items()}
     reply = request(dirs, {"op": "run", "cmd": list(cmd), "cwd": os.getcwd(), "env": env,
                            "policy": policy, "hook": hook, "max_restarts": max_restarts,
+                           "max_faults": max_faults,
                            "output": str(Path(output).absolute()) if output else None})
     cid = reply["client"]
     if not wait:
@@ -743,7 +758,8 @@ def policy_grp() -> None:
     none     record it and do nothing
 
     Each client has its own (set by `gpuos mps run --policy`) or the supervisor's
-    default.  A client is recovered at most --max-restarts times.
+    default.  A client is recovered at most --max-restarts times, and not after the
+    fault trackers have named it as the faulter --max-faults times.
     """
 
 
@@ -758,7 +774,7 @@ def policy_get(rt: Runtime, gpu_spec, client_id, as_json) -> None:
     m = _machine(saved)
     if client_id is None:
         data = {"client": None, "policy": m.settings.default_policy, "hook": m.settings.default_hook,
-                "max_restarts": m.settings.max_restarts}
+                "max_restarts": m.settings.max_restarts, "max_faults": m.settings.max_faults}
     else:
         c = m.clients.get(client_id)
         if c is None:
@@ -766,13 +782,16 @@ def policy_get(rt: Runtime, gpu_spec, client_id, as_json) -> None:
         policy, hook = m.policy_of(c)
         data = {"client": c.id, "policy": policy, "hook": hook, "own": c.policy is not None,
                 "max_restarts": c.max_restarts if c.max_restarts is not None
-                else m.settings.max_restarts, "restarts": c.restarts}
+                else m.settings.max_restarts, "restarts": c.restarts,
+                "max_faults": c.max_faults if c.max_faults is not None else m.settings.max_faults,
+                "faults": c.faults}
     if as_json:
         emit_json({"ok": True, "gpu": gpu, **data})
         return
     who = f"client {client_id}" if client_id else "default"
     click.echo(f"{who}: {data['policy']}" + (f" (hook: {data['hook']})" if data["hook"] else "")
-               + f"; at most {data['max_restarts']} recoveries")
+               + f"; at most {data['max_restarts']} recoveries; none after {data['max_faults']} "
+                 f"faults it caused")
 
 
 @policy_grp.command("set", epilog=MPS_EXIT_CODES)

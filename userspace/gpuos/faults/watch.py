@@ -4,6 +4,7 @@
                                                                      Joiner --> events
     NVML (NvmlSource, its own thread)     --events--------------------/
     gpuos.ko (KmodFaultSource, its thread) --events: passed through, never joined--/
+    UVM fault trackers (uvm_tools.TrackerFaultSource, its thread) --the same--------/
 
 `gpuos faults watch` drives it; so can any other consumer (the MPS supervisor).
 poll() waits at most `timeout` seconds for something to happen (the kernel log's
@@ -20,10 +21,9 @@ import queue
 import select
 import time
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Protocol, Sequence, Union
 
 from .join import Joiner
-from .kmod import KmodFaultSource
 from .kmsg import KmsgGap, XidAssembler
 from .model import FaultEvent
 from .nvml import NvmlSource
@@ -38,13 +38,24 @@ class Notice:
 Item = Union[FaultEvent, KmsgGap, Notice]
 
 
+class ThreadedSource(Protocol):
+    """A source that reports FaultEvents from a thread of its own."""
+
+    error: str | None
+
+    def start(self, callback: Callable[[FaultEvent], None]) -> None: ...
+    def stop(self) -> None: ...
+
+
 class FaultStream:
     def __init__(self, kernel_log=None, nvml: NvmlSource | None = None, *, window: float = 2.0,
                  settle: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 boot_time: float | None = None, kmod: KmodFaultSource | None = None):
+                 boot_time: float | None = None, threaded: Sequence[ThreadedSource] = ()):
+        """threaded: sources that report from a thread of their own (gpuos.ko's reports,
+        UVM's fault trackers): start(callback), error, stop()."""
         if kernel_log is None and nvml is None:
             raise ValueError("a fault stream needs the kernel log or NVML")
-        self.kernel_log, self.nvml, self.kmod, self.clock = kernel_log, nvml, kmod, clock
+        self.kernel_log, self.nvml, self.threaded, self.clock = kernel_log, nvml, list(threaded), clock
         self.assembler = XidAssembler(settle=settle, clock=clock, boot_time=boot_time)
         self.joiner = Joiner(window=window, clock=clock, kmsg=kernel_log is not None,
                              nvml=nvml is not None,
@@ -52,13 +63,13 @@ class FaultStream:
         self._queue: queue.SimpleQueue[FaultEvent] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._nvml_error_told = False
-        self._kmod_error_told = False
+        self._errors_told: set[int] = set()
         if nvml is not None:
             nvml.start(self._from_thread)
-        if kmod is not None:
-            kmod.start(self._from_thread)
+        for src in self.threaded:
+            src.start(self._from_thread)
 
-    def _from_thread(self, ev: FaultEvent) -> None:  # the NVML or gpuos.ko thread
+    def _from_thread(self, ev: FaultEvent) -> None:  # the NVML thread or a threaded source's
         self._queue.put(ev)
         try:
             os.write(self._wake_w, b"!")
@@ -105,9 +116,10 @@ class FaultStream:
         for ev in self.assembler.flush():
             out += self.joiner.add(ev)
         out += self.joiner.flush()
-        if self.kmod is not None and self.kmod.error and not self._kmod_error_told:
-            self._kmod_error_told = True
-            out.append(Notice(f"{self.kmod.error}; its fault reports stopped"))
+        for i, src in enumerate(self.threaded):
+            if src.error and i not in self._errors_told:
+                self._errors_told.add(i)
+                out.append(Notice(f"{src.error}; its fault reports stopped"))
         if self.nvml is not None and self.nvml.error and not self._nvml_error_told:
             self._nvml_error_told = True
             out.append(Notice(f"{self.nvml.error}; NVML events stopped"
@@ -127,8 +139,8 @@ class FaultStream:
         return out
 
     def close(self) -> None:
-        if self.kmod is not None:
-            self.kmod.stop()
+        for src in self.threaded:
+            src.stop()
         if self.nvml is not None:
             self.nvml.stop()
         if self.kernel_log is not None:

@@ -1,9 +1,11 @@
 """Fault events for the MPS supervisor.
 
-Two kinds of source, both optional:
+Three kinds of source, all optional:
 
 - the fault stream of gpuos.faults (kernel log Xid lines and NVML events, classified
   and joined: faults/watch.py), read in the supervisor's loop;
+- fault trackers on the clients' VA spaces (faults/uvm_tools.py, root): a fatal MMU
+  fault there names the faulting client for certain, which the Xid line need not;
 - feed files (`gpuos mps start --fault-feed FILE`): JSON lines of fault events as
   `gpuos faults watch --json` prints them or the fault journal stores them, followed
   from where the last supervisor stopped reading (the offsets are in the state file).
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from .gpu import GpuRef
 from .store import tail
@@ -184,8 +186,31 @@ class StreamSource:
             self.stream.close()
 
 
+class TrackerSource:
+    """Fatal faults that UVM's tools trackers on the clients' VA spaces took
+    (gpuos.faults.uvm_tools: root, stock driver): each names the faulting process for
+    certain. `pids` gives the processes to follow at each poll (the server's clients)."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]], trackers: Any = None):
+        if trackers is None:
+            from ..faults.uvm_tools import FaultTrackers
+            trackers = FaultTrackers()
+        self.pids = pids
+        self.trackers = trackers
+
+    def poll(self) -> tuple[list[dict], list[str]]:
+        from ..faults.uvm_tools import fault_event
+        faults = [event_dict(fault_event(f)) for f in self.trackers.poll()]
+        return faults, self.trackers.track(self.pids())  # after the poll: a leaver's faults are kept
+
+    def close(self) -> None:
+        self.trackers.close()
+
+
 def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,
-                 note: Callable[[str], None]) -> tuple[list[FaultSource], FeedFiles | None]:
+                 note: Callable[[str], None], tracked: Callable[[], Iterable[int]] | None = None
+                 ) -> tuple[list[FaultSource], FeedFiles | None]:
+    """The supervisor's sources; with `tracked`, fault trackers on those processes (root)."""
     sources: list[FaultSource] = []
     files = FeedFiles(feeds, offsets) if feeds else None
     if files is not None:
@@ -195,6 +220,14 @@ def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bo
             sources.append(StreamSource(kmsg, nvml))
         except ImportError as exc:  # pragma: no cover - the faults package is part of gpuos
             note(f"fault stream unavailable: {exc}")
+    if tracked is not None:
+        if os.geteuid() != 0:
+            note("fault trackers need root: the faulting client is not named")
+        else:
+            try:
+                sources.append(TrackerSource(tracked))
+            except OSError as exc:
+                note(f"fault trackers unavailable: {exc}")
     if not sources:
         note("no fault source: incidents are found from server and client exits only")
     return sources, files

@@ -25,6 +25,8 @@ import enum
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..faults.uvm_tools import SOURCE as TRACKER_SOURCE  # faults whose pid is the faulter's, for certain
+
 
 class State(str, enum.Enum):
     STARTING = "starting"
@@ -57,6 +59,8 @@ class Settings:
     backoff_initial: float = 0.5    # s before the 2nd try; doubles each time
     backoff_max: float = 30.0
     max_restarts: int = 3           # fault restarts of one client, over its lifetime
+    max_faults: int = 2             # faults a client may cause (named by UVM's fault tracker)
+                                    # before it is no longer restarted
     hook_timeout: float = 300.0     # s a recovery hook may run
     recent_window: float = 10.0     # s: a client that failed this long before a fault is a victim
     stop_grace: float = 10.0        # s clients get to exit at `gpuos mps stop`
@@ -84,6 +88,7 @@ class Client:
     policy: str | None = None       # None: the supervisor's default policy
     hook: str | None = None
     max_restarts: int | None = None
+    max_faults: int | None = None   # None: the supervisor's
     output: str | None = None       # file for its stdout and stderr
     pid: int | None = None
     starttime: int | None = None    # /proc starttime: (pid, starttime) names one process
@@ -91,6 +96,7 @@ class Client:
     # | gave-up | stopped | cancelled
     state: str = "pending"
     restarts: int = 0               # times restarted after a fault
+    faults: int = 0                 # faults it caused (named by UVM's fault tracker)
     spawns: int = 0                 # times started, for spawn tokens
     spawn_token: str | None = None  # in the environment of the last spawn: finds it after a crash
     exit_status: int | None = None  # returncode, -N for signal N, None if unknown
@@ -103,7 +109,8 @@ class Victim:
     client: str | None              # a managed client's id; None: a client gpuos did not start
     pid: int | None
     role: str = "victim"            # "named" when a fault event names its pid (under MPS
-                                    # that need not be the faulter: docs/mps.md)
+                                    # that need not be the faulter: docs/mps.md); "faulter"
+                                    # when UVM's fault tracker on its VA space took the fault
     exited: bool = False
     exit_status: int | None = None
     signalled: str | None = None    # what gpuos sent to make it go
@@ -595,10 +602,18 @@ class Machine:
         self._begin_drain()
 
     def _mark_named(self, fault: dict) -> None:
+        """The victim a fault names: "faulter" if UVM's tracker on its VA space took it
+        (certain: it counts against the client's max_faults, once an incident), else
+        "named"."""
         pid = fault.get("pid")
+        certain = fault.get("source") == TRACKER_SOURCE
         for v in self.incident.victims if self.incident else []:
-            if pid is not None and v.pid == pid:
-                v.role = "named"
+            if pid is None or v.pid != pid or v.role == "faulter":
+                continue
+            v.role = "faulter" if certain else "named"
+            c = self.clients.get(v.client) if v.client else None
+            if certain and c is not None:
+                c.faults += 1
 
     def _begin_drain(self) -> None:
         inc = self.incident
@@ -696,9 +711,15 @@ class Machine:
             return
         policy = self._policy(c)
         limit = c.max_restarts if c.max_restarts is not None else self.settings.max_restarts
+        fault_limit = c.max_faults if c.max_faults is not None else self.settings.max_faults
         if policy == "none":
             v.recovery, c.state = "not-recovered", "not-recovered"
             self._emit("victim-not-recovered", client=c.id, pid=v.pid, why="policy none")
+        elif v.role == "faulter" and c.faults >= fault_limit:
+            v.recovery, c.state = "gave-up", "gave-up"
+            v.detail = (f"caused {c.faults} GPU faults (limit {fault_limit}), named by UVM's fault "
+                        f"tracker on its address space")
+            self._emit("victim-gave-up", client=c.id, pid=v.pid, faults=c.faults, fault_limit=fault_limit)
         elif c.restarts >= limit:
             v.recovery, c.state = "gave-up", "gave-up"
             v.detail = f"already recovered {c.restarts} times (limit {limit})"
@@ -849,6 +870,7 @@ class Machine:
             return
         if echo and self.incident is not None:
             self.incident.faults.append(ev)  # on record; it drains nothing again
+            self._mark_named(ev)  # (the tracker's report of the Xid names the faulter)
             return
         if cls not in ACTIONABLE or not attributed or echo:
             # Reported, never dropped: an unknown Xid, or one not known to be ours, opens an

@@ -64,6 +64,7 @@ class Options:
     feed_offsets: dict[str, int] = field(default_factory=dict)
     kmsg: bool = True
     nvml: bool = True
+    trackers: bool = True       # UVM fault trackers on the clients (names the faulter; root)
     poll: float = 0.25          # s between loop turns
     mps_poll: float = 0.5       # s between get_server_list calls
     status_poll: float = 2.0    # s between get_server_status / get_client_list calls
@@ -191,7 +192,8 @@ class Supervisor:
         self._signals()
         self.sources, self.feeds = open_sources(self.options.feeds, self.options.feed_offsets,
                                                 self.options.kmsg, self.options.nvml,
-                                                lambda n: self.inbox.append(("note", n)))
+                                                lambda n: self.inbox.append(("note", n)),
+                                                self._tracked if self.options.trackers else None)
         # What a previous supervisor started and may still run: watched by pid and start time.
         inc = self.machine.incident
         for c in self.machine.clients.values():
@@ -553,6 +555,12 @@ class Supervisor:
                                                           "restart exited; exit status unknown"))
         self._drain()
 
+    def _tracked(self) -> list[int]:
+        """The processes whose VA spaces the fault trackers follow: the server's clients
+        (managed or not) and the server."""
+        m = self.machine
+        return [c.pid for c in m.live_clients()] + list(m.unmanaged) + ([m.server_pid] if m.server_pid else [])
+
     def _faults(self) -> None:
         for src in self.sources:
             try:
@@ -681,12 +689,17 @@ class Supervisor:
         policy = req.get("policy")
         if policy is not None and policy not in POLICIES:
             raise GpuosError(f"unknown policy {policy!r}")
+        for key, least in (("max_restarts", 0), ("max_faults", 1)):
+            v = req.get(key)
+            if v is not None and (type(v) is not int or v < least):
+                raise GpuosError(f"{key} must be an integer of at least {least}, not {v!r}")
         n = 1 + max([int(k[1:]) for k in m.clients if k[1:].isdigit()] or [0])
         cid = f"c{n}"
         ClientSpec(cmd=cmd, cwd=str(req["cwd"]), env={str(k): str(v) for k, v in req["env"].items()},
                    uid=uid, gid=gid).save(spec_path(self.dirs, cid))
         c = Client(id=cid, cmd=cmd, cwd=str(req["cwd"]), uid=uid, gid=gid, policy=policy,
                    hook=req.get("hook"), max_restarts=req.get("max_restarts"),
+                   max_faults=req.get("max_faults"),
                    output=req.get("output"))
         self._feed(ClientRequest(c))
         c = self.machine.clients.get(cid, c)

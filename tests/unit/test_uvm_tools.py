@@ -1,0 +1,76 @@
+"""UVM fault trackers (gpuos.faults.uvm_tools) and the MPS supervisor's source over them,
+without a GPU: the layouts against gcc's sizes (the probe's self-test), decoding, and the
+source's shape and order with a stand-in for the trackers. On a GPU host under MPS:
+tests/gpu/test_mps_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuos.faults.uvm_tools import (EVENT_FATAL_FAULT, FatalFault, FatalFaultInfoV2, FaultTrackers,
+                                    decode_fatal)
+from gpuos.mps.faultsrc import TrackerSource
+from gpuos.mps.state import TRACKER_SOURCE
+
+PROBE = Path(__file__).resolve().parents[2] / "tools" / "probes" / "uvm_tools_probe.py"
+
+
+def test_the_probe_self_test_passes_on_the_shared_layouts():
+    res = subprocess.run([sys.executable, str(PROBE), "--self-test"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "gpuos.faults.uvm_tools decodes a v2 fatal fault" in res.stdout
+
+
+def test_only_fatal_faults_decode():
+    f = FatalFaultInfoV2(eventType=EVENT_FATAL_FAULT, faultType=2, accessType=1, reason=2, address=0x1000,
+                         timeStamp=5)
+    raw = bytes(f) + bytes(72 - len(bytes(f)))
+    assert decode_fatal(raw, 42) == FatalFault(42, 0x1000, "read", "invalid_pte", "invalid_permissions", 5)
+    assert decode_fatal(bytes([3]) + raw[1:], 42) is None  # a gpu_fault: not what names a faulter
+    assert decode_fatal(b"", 42) is None
+
+
+def test_a_process_without_a_uvm_file_gets_no_tracker_and_no_note():
+    t = FaultTrackers()
+    try:
+        assert t.track([os.getpid()]) == [] and t.pids() == [] and t.poll() == []
+    finally:
+        t.close()
+
+
+class StandIn:
+    """FaultTrackers' face: what poll() returns, and the pids track() was given."""
+
+    def __init__(self):
+        self.pending: list[FatalFault] = []
+        self.tracked: list[list[int]] = []
+        self.closed = False
+
+    def poll(self):
+        out, self.pending = self.pending, []
+        return out
+
+    def track(self, pids):
+        self.tracked.append(sorted(pids))
+        return ["no fault tracker on pid 9: EPERM"] if 9 in pids else []
+
+    def close(self):
+        self.closed = True
+
+
+def test_tracker_source_reports_each_fatal_fault_as_the_faulters_xid_31():
+    stand_in, pids = StandIn(), [[5, 6]]
+    src = TrackerSource(lambda: pids[0], stand_in)
+    assert src.poll() == ([], []) and stand_in.tracked == [[5, 6]]
+    stand_in.pending = [FatalFault(6, 0x83bf1a800000, "write", "invalid_pde", "invalid_address", 7)]
+    pids[0] = [5, 9]  # 6 left: its fault was read before it was let go
+    faults, notes = src.poll()
+    assert notes == ["no fault tracker on pid 9: EPERM"] and stand_in.tracked[-1] == [5, 9]
+    (f,) = faults
+    assert (f["xid"], f["fault_class"], f["pid"], f["source"]) == (31, "memory", 6, TRACKER_SOURCE)
+    assert "pid 6" in f["text"] and "0x83bf1a800000" in f["text"] and f["mmu"]["access_type"] == "write"
+    src.close()
+    assert stand_in.closed
