@@ -14,10 +14,9 @@
  *   - resident = the sum of the members' resident bytes <= limit.  A member maps memory
  *     only after adding it to both; it subtracts what it unmaps.
  *   - A call whose memory is resident goes on.  One that needs memory made resident
- *     goes on without the GPU's turn if the pool has free room for it beyond what the
- *     calls waiting for the turn need (`want`), while no member is asked to evict and the
- *     holder is not busy making room: members run side by side while their memory fits
- *     together.  Any other waits for the turn.
+ *     goes on without the GPU's turn if the pool has free room for it while no member
+ *     waits for the turn, is asked to evict, or is the holder busy making room: members
+ *     run side by side while their memory fits together.  Any other waits for the turn.
  *   - One member holds the GPU at a time (holder; -1: none): only it may ask the others
  *     to evict (below).  A waiting member takes the
  *     GPU when no one holds it, or when the holder has held it for slice_ns (counted from
@@ -48,7 +47,7 @@
 #include "gpuos_agent.h" /* GPUOS_STALL_BUCKETS */
 
 #define GPUOS_SHARE_MAGIC 0x45524853u /* "SHRE", written last at creation */
-#define GPUOS_SHARE_VERSION 2u
+#define GPUOS_SHARE_VERSION 1u
 #define GPUOS_SHARE_MEMBERS 64
 #define GPUOS_SHARE_NAME_MAX 64
 #define GPUOS_SHARE_PATH "/dev/shm/gpuos-share-" /* + uid "-" name */
@@ -66,7 +65,6 @@ struct gpuos_share_member {
 	uint64_t held_ns;         /* time it held the GPU, ended slices only */
 	uint64_t released_bytes;  /* evicted at others' requests */
 	uint64_t wait_ns;         /* time its calls waited for the GPU */
-	uint64_t want;            /* bytes its calls waiting for the GPU need made resident */
 };
 
 struct gpuos_share {

@@ -558,10 +558,10 @@ static inline int gpuos_stall_bucket(uint64_t ns)
 /* Join group `name`: 0, *limit the group's; -1 (said on stderr): not shared. */
 int gpuos_share_join(const char *name, uint64_t *limit);
 void gpuos_share_forget(void);         /* in a forked child */
-int gpuos_share_acquire(uint64_t want); /* wait for the GPU's turn (1: a turn begins); busy */
+int gpuos_share_acquire(void);         /* wait for the GPU's turn (1: a turn begins); busy */
 int gpuos_share_take(uint64_t bytes);  /* charge if they fit: 1, else 0 */
-int gpuos_share_take_free(uint64_t bytes); /* the same without the GPU's turn: beyond what waiters
-					   * want, while no one is asked to evict or holds it busy */
+int gpuos_share_take_free(uint64_t bytes); /* the same without the GPU's turn: only while no one
+					   * waits for it, is asked to evict, or holds it busy */
 void gpuos_share_give(uint64_t bytes);
 uint64_t gpuos_share_used(void);
 void gpuos_share_reserved(int64_t delta);

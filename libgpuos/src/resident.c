@@ -737,9 +737,9 @@ static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (
 
 /* Make the entries marked for this call resident: room first, then new memory mapped and
  * the evicted contents copied back, one synchronisation for all.  In a group, a call
- * without the GPU's turn that cannot have its room without it sets *need_turn to the
- * bytes it wants and changes nothing. */
-static CUresult bring_in(uint64_t *need_turn)
+ * without the GPU's turn that cannot have its room without it sets *need_turn and
+ * changes nothing. */
+static CUresult bring_in(int *need_turn)
 {
 	uint64_t want = 0;
 	CUevent wait_ev = NULL;
@@ -791,7 +791,7 @@ static CUresult bring_in(uint64_t *need_turn)
 	/* In a group without the GPU's turn: free room only, else the turn first */
 	int charged = R.shared && !tls_share_busy && need_turn;
 	if (charged && !gpuos_share_take_free(want)) {
-		*need_turn = want;
+		*need_turn = 1;
 		return CUDA_SUCCESS;
 	}
 	R.st.calls_swapped += !!want;
@@ -849,17 +849,16 @@ static void share_done(void)
 }
 
 /* The lock, for the rest of this call (released at the outermost wrapper's exit); with
- * `turn` (in a group), the GPU's turn first, waited for without the lock (the release
- * thread may need it to evict for the holder meanwhile), for a call that wants `want`
- * bytes made resident.  0, or -1 if the lock is held already (a nested wrapper's call: it
- * goes on as its outermost one does). */
-static int enter(int turn, uint64_t want)
+ * `turn` (in a group), the GPU's turn first, waited for without the lock: the release
+ * thread may need it to evict for the holder meanwhile.  0, or -1 if the lock is held
+ * already (a nested wrapper's call: it goes on as its outermost one does). */
+static int enter(int turn)
 {
 	if (gpuos_tls_res_held)
 		return -1;
 	int begins = 0;
 	if (turn && R.shared) {
-		begins = gpuos_share_acquire(want);
+		begins = gpuos_share_acquire();
 		tls_share_busy = 1;
 	}
 	pthread_mutex_lock(&R.mu);
@@ -934,10 +933,10 @@ static int capturing(void)
  * its room as a member without the turn can (free room, else its own memory). */
 static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what)
 {
-	uint64_t t0 = gpuos_now_ns(), want = 0;
+	uint64_t t0 = gpuos_now_ns();
 	int ticked = 0;
 	for (int again = 0;; again = 1) {
-		int outermost = enter(again, want) == 0;
+		int outermost = enter(again) == 0;
 		if (!again) {
 			R.st.launches += !!launch;
 			R.st.need_all += !!all;
@@ -953,11 +952,10 @@ static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int la
 		if (!again && R.ticked == R.call && !R.lru_only)
 			learn_period();
 		ticked = R.ticked == R.call;
-		uint64_t need_turn = 0;
+		int need_turn = 0;
 		CUresult c = bring_in(outermost ? &need_turn : NULL);
 		if (!need_turn)
 			return finish(t0, c, what);
-		want = need_turn;
 		gpuos_res_release();
 	}
 }

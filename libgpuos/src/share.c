@@ -6,7 +6,7 @@
  *
  *   gpuos_share_join()     from the limit's first reading: map the group, take a slot,
  *                          start the release thread;
- *   gpuos_share_take_free() a call without the GPU's turn: free room beyond what waiters need;
+ *   gpuos_share_take_free() a call without the GPU's turn: free room, if no one needs it more;
  *   gpuos_share_acquire()  before a call that needs room it cannot have so: wait for the
  *                          GPU (1: this call begins a turn taken from another member);
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
@@ -371,7 +371,7 @@ static int others_wait(const struct gpuos_share *g)
 	return 0;
 }
 
-int gpuos_share_acquire(uint64_t want)
+int gpuos_share_acquire(void)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
@@ -391,7 +391,6 @@ int gpuos_share_acquire(uint64_t want)
 	}
 	if (!m->waiting++)
 		m->waiting_since = t0;
-	m->want += want; /* kept from free-room takes while it waits */
 	for (;;) {
 		uint64_t now = gpuos_now_ns();
 		int h = g->holder;
@@ -412,7 +411,6 @@ int gpuos_share_acquire(uint64_t want)
 		gwait(g, left && left < POLL_NS ? left : POLL_NS);
 		reap(g);
 	}
-	m->want -= want;
 	if (!--m->waiting)
 		m->waiting_since = 0;
 	m->wait_ns += gpuos_now_ns() - t0;
@@ -463,23 +461,18 @@ int gpuos_share_take(uint64_t bytes)
 	return ok;
 }
 
-/* Free room for a call that does not hold the GPU's turn: only beyond what the calls
- * waiting for the turn need, and only while no member is asked to evict and the holder is
- * not busy making room; their need comes first (the room a holder has just had evicted
- * is its own). */
+/* Free room for a call that does not hold the GPU's turn: only while no member waits for
+ * the turn, is asked to evict, or holds the GPU busy making room; their need comes first
+ * (the room a holder has just had evicted is its own). */
 int gpuos_share_take_free(uint64_t bytes)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
 		return 1;
 	glock(g);
-	int ok = g->holder < 0 || !g->m[g->holder].busy;
-	uint64_t waited_for = 0;
-	for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++) {
-		ok = !g->m[i].pid || !g->m[i].release;
-		waited_for += g->m[i].pid ? g->m[i].want : 0;
-	}
-	ok = ok && g->resident + bytes + waited_for <= g->limit;
+	int ok = g->resident + bytes <= g->limit && (g->holder < 0 || !g->m[g->holder].busy);
+	for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
+		ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release);
 	if (ok) {
 		g->resident += bytes;
 		g->m[S.me].resident += bytes;

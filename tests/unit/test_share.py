@@ -42,15 +42,13 @@ def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, t
     """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
     the group never has more than 16 MiB resident, the GPU changed hands, and members
     evicted memory for each other."""
-    seen = {"max": 0, "samples": 0, "want": 0}
+    seen = {"max": 0, "samples": 0}
     done = threading.Event()
 
     def sample() -> None:  # the group's resident bytes, as the members keep them
         while not done.is_set():
             try:
-                g = read_group(group)
-                seen["max"] = max(seen["max"], g.resident)
-                seen["want"] = max([seen["want"]] + [m.want for m in g.members if m.waiting])
+                seen["max"] = max(seen["max"], read_group(group).resident)
                 seen["samples"] += 1
             except Exception:  # noqa: BLE001 - not made yet, or between members
                 pass
@@ -71,8 +69,6 @@ def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, t
         results = [m.finish() for m in members]
     assert all(rc == 0 for rc, _ in results), results
     assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
-    assert 0 < seen["want"] <= 16 * MIB  # a waiting member's call says what it needs ...
-    assert all(m["want"] == 0 and m["waiting"] == 0 for m in g["members"])  # ... and no more after
     assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
     assert sorted(m["pid"] for m in g["members"]) == sorted(m.pid for m in members)
     assert all(m["reserved"] == RESERVED and m["slices"] >= 1 for m in g["members"])

@@ -15,10 +15,10 @@ from .agent import STALL_BUCKETS, log2_hist_percentile
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 MAGIC = 0x45524853  # GPUOS_SHARE_MAGIC
-VERSION = 2
+VERSION = 1
 MEMBERS = 64
 HEADER = struct.Struct("<IIIi7Q" + "Q" * STALL_BUCKETS)
-MEMBER = struct.Struct("<IHH10Q")
+MEMBER = struct.Struct("<IHH9Q")
 SHM_DIR = Path("/dev/shm")
 
 
@@ -45,7 +45,6 @@ class Member:
     held_ns: int  # time it held the GPU (ended slices)
     released_bytes: int  # evicted at others' requests
     wait_ns: int  # time its calls waited for the GPU
-    want: int  # bytes its calls waiting for the GPU need made resident
     holder: bool
 
 
@@ -92,12 +91,12 @@ def read_group(name: str) -> GroupStats:
         raise GpuosError(f"{path} was made by another version of gpuos (or is not a group file)")
     members = []
     for i in range(MEMBERS):
-        pid, waiting, busy, _start, res, reserved, release, _since, slices, held_ns, released, wait_ns, want = \
+        pid, waiting, busy, _start, res, reserved, release, _since, slices, held_ns, released, wait_ns = \
             MEMBER.unpack_from(raw, HEADER.size + i * MEMBER.size)
         if pid and _alive(pid):
             members.append(Member(pid=pid, waiting=waiting, busy=busy, resident=res, reserved=reserved, release=release,
                                   slices=slices, held_ns=held_ns, released_bytes=released, wait_ns=wait_ns,
-                                  want=want, holder=holder == i))
+                                  holder=holder == i))
     if not members:
         raise NoSuchGroup(f"group {name!r} has no members now")
     return GroupStats(name=name, limit=limit, slice_ns=slice_ns, resident=resident, switches=switches,
