@@ -402,7 +402,7 @@ class TrackerFaultSource:
                     next_scan = time.monotonic() + self.every
                     self.trackers.track(cuda_processes())  # a process it cannot follow: left out
                 self._stop.wait(0.05)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - said once by the stream; the others go on
             self.error = f"UVM fault trackers: {exc}"
 
     def stop(self) -> None:
