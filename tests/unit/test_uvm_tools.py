@@ -74,3 +74,36 @@ def test_tracker_source_reports_each_fatal_fault_as_the_faulters_xid_31():
     assert "pid 6" in f["text"] and "0x83bf1a800000" in f["text"] and f["mmu"]["access_type"] == "write"
     src.close()
     assert stand_in.closed
+
+
+def test_the_watch_source_reports_from_its_thread_and_says_why_it_stopped(monkeypatch):
+    """`gpuos faults watch`'s source: each fatal fault becomes a FaultEvent from its thread
+    (Xid 31, source uvm-tracker, the pid); a thread that breaks sets `error` (the stream
+    says it once) and stop() closes the trackers."""
+    import threading
+    import time
+
+    from gpuos.faults import uvm_tools
+    from gpuos.faults.uvm_tools import SOURCE, TrackerFaultSource
+
+    stand_in = StandIn()
+    stand_in.pending = [FatalFault(6, 0x1000, "write", "invalid_pde", "invalid_address", 7)]
+    src = object.__new__(TrackerFaultSource)  # as root on a GPU host, less the checks
+    src.trackers, src.every, src.error, src._stop, src._thread = stand_in, 0.01, None, threading.Event(), None
+    monkeypatch.setattr(uvm_tools, "cuda_processes", lambda: [6, 7])
+    got = []
+    src.start(got.append)
+    deadline = time.monotonic() + 10
+    while not (got and stand_in.tracked) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(e.xid, e.source, e.pid, e.fault_class.value) for e in got] == [(31, SOURCE, 6, "memory")]
+    assert stand_in.tracked[0] == [6, 7]
+
+    def broken():
+        raise ValueError("queue unreadable")
+    stand_in.poll = broken
+    while src.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert src.error == "UVM fault trackers: queue unreadable"
+    src.stop()
+    assert stand_in.closed
