@@ -445,14 +445,22 @@ void gpuos_share_done(void)
 
 /* ---- the pool ------------------------------------------------------------------------------ */
 
-/* (After a fork the child is no member: S.g is NULL, and these do nothing.) */
-int gpuos_share_take(uint64_t bytes)
+/* Charge `bytes` to this member if they fit; with `free_only` (a call that does not hold
+ * the GPU's turn), only while no member waits for the turn, is asked to evict, or holds
+ * the GPU busy making room: their need comes first (the room a holder has just had
+ * evicted is its own).  1 if charged. */
+static int take(uint64_t bytes, int free_only)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
 		return 1;
 	glock(g);
 	int ok = g->resident + bytes <= g->limit;
+	if (free_only) {
+		ok = ok && (g->holder < 0 || !g->m[g->holder].busy);
+		for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
+			ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release);
+	}
 	if (ok) {
 		g->resident += bytes;
 		g->m[S.me].resident += bytes;
@@ -461,24 +469,15 @@ int gpuos_share_take(uint64_t bytes)
 	return ok;
 }
 
-/* Free room for a call that does not hold the GPU's turn: only while no member waits for
- * the turn, is asked to evict, or holds the GPU busy making room; their need comes first
- * (the room a holder has just had evicted is its own). */
+/* (After a fork the child is no member: S.g is NULL, and these do nothing.) */
+int gpuos_share_take(uint64_t bytes)
+{
+	return take(bytes, 0);
+}
+
 int gpuos_share_take_free(uint64_t bytes)
 {
-	struct gpuos_share *g = S.g;
-	if (!g)
-		return 1;
-	glock(g);
-	int ok = g->resident + bytes <= g->limit && (g->holder < 0 || !g->m[g->holder].busy);
-	for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
-		ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release);
-	if (ok) {
-		g->resident += bytes;
-		g->m[S.me].resident += bytes;
-	}
-	gunlock(g);
-	return ok;
+	return take(bytes, 1);
 }
 
 void gpuos_share_give(uint64_t bytes)
