@@ -54,9 +54,7 @@ def ghost_ids(paths: list[str]) -> set[int]:
 
 def ghosts_in(dirs: list[str], ids: set[int]) -> set[Path]:
     """The ghost files of these ids that exist now in these directories."""
-    suffixes = {f".cr.{i:x}.ghost" for i in ids}
-    return {p for d in map(Path, dirs) if d.is_dir() for p in d.glob("*.cr.*.ghost")
-            if any(p.name.endswith(s) for s in suffixes)}
+    return {p for d in dirs for i in ids for p in Path(d).glob(f"*.cr.{i:x}.ghost")}
 
 
 def remaps_in(dirs: set[Path]) -> set[Path]:

@@ -458,7 +458,7 @@ def _restore_replicas(n: int, criu: Criu, images: Path, workdir: Path, manifest:
     # A file open but deleted at the checkpoint is recreated by CRIU under a fixed name
     # next to where it was, linked, opened and removed again: two restores at once collide
     # there (measured: "Can't link ...ghost"). Such images restore their replicas in turn.
-    at_once = 1 if any(f.path.startswith(f"{CRIU_DIR}/ghost-file-") for f in manifest.files) else n
+    at_once = 1 if links.ghost_ids([f.path for f in manifest.files]) else n
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = [pool.submit(restore_one, criu, images, workdir / f"replica-{k}",
                                manifest.criu_options, image_pids, noted) for k in range(n)]
