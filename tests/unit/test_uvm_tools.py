@@ -36,7 +36,7 @@ def test_only_fatal_faults_decode():
 def test_a_process_without_a_uvm_file_gets_no_tracker_and_no_note():
     t = FaultTrackers()
     try:
-        assert t.track([os.getpid()]) == [] and t.pids() == [] and t.poll() == []
+        assert t.track([os.getpid()]) == [] and t.procs == {} and t.poll() == []
     finally:
         t.close()
 
@@ -76,21 +76,20 @@ def test_tracker_source_reports_each_fatal_fault_as_the_faulters_xid_31():
     assert stand_in.closed
 
 
-def test_the_watch_source_reports_from_its_thread_and_says_why_it_stopped(monkeypatch):
+def test_the_watch_source_reports_from_its_thread_and_says_why_it_stopped():
     """`gpuos faults watch`'s source: each fatal fault becomes a FaultEvent from its thread
     (Xid 31, source uvm-tracker, the pid); a thread that breaks sets `error` (the stream
     says it once) and stop() closes the trackers."""
     import threading
     import time
 
-    from gpuos.faults import uvm_tools
     from gpuos.faults.uvm_tools import SOURCE, TrackerFaultSource
 
     stand_in = StandIn()
     stand_in.pending = [FatalFault(6, 0x1000, "write", "invalid_pde", "invalid_address", 7)]
     src = object.__new__(TrackerFaultSource)  # as root on a GPU host, less the checks
     src.trackers, src.every, src.error, src._stop, src._thread = stand_in, 0.01, None, threading.Event(), None
-    monkeypatch.setattr(uvm_tools, "cuda_processes", lambda: [6, 7])
+    src.pids = lambda: [6, 7]
     got = []
     src.start(got.append)
     deadline = time.monotonic() + 10

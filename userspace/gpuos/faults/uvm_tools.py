@@ -306,7 +306,7 @@ class FaultTrackers:
                 queueBuffer=q.qaddr, queueBufferSize=q.entries, controlBuffer=q.caddr, uvmFd=local))
             if r.rmStatus:
                 raise TrackerError(errno.EINVAL, f"UVM_TOOLS_INIT_EVENT_TRACKER_V2: NV_STATUS 0x{r.rmStatus:x}")
-            r = ioctl_struct(tools, UVM_TOOLS_SET_NOTIFICATION_THRESHOLD, SetThresholdParams(notificationThreshold=1))
+            ioctl_struct(tools, UVM_TOOLS_SET_NOTIFICATION_THRESHOLD, SetThresholdParams(notificationThreshold=1))
             r = ioctl_struct(tools, UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS,
                              EnableEventsParams(eventTypeFlags=1 << EVENT_FATAL_FAULT))
             if r.rmStatus:
@@ -343,9 +343,6 @@ class FaultTrackers:
             out += self._read(pid)
         return out
 
-    def pids(self) -> list[int]:
-        return sorted(self.procs)
-
     def close(self) -> None:
         for pid in list(self.procs):
             self._drop(pid)
@@ -366,23 +363,23 @@ def fault_event(f: FatalFault) -> FaultEvent:
         name="fatal GPU memory fault (UVM fault tracker)")
 
 
-def cuda_processes() -> list[int]:
-    """Every process with a /dev/nvidia-uvm file open (a CUDA context)."""
-    major = uvm_major()
-    return [int(d) for d in os.listdir("/proc") if d.isdigit() and uvm_fds(int(d), major)]
+def all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 class TrackerFaultSource:
     """Fault trackers on every CUDA process, as FaultEvents from a thread (like
-    KmodFaultSource): the processes are looked for every `every` seconds."""
+    KmodFaultSource): every `every` seconds the processes `pids` gives (all of them) are
+    looked at, and those with a /dev/nvidia-uvm file are followed (FaultTrackers.track)."""
 
-    def __init__(self, every: float = 0.5) -> None:
+    def __init__(self, every: float = 0.5, pids: Callable[[], Iterable[int]] = all_pids) -> None:
         if os.geteuid() != 0:
             raise PermissionError(errno.EPERM, "fault trackers need root (pidfd_getfd of other processes)")
         if not os.path.exists(TOOLS_PATH):
             raise FileNotFoundError(errno.ENOENT, f"{TOOLS_PATH} does not exist (no nvidia-uvm)")
         self.trackers = FaultTrackers()
         self.every = every
+        self.pids = pids
         self.error: str | None = None  # why the thread stopped, if it did
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -400,7 +397,7 @@ class TrackerFaultSource:
                     callback(fault_event(f))
                 if time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + self.every
-                    self.trackers.track(cuda_processes())  # a process it cannot follow: left out
+                    self.trackers.track(self.pids())  # a process it cannot follow: left out
                 self._stop.wait(0.05)
         except Exception as exc:  # noqa: BLE001 - said once by the stream; the others go on
             self.error = f"UVM fault trackers: {exc}"
