@@ -73,7 +73,7 @@ static int has_prefix(const char *s, const char *p)
  * stream memory operations, batched copies, IPC, context teardown) may touch any
  * allocation. */
 static const char *const fill_neutral[] = {
-	"cuGetProcAddress", "cuMemAlloc", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister",
+	"cuGetProcAddress", "cuInit", "cuMemAlloc", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister",
 	"cuMemHostUnregister", "cuMemCreate", "cuMemAddressReserve", "cuModule", "cuLibrary",
 	"cuKernelGetFunction", "cuStreamCreate", "cuStreamDestroy", "cuEventCreate", "cuEventDestroy",
 	"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate", "cuGraphExecDestroy",

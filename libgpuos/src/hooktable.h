@@ -22,6 +22,9 @@ X(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000, gpuos_h_get_proc_v2, 0,
   (const char *symbol, void **pfn, int driverVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus),
   (symbol, pfn, driverVersion, flags, symbolStatus))
 
+/* initialisation (a standby copy of an MPS client waits here: standby.c) */
+X(cuInit, PFN_cuInit_v2000, gpuos_h_init, 0, (unsigned int Flags), (Flags))
+
 /* allocations */
 X(cuMemAlloc_v2, PFN_cuMemAlloc_v3020, gpuos_h_mem_alloc, 0,
   (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))

@@ -3,6 +3,7 @@
 
     fake_client.py --log FILE [--fault-when FILE] [--fault-after S] [--xid N]
                    [--fault-class C] [--stubborn [--ignore-term]] [--exit-after S] [--no-feed]
+                   [--cuinit]
 
 Connects like a CUDA program under MPS: asks the control daemon in
 $CUDA_MPS_PIPE_DIRECTORY for a server (the daemon starts one for the first client),
@@ -20,7 +21,11 @@ terminate_client) it prints the CUDA error and exits 1; with --stubborn it catch
 the error and stays alive, doing nothing, until killed (a program that ignores
 errors, which keeps an MPS server from recovering); --ignore-term: SIGTERM too.
 
-Log lines: "start PID", "connected SERVER", "tick N", "fault", "error TEXT",
+With --cuinit it first calls cuInit of the libcuda.so.1 it finds (libgpuos's fake
+driver in tests), as a CUDA program does before it becomes an MPS client: a standby
+(GPUOS_MPS_STANDBY, libgpuos preloaded) waits there.
+
+Log lines: "start PID", "cuinit PID", "connected SERVER", "tick N", "fault", "error TEXT",
 "stubborn", "exit CODE".
 """
 
@@ -50,6 +55,7 @@ def main() -> int:
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--exit-after", type=float)
     ap.add_argument("--no-feed", action="store_true")
+    ap.add_argument("--cuinit", action="store_true")
     args = ap.parse_args()
     log = open(args.log, "a", buffering=1)
     pid = os.getpid()
@@ -62,6 +68,12 @@ def main() -> int:
         return code
 
     log.write(f"start {pid}\n")
+    if args.cuinit:
+        import ctypes
+        rc = ctypes.CDLL("libcuda.so.1").cuInit(0)
+        if rc != 0:
+            return finish(1, f"CUDA error: cuInit returned {rc}")
+        log.write(f"cuinit {pid}\n")
     pipe = F.pipe_dir()
     conn = None
     try:

@@ -237,6 +237,37 @@ def test_passive_without_gpuos_run(build, env):
     assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
 
 
+@pytest.mark.parametrize("prog", ["t_direct", "t_dlsym", "t_procaddr"])
+def test_a_standby_waits_at_its_first_cuinit_until_released(build, env, tmp_path, prog):
+    """GPUOS_MPS_STANDBY (gpuos mps --policy standby): the program runs up to its first
+    cuInit, whichever way it reaches the driver, and waits there until the supervisor's
+    release; a later start finds no FIFO and does not wait."""
+    from gpuos.mps.standby import Releases
+    fifo = tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    run_env = dict(env, LD_PRELOAD=str(build / "libgpuos.so"), GPUOS_MPS_STANDBY=str(fifo))
+    p = subprocess.Popen([str(build / "tests" / prog), "3"], env=run_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=1.5)
+        stack = Path(f"/proc/{p.pid}/syscall").read_text().split()
+        assert stack and stack[0] == "257", f"not waiting in openat: {stack}"  # x86-64 openat
+        releases = Releases()
+        releases.release(fifo)
+        out, err = p.communicate(timeout=30)
+        releases.close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert prog_json(out) and all(o["ok"] for o in prog_json(out))
+    assert not fifo.exists()
+    again = plain(build, env, prog, "3", LD_PRELOAD=str(build / "libgpuos.so"),
+                  GPUOS_MPS_STANDBY=str(fifo))
+    assert again and all(o["ok"] for o in again)
+
+
 def test_graphs_are_extracted_at_instantiate_and_replayed(build, env, tmp_path):
     (out,), report, log = traced(build, env, tmp_path, "t_graph", "9")
     graphs = of_type(log, "graph")

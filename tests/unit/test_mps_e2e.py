@@ -216,6 +216,58 @@ def test_fault_recovery_end_to_end(mps, home):
     assert again.returncode == 0 and "not running" in again.stdout
 
 
+def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_build):
+    """Policy standby with the real libgpuos on its fake driver: each client's standby runs
+    up to its first cuInit and waits there, outside the server; after the fault it is
+    released, connects to the new server and is the client from then on; new standbys
+    are started; stop takes them all."""
+    lib = dict(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+               LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    mps.env.update(lib)
+    mps.start("--policy", "standby")
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client("--cuinit", name="victim")
+    b, blog = mps.client("--cuinit", "--fault-when", str(trigger), name="faulter")
+
+    def standbys() -> dict | None:
+        cs = mps.machine()["clients"]
+        got = {cid: cs[cid]["standby_pid"] for cid in (a, b)}
+        return got if all(got.values()) else None
+    sb = wait_for(standbys, 15, "both standbys started")
+    logs = {a: alog, b: blog}
+    # Each standby started, and waits at cuInit: it never reached the driver or the server.
+    for cid, pid in sb.items():
+        wait_for(lambda: f"start {pid}" in lines(logs[cid], "start"), 10, "standby started")
+    time.sleep(1.0)
+    for cid, pid in sb.items():
+        assert alive(pid) and f"cuinit {pid}" not in lines(logs[cid], "cuinit")
+        assert len(lines(logs[cid], "connected")) == 1  # the client's own
+    old = {cid: mps.machine()["clients"][cid]["pid"] for cid in (a, b)}
+
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert inc["outcome"] == "recovered"
+    assert {v["client"]: v["recovery"] for v in inc["victims"]} == {a: "took-over", b: "took-over"}
+    m = mps.machine()
+    for cid in (a, b):
+        c = m["clients"][cid]
+        assert c["pid"] == sb[cid] and c["state"] == "running" and c["restarts"] == 1
+        assert not alive(old[cid])
+        wait_for(lambda: f"cuinit {sb[cid]}" in lines(logs[cid], "cuinit") and connected(logs[cid], 2),
+                 10, "the standby went on to the new server")
+        assert len(lines(logs[cid], "start")) == 2  # no third copy of the command was run
+    assert "victim-took-over" in mps.names()
+    new = wait_for(standbys, 15, "new standbys")
+    assert all(new[cid] not in (sb[cid], old[cid]) for cid in (a, b))
+    fifos = sorted(p.name for p in (mps.dir / "standby").iterdir())
+    assert fifos == sorted(f"{cid}.2" for cid in (a, b))  # the released ones are gone
+
+    res = mps("mps", "stop", "--json")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not any(alive(p) for p in new.values()), 10, "standbys stopped")
+    assert not list((mps.dir / "standby").iterdir())
+
+
 def test_server_crash_without_fault_report_is_recovered(mps):
     env = {**mps.env, "FAKE_MPS_FAULT_MODE": "crash"}
     mps.start(env=env, feed=False)  # no fault source: the server's death is the evidence

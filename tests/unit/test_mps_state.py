@@ -14,10 +14,11 @@ import pytest
 from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
                              Emit, Fault, HookFinished, KillHook, Machine, PolicySet, ProbeServer,
-                             RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen,
-                             ServerStatus, Settings, SignalClient, SpawnClient, StartDaemon, State,
-                             StopDaemon, StopRequested, TerminateMpsClient, Tick, UnmanagedClients,
-                             UnmanagedGone)
+                             ReleaseStandby, RestartServer, RunHook, ServerGone, ServerRestarted,
+                             ServerSeen, ServerStatus, Settings, SignalClient, SpawnClient,
+                             SpawnStandby, StandbyExited, StandbySpawnFailed, StandbyStarted,
+                             StartDaemon, State, StopDaemon, StopRequested, StopStandby,
+                             TerminateMpsClient, Tick, UnmanagedClients, UnmanagedGone)
 
 S = State
 SERVER, DAEMON = 555, 100
@@ -711,6 +712,169 @@ def test_resume_mid_recovery_adopts_by_token():
     assert "found running after a gpuos restart" in h["victims"][0]["detail"]
 
 
+# -- policy standby ----------------------------------------------------------------------------
+
+def standby_token(cid: str, n: int = 1) -> str:
+    return f"GPU-test:{cid}:standby:{n}"
+
+
+def with_standbys(n: int = 2) -> Run:
+    """n clients of policy standby, each with its standby waiting (pid 4000 + i)."""
+    r = Run()
+    assert r.start() == [StartDaemon()]
+    r.feed(DaemonUp(DAEMON))
+    for i in range(1, n + 1):
+        r.client(f"c{i}", policy="standby")
+        # the standby is started once the client runs, not before
+        assert r.feed(ClientStarted(f"c{i}", 2000 + i, 77)) == [SpawnStandby(f"c{i}", standby_token(f"c{i}"))]
+        assert r.feed(StandbyStarted(f"c{i}", standby_token(f"c{i}"), 4000 + i, 88)) == []
+    r.feed(ServerSeen(SERVER))
+    assert [r.m.clients[f"c{i}"].standby_pid for i in range(1, n + 1)] == [4000 + i for i in range(1, n + 1)]
+    return r
+
+
+def test_standby_takes_the_victims_place_and_a_new_one_is_started():
+    r = with_standbys(2)
+    assert r.fault(pid=2002) == []  # the standbys are kept through the incident
+    acts = r.drained()
+    assert not of(acts, StopStandby)
+    acts = r.feed(ServerRestarted(True, SERVER, DAEMON))
+    assert acts == [ReleaseStandby("c1", standby_token("c1"), 4001, 88),
+                    ReleaseStandby("c2", standby_token("c2"), 4002, 88)]
+    assert r.m.clients["c1"].state == "starting"
+    assert r.feed(ClientStarted("c1", 4001, 88)) == []  # no new standby while recovering
+    acts = r.feed(ClientStarted("c2", 4002, 88))
+    assert r.m.state is S.RUNNING
+    assert acts == [SpawnStandby("c1", standby_token("c1", 2)), SpawnStandby("c2", standby_token("c2", 2))]
+    h = r.m.history[-1]
+    assert [v["recovery"] for v in h["victims"]] == ["took-over", "took-over"]
+    assert h["outcome"] == "recovered"
+    c1 = r.m.clients["c1"]
+    assert (c1.pid, c1.restarts, c1.standby_pid, c1.standby_token) == (4001, 1, None, standby_token("c1", 2))
+    assert [e["pid"] for e in r.events if e["event"] == "victim-took-over"] == [4001, 4002]
+
+
+def test_without_a_waiting_standby_the_victim_is_restarted():
+    r = Run().running(1, policy="standby")  # its standby's start is under way (no pid yet)
+    assert r.m.clients["c1"].standby_token == standby_token("c1") and r.m.clients["c1"].standby_pid is None
+    r.fault()
+    r.drained()
+    acts = r.feed(ServerRestarted(True, SERVER))
+    assert acts == [SpawnClient("c1", "GPU-test:c1:2")]
+    assert r.last("victim-restarting")["why"] == "no standby was ready: restarted"
+    # the standby that was being started is kept for the next time
+    assert r.feed(StandbyStarted("c1", standby_token("c1"), 4001)) == []
+    r.feed(ClientStarted("c1", 3001))
+    assert r.m.history[-1]["victims"][0]["recovery"] == "restarted"
+    assert r.m.clients["c1"].standby_pid == 4001
+
+
+def test_a_standby_gone_when_released_falls_back_to_a_restart():
+    r = with_standbys(1)
+    r.fault()
+    r.drained()
+    assert of(r.feed(ServerRestarted(True, SERVER)), ReleaseStandby)
+    acts = r.feed(StandbyExited("c1", 4001, None))  # the runtime found it dead
+    assert acts == [SpawnClient("c1", "GPU-test:c1:2")]
+    r.feed(ClientStarted("c1", 3001))
+    v = r.m.history[-1]["victims"][0]
+    assert (v["recovery"], v["detail"]) == ("restarted", "new pid 3001")
+    assert "its standby had ended: restarted" in r.last("victim-restarting")["why"]
+
+
+def test_standbys_that_end_unused_are_replaced_a_few_times_only():
+    r = with_standbys(1)
+    for n in range(1, 4):
+        acts = r.feed(StandbyExited("c1", 4000 + n, 1))
+        c = r.m.clients["c1"]
+        assert c.standby_losses == n
+        if n < 3:
+            assert acts == [SpawnStandby("c1", standby_token("c1", n + 1))]
+            r.feed(StandbyStarted("c1", standby_token("c1", n + 1), 4001 + n))
+        else:
+            assert acts == []
+    assert r.last("standby-exited")["losses"] == 3
+    r2 = with_standbys(1)
+    assert r2.feed(StandbySpawnFailed("c1", "stale", "boom")) == []  # not its standby now
+    assert r2.m.clients["c1"].standby_losses == 0
+    assert r2.feed(StandbyExited("c1", 4001, 1)) == [SpawnStandby("c1", standby_token("c1", 2))]
+    assert r2.feed(StandbySpawnFailed("c1", standby_token("c1", 2), "boom")) == [
+        SpawnStandby("c1", standby_token("c1", 3))]
+    assert r2.feed(StandbySpawnFailed("c1", standby_token("c1", 3), "boom")) == []
+    assert r2.last("standby-spawn-failed")["losses"] == 3
+    # a take-over resets the count: losses are counted in a row
+    r3 = with_standbys(1)
+    r3.feed(StandbyExited("c1", 4001, 1))
+    r3.feed(StandbyStarted("c1", standby_token("c1", 2), 4002))
+    r3.fault()
+    r3.drained()
+    r3.feed(ServerRestarted(True, SERVER))
+    r3.feed(ClientStarted("c1", 4002))
+    assert r3.m.clients["c1"].standby_losses == 0
+
+
+def test_standbys_are_stopped_with_their_client_policy_or_supervisor():
+    r = with_standbys(3)
+    acts = r.feed(ClientExited("c1", 0, 2001))
+    assert acts == [StopStandby("c1", standby_token("c1"), 4001, 88)]
+    assert r.last("standby-stopped")["why"] == "client exited"
+    acts = r.feed(PolicySet("c2", "restart"))
+    assert acts == [StopStandby("c2", standby_token("c2"), 4002, 88)]
+    assert r.feed(StandbyExited("c2", 4002, -9)) == []  # stopped by us: not a loss
+    assert r.m.clients["c2"].standby_losses == 0
+    acts = r.feed(StopRequested())
+    assert StopStandby("c3", standby_token("c3"), 4003, 88) in acts
+    assert all(c.standby_token is None for c in r.m.clients.values())
+    # a client that failed keeps its standby for the recent window: the failure may be the
+    # first sign of a fault, whose report comes after
+    r3 = with_standbys(2)
+    assert r3.feed(ClientExited("c1", 1, 2001)) == [ProbeServer(SERVER)]
+    assert r3.feed(Tick(), 5) == []
+    r3.fault(pid=2002)
+    r3.feed(ClientExited("c2", 1, 2002))
+    acts = r3.feed(ServerRestarted(True, SERVER))
+    assert of(acts, ReleaseStandby) == [ReleaseStandby("c1", standby_token("c1"), 4001, 88),
+                                        ReleaseStandby("c2", standby_token("c2"), 4002, 88)]
+    r4 = with_standbys(1)
+    r4.feed(ClientExited("c1", 1, 2001))
+    assert r4.feed(Tick(), 11) == [StopStandby("c1", standby_token("c1"), 4001, 88)]
+    # a standby that was still starting when its client ended is stopped once it says so
+    r2 = Run().running(1, policy="standby")
+    r2.feed(ClientExited("c1", 0, 2001))
+    assert r2.feed(StandbyStarted("c1", standby_token("c1"), 4001, 9)) == [
+        StopStandby("c1", standby_token("c1"), 4001, 9)]
+
+
+def test_a_faulter_given_up_loses_its_standby_and_its_co_runners_keep_theirs():
+    r = with_standbys(2)
+    r.m.settings.max_faults = 1
+    r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 2002, "source": TRACKER_SOURCE}, True))
+    r.drained()
+    acts = r.feed(ServerRestarted(True, SERVER))
+    assert ReleaseStandby("c1", standby_token("c1"), 4001, 88) in acts
+    assert StopStandby("c2", standby_token("c2"), 4002, 88) in acts
+    r.feed(ClientStarted("c1", 4001, 88))
+    assert {v["client"]: v["recovery"] for v in r.m.history[-1]["victims"]} == {"c1": "took-over",
+                                                                                "c2": "gave-up"}
+
+
+def test_resume_finds_standbys_being_started_or_released():
+    r = with_standbys(2)
+    r.fault()
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 4001, 88))
+    # Killed here: c2's release was under way; and a standby start of c1 (made up) too.
+    r.m.clients["c1"].standby_token = standby_token("c1", 2)
+    r2 = Run()
+    r2.m = Machine.from_snapshot(r.m.snapshot())
+    acts = r2.resume()
+    assert acts == [ReleaseStandby("c2", standby_token("c2"), 4002, 88),
+                    SpawnStandby("c1", standby_token("c1", 2), adopt=True)]
+    r2.feed(ClientStarted("c2", 4002, 88))
+    assert r2.m.history[-1]["victims"][1]["recovery"] == "took-over"
+
+
 def test_resume_in_each_state():
     # RUNNING with a client whose start was not confirmed: adopt it by its token.
     r = Run().running(1)
@@ -806,7 +970,9 @@ def _inputs(m: Machine) -> list:
         Fault({}, None),
         ClientRequest(Client(id="new", cmd=["x"], cwd="/", uid=0, gid=0)),
         ClientStarted(cid, 3001), ClientSpawnFailed(cid, "x"), ClientExited(cid, 1, pid),
-        ClientExited(cid, 0), ClientExited("nobody", 1), UnmanagedClients((7777,)),
+        ClientExited(cid, 0), ClientExited("nobody", 1),
+        StandbyStarted(cid, f"GPU-test:{cid}:standby:1", 4001), StandbyExited(cid, 4001, 1),
+        StandbySpawnFailed(cid, f"GPU-test:{cid}:standby:1", "x"), UnmanagedClients((7777,)),
         UnmanagedGone(7777), HookFinished(cid, 0), HookFinished(cid, None),
         PolicySet(None, "none"), PolicySet(cid, "bogus"), StopRequested(), StopRequested(0), Tick(),
         object(), "garbage", None,

@@ -613,6 +613,8 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
             managed.add(c.pid)
         rows.append({"id": c.id, "pid": c.pid, "state": c.state, "alive": alive,
                      "connected": c.pid in live, "policy": policy, "hook": hook,
+                     "standby_pid": c.standby_pid if c.standby_pid and procs.alive(c.standby_pid)
+                     else None,
                      "restarts": c.restarts, "exit_status": c.exit_status,
                      "gpu_memory": mem.get(c.pid) if mem is not None and c.pid else None,
                      "command": c.cmd, "cwd": c.cwd, "uid": c.uid,
@@ -623,7 +625,8 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
         except GpuosError:
             cmd = []
         rows.append({"id": None, "pid": p, "state": "other", "alive": procs.alive(p),
-                     "connected": True, "policy": None, "hook": None, "restarts": 0,
+                     "connected": True, "policy": None, "hook": None, "standby_pid": None,
+                     "restarts": 0,
                      "exit_status": None, "gpu_memory": mem.get(p) if mem is not None else None,
                      "command": cmd, "cwd": None, "uid": None, "output": None})
     if as_json:
@@ -632,9 +635,9 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
         return
     if note:
         click.echo(f"gpuos: {note}", err=True)
-    click.echo(table(["ID", "PID", "STATE", "POLICY", "RESTARTS", "GPU MEM", "COMMAND"],
+    click.echo(table(["ID", "PID", "STATE", "POLICY", "STANDBY", "RESTARTS", "GPU MEM", "COMMAND"],
                      [[r["id"] or "-", r["pid"] if r["pid"] and r["alive"] else "-", r["state"],
-                       r["policy"] or "-",
+                       r["policy"] or "-", r["standby_pid"] or "-",
                        r["restarts"], human_bytes(r["gpu_memory"]) if r["gpu_memory"] is not None
                        else "-", shlex.join(r["command"])[:80]] for r in rows]))
 
@@ -646,8 +649,9 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
 @gpu_option
 @click.option("--policy", type=click.Choice(POLICIES), default=None,
               help="What to do when a fault takes this client down: restart (run CMD again, same "
-                   "directory and environment), hook (run --hook), none [default: the supervisor's, "
-                   "restart].")
+                   "directory and environment), standby (keep a second copy of CMD waiting at its "
+                   "first cuInit, its start-up done, and let it go on instead), hook (run --hook), "
+                   "none [default: the supervisor's, restart].")
 @click.option("--hook", metavar="CMD", default=None,
               help="Recovery hook for policy hook: a shell command, run as you in CMD's directory "
                    "with GPUOS_MPS_VICTIM_PID, GPUOS_MPS_VICTIM_CMD, GPUOS_MPS_VICTIM_CWD, "
@@ -803,7 +807,7 @@ def policy_get(rt: Runtime, gpu_spec, client_id, as_json) -> None:
 @json_option
 @click.pass_obj
 def policy_set(rt: Runtime, gpu_spec, client_id, hook, policy, as_json) -> None:
-    """Set the default policy, or a client's, to POLICY (restart, hook, none).
+    """Set the default policy, or a client's, to POLICY (restart, standby, hook, none).
 
     Takes effect at the next fault.  With the supervisor running it is asked to
     make the change; otherwise the state file is changed.

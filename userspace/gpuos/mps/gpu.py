@@ -191,11 +191,16 @@ class MpsDirs:
     def clients(self) -> Path:
         return self.root / "clients"
 
+    @property
+    def standby(self) -> Path:
+        return self.root / "standby"
+
     def create(self) -> None:
         for d in (self.root, self.clients):
             d.mkdir(parents=True, exist_ok=True)
-        # MPS clients of any user must reach the daemon's sockets in pipe/.
-        for d in (self.pipe, self.log):
+        # MPS clients of any user must reach the daemon's sockets in pipe/, and standbys
+        # their FIFOs (each the client's user's own) in standby/.
+        for d in (self.pipe, self.log, self.standby):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o755)
         os.chmod(self.clients, 0o700)

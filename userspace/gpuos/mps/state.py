@@ -16,7 +16,13 @@ Stock MPS takes every client of a server down when one of them faults, and the
 server accepts no new client until all of them have exited; so every client of
 the server is a victim, the machine waits for them to go (killing those that do
 not), makes sure a server is back, then recovers each victim by its policy:
-``restart`` (run its command again), ``hook`` (run a recovery command) or ``none``.
+``restart`` (run its command again), ``standby`` (release the copy of its command
+that waits, started in advance, at its first cuInit: libgpuos/src/standby.c),
+``hook`` (run a recovery command) or ``none``.
+
+Standbys are kept by one rule applied after every input (``_keep_standbys``): a
+running client whose policy is standby has one while the machine runs; a standby
+whose client ended, changed policy, or whose supervisor stops, is stopped.
 """
 
 from __future__ import annotations
@@ -40,13 +46,16 @@ class State(str, enum.Enum):
 
 
 INCIDENT_STATES = frozenset({State.DRAINING, State.RESTARTING, State.RECOVERING})
-POLICIES = ("restart", "hook", "none")
+POLICIES = ("restart", "standby", "hook", "none")
 # Fault classes (faults/model.py FaultClass values) that take an MPS server's clients down.
 ACTIONABLE = frozenset({"memory", "sm", "copy", "channel", "device"})
 # Victim recovery outcomes; "pending" and "in-progress" are not outcomes yet.
-RECOVERY_OK = frozenset({"restarted", "hook-ok", "not-recovered", "unmanaged"})
+RECOVERY_OK = frozenset({"restarted", "took-over", "hook-ok", "not-recovered", "unmanaged"})
 RECOVERY_DONE = RECOVERY_OK | {"hook-failed", "hook-unknown", "gave-up", "failed"}
 HISTORY_KEPT = 50
+# A client's standbys that ended before they were needed, in a row, after which it gets
+# no more (a command that never calls cuInit would otherwise be run again and again).
+STANDBY_LOSSES = 3
 
 
 @dataclass
@@ -102,6 +111,12 @@ class Client:
     exit_status: int | None = None  # returncode, -N for signal N, None if unknown
     exited_at: float | None = None
     started_at: float | None = None
+    # Its standby (policy standby): a copy of the command waiting at its first cuInit.
+    standby_token: str | None = None     # set before it is started: finds it after a crash
+    standby_pid: int | None = None
+    standby_starttime: int | None = None
+    standby_spawns: int = 0
+    standby_losses: int = 0              # standbys in a row that ended unused
 
 
 @dataclass
@@ -234,6 +249,29 @@ class ClientExited:
 
 
 @dataclass(frozen=True)
+class StandbyStarted:
+    client_id: str
+    token: str
+    pid: int
+    starttime: int | None = None
+    adopted: bool = False
+
+
+@dataclass(frozen=True)
+class StandbySpawnFailed:
+    client_id: str
+    token: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StandbyExited:
+    client_id: str
+    pid: int
+    status: int | None              # returncode (-N: signal N); None: unknown
+
+
+@dataclass(frozen=True)
 class UnmanagedClients:
     """get_client_list of our server, less the clients gpuos started."""
 
@@ -271,8 +309,8 @@ class Tick:
 
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
           ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
-          ClientExited, UnmanagedClients, UnmanagedGone, HookFinished, PolicySet, StopRequested,
-          Tick)
+          ClientExited, StandbyStarted, StandbySpawnFailed, StandbyExited, UnmanagedClients,
+          UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
 
 
 # -- actions -----------------------------------------------------------------------
@@ -297,6 +335,32 @@ class SpawnClient:
     client_id: str
     token: str
     adopt: bool = False             # first look for a process started with this token
+
+
+@dataclass(frozen=True)
+class SpawnStandby:
+    client_id: str
+    token: str
+    adopt: bool = False             # first look for a process started with this token
+
+
+@dataclass(frozen=True)
+class ReleaseStandby:
+    """Let the standby past its cuInit: it becomes the client (answered by ClientStarted,
+    or StandbyExited if it is gone)."""
+
+    client_id: str
+    token: str
+    pid: int
+    starttime: int | None
+
+
+@dataclass(frozen=True)
+class StopStandby:
+    client_id: str
+    token: str
+    pid: int | None                 # None: its start was under way; found by its token
+    starttime: int | None
 
 
 @dataclass(frozen=True)
@@ -407,6 +471,9 @@ class Machine:
                     c = self.clients[v.client]
                     if v.token and ":hook:" in v.token:  # by what was started, not the policy now
                         self._out.append(RunHook(c.id, v.token, adopt=True))
+                    elif v.token and v.token == c.standby_token and c.standby_pid:
+                        self._out.append(ReleaseStandby(c.id, v.token, c.standby_pid,
+                                                        c.standby_starttime))
                     elif v.token:
                         self._out.append(SpawnClient(c.id, v.token, adopt=True))
                     else:
@@ -424,6 +491,10 @@ class Machine:
             for c in self.clients.values():
                 if c.state == "starting" and c.spawn_token and not self._in_progress(c.id):
                     self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True))
+        for c in self.clients.values():
+            if c.standby_token and c.standby_pid is None:  # its start was under way
+                self._out.append(SpawnStandby(c.id, c.standby_token, adopt=True))
+        self._keep_standbys()
         return self._end()
 
     def handle(self, inp: Any, now: float) -> list[Action]:
@@ -433,6 +504,7 @@ class Machine:
             self._emit("input-ignored", input=type(inp).__name__, why="unknown input")
         else:
             handler(self, inp)
+        self._keep_standbys()
         return self._end()
 
     # -- queries -----------------------------------------------------------------------
@@ -737,10 +809,20 @@ class Machine:
             v.hook_deadline = self._now + self.settings.hook_timeout
             self._emit("hook-started", client=c.id, pid=v.pid, hook=hook)
             self._out.append(RunHook(c.id, v.token))
+        elif policy == "standby" and c.standby_pid:
+            v.recovery = "in-progress"
+            v.token = c.standby_token
+            c.state = "starting"
+            c.pid = c.starttime = c.exit_status = c.exited_at = None
+            self._emit("standby-releasing", client=c.id, pid=v.pid, standby_pid=c.standby_pid)
+            self._out.append(ReleaseStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
         else:
             v.recovery = "in-progress"
             v.token = self._spawn(c)
-            self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd)
+            if policy == "standby":
+                v.detail = "no standby was ready: restarted"
+            self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd,
+                       **({"why": v.detail} if v.detail else {}))
 
     def _check_recovered(self) -> None:
         inc = self.incident
@@ -938,10 +1020,20 @@ class Machine:
         v = self.incident.victim_of(c.id) if self.incident else None
         if v is not None and v.recovery == "in-progress":
             c.restarts += 1
-            v.recovery = "restarted"
-            v.detail = f"new pid {i.pid}" + (" (found running after a gpuos restart)" if i.adopted else "")
-            self._emit("victim-restarted", client=c.id, pid=i.pid, old_pid=v.pid,
-                       restarts=c.restarts, adopted=i.adopted)
+            if v.token is not None and v.token == c.standby_token:
+                c.spawn_token = c.standby_token
+                c.standby_token = c.standby_pid = c.standby_starttime = None
+                c.standby_losses = 0
+                v.recovery = "took-over"
+                v.detail = f"its standby, pid {i.pid}, took over"
+                self._emit("victim-took-over", client=c.id, pid=i.pid, old_pid=v.pid,
+                           restarts=c.restarts)
+            else:
+                v.recovery = "restarted"
+                v.detail = f"new pid {i.pid}" + (" (found running after a gpuos restart)"
+                                                 if i.adopted else "")
+                self._emit("victim-restarted", client=c.id, pid=i.pid, old_pid=v.pid,
+                           restarts=c.restarts, adopted=i.adopted)
             self._check_recovered()
         else:
             self._emit("client-started", client=c.id, pid=i.pid, adopted=i.adopted)
@@ -1017,6 +1109,66 @@ class Machine:
             self._open_incident("fault")  # the fault reported just before was the cause
         elif self.server_pid:
             self._out.append(ProbeServer(self.server_pid))
+
+    # -- standbys ---------------------------------------------------------------------------
+    def _keep_standbys(self) -> None:
+        """The one rule for standbys, after every input: a client of policy standby that
+        runs has one while the machine runs (and keeps it through an incident, to be
+        released, and for recent_window after it failed, which may be an incident's
+        first sign); any other standby is stopped."""
+        serving = self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING)
+        for c in self.clients.values():
+            # A client that just failed may be a victim whose fault is not reported yet.
+            failing = c.state == "failed" and self._now - (c.exited_at or 0) < self.settings.recent_window
+            wanted = serving and self._policy(c) == "standby" \
+                and (c.state in ("running", "victim", "starting") or failing)
+            if c.standby_token is None:
+                if wanted and self.state is State.RUNNING and c.state == "running" \
+                        and c.standby_losses < STANDBY_LOSSES:
+                    c.standby_spawns += 1
+                    c.standby_token = f"{self.gpu}:{c.id}:standby:{c.standby_spawns}"
+                    self._out.append(SpawnStandby(c.id, c.standby_token))
+                continue
+            if wanted or self._in_progress(c.id) and \
+                    self.incident.victim_of(c.id).token == c.standby_token:
+                continue
+            self._out.append(StopStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
+            self._emit("standby-stopped", client=c.id, pid=c.standby_pid,
+                       why=f"client {c.state}" if serving else f"supervisor {self.state.value}")
+            c.standby_token = c.standby_pid = c.standby_starttime = None
+
+    def _on_standby_started(self, i: StandbyStarted) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.standby_token != i.token:  # stopped while it was being started
+            self._out.append(StopStandby(i.client_id, i.token, i.pid, i.starttime))
+            return
+        c.standby_pid, c.standby_starttime = i.pid, i.starttime
+        self._emit("standby-started", client=c.id, pid=i.pid, adopted=i.adopted)
+
+    def _on_standby_spawn_failed(self, i: StandbySpawnFailed) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.standby_token != i.token:
+            return
+        c.standby_token = None
+        c.standby_losses += 1
+        self._emit("standby-spawn-failed", client=c.id, reason=i.reason,
+                   losses=c.standby_losses, limit=STANDBY_LOSSES)
+
+    def _on_standby_exited(self, i: StandbyExited) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or c.standby_pid != i.pid:
+            return  # stopped by us, or already the client
+        token = c.standby_token
+        c.standby_token = c.standby_pid = c.standby_starttime = None
+        c.standby_losses += 1
+        self._emit("standby-exited", client=c.id, pid=i.pid, status=i.status,
+                   losses=c.standby_losses, limit=STANDBY_LOSSES)
+        v = self.incident.victim_of(c.id) if self.incident else None
+        if v is not None and v.recovery == "in-progress" and v.token == token:
+            # It ended as it was released: the victim is restarted instead.
+            v.token = self._spawn(c)
+            v.detail = "its standby had ended: restarted"
+            self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd, why=v.detail)
 
     def _on_unmanaged(self, i: UnmanagedClients) -> None:
         managed = {c.pid for c in self.clients.values() if c.pid}
@@ -1128,6 +1280,9 @@ _HANDLERS = {
     ClientStarted: Machine._on_client_started,
     ClientSpawnFailed: Machine._on_client_spawn_failed,
     ClientExited: Machine._on_client_exited,
+    StandbyStarted: Machine._on_standby_started,
+    StandbySpawnFailed: Machine._on_standby_spawn_failed,
+    StandbyExited: Machine._on_standby_exited,
     UnmanagedClients: Machine._on_unmanaged,
     UnmanagedGone: Machine._on_unmanaged_gone,
     HookFinished: Machine._on_hook_finished,

@@ -49,10 +49,12 @@ from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_proce
                      spec_path, start_client, start_hook, starttime)
 from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFailed,
                     ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit, Fault,
-                    HookFinished, KillHook, Machine, PolicySet, ProbeServer, RestartServer, RunHook,
-                    ServerGone, ServerRestarted, ServerSeen, ServerStatus, SignalClient,
-                    SpawnClient, StartDaemon, State, StopDaemon, StopRequested,
+                    HookFinished, KillHook, Machine, PolicySet, ProbeServer, ReleaseStandby,
+                    RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
+                    SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
+                    StandbyStarted, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
                     TerminateMpsClient, Tick, UnmanagedClients)
+from .standby import Releases, fifo_path, start_standby
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
 MAX_REQUEST = 1 << 20
@@ -159,6 +161,7 @@ class Supervisor:
         self.children: dict[int, tuple[str, str, subprocess.Popen]] = {}
         self.adopted: dict[int, tuple[str, str, int | None]] = {}
         self.hooks: dict[str, int] = {}
+        self.releases = Releases()
         self.inbox: collections.deque = collections.deque()
         self.daemon_start: int | None = None
         self.feeds: FeedFiles | None = None
@@ -200,6 +203,8 @@ class Supervisor:
             v = inc.victim_of(c.id) if inc else None
             if c.pid and (c.state == "running" or (c.state == "victim" and v and not v.exited)):
                 self.adopted[c.pid] = ("client", c.id, c.starttime)
+            if c.standby_pid:
+                self.adopted[c.standby_pid] = ("standby", c.id, c.standby_starttime)
         recorded = self.machine.daemon_pid
         daemon_ok = recorded is not None and self.control.daemon_pid() == recorded
         if daemon_ok:
@@ -275,6 +280,7 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _shutdown(self) -> None:
+        self.releases.close()
         for src in self.sources:
             try:
                 src.close()
@@ -358,11 +364,19 @@ class Supervisor:
                 StartDaemon: lambda: DaemonFailed(why),
                 StopDaemon: lambda: DaemonStopped(f"error: {why}"),
                 SpawnClient: lambda: ClientSpawnFailed(a.client_id, why),
+                SpawnStandby: lambda: StandbySpawnFailed(a.client_id, a.token, why),
                 RestartServer: lambda: ServerRestarted(False, detail=why),
                 RunHook: lambda: HookFinished(a.client_id, None, why),
             }.get(type(a))
             if answer is not None:
                 self.inbox.append(answer())
+
+    def _adopt(self, kind: str, client_id: str, token: str) -> tuple[int, int] | None:
+        """A process a killed supervisor had started with this token, now watched by pid."""
+        found = find_by_token(token)
+        if found is not None:
+            self.adopted[found[0]] = (kind, client_id, found[1])
+        return found
 
     def _do_StartDaemon(self, a: StartDaemon) -> None:
         pid = self.control.daemon_pid()
@@ -410,13 +424,9 @@ class Supervisor:
     def _do_SpawnClient(self, a: SpawnClient) -> None:
         c = self.machine.clients[a.client_id]
         recovering = self.machine.state is State.RECOVERING
-        if a.adopt:
-            found = find_by_token(a.token)
-            if found is not None:
-                pid, st = found
-                self.adopted[pid] = ("client", c.id, st)
-                self.inbox.append(ClientStarted(c.id, pid, st, adopted=True))
-                return
+        if a.adopt and (found := self._adopt("client", c.id, a.token)):
+            self.inbox.append(ClientStarted(c.id, *found, adopted=True))
+            return
         if recovering:
             self._hold("mps-recovering")
         try:
@@ -429,6 +439,40 @@ class Supervisor:
         if recovering:
             self._hold("mps-spawned")
         self.inbox.append(ClientStarted(c.id, p.pid, starttime(p.pid)))
+
+    def _do_SpawnStandby(self, a: SpawnStandby) -> None:
+        c = self.machine.clients[a.client_id]
+        if a.adopt and (found := self._adopt("standby", c.id, a.token)):
+            self.inbox.append(StandbyStarted(c.id, a.token, *found, adopted=True))
+            return
+        try:
+            p = start_standby(self.dirs, self.gpu, c, a.token)
+        except (GpuosError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+            self.inbox.append(StandbySpawnFailed(c.id, a.token, f"cannot start a standby: "
+                                                                f"{getattr(exc, 'message', exc)}"))
+            return
+        self.children[p.pid] = ("standby", c.id, p)
+        self.inbox.append(StandbyStarted(c.id, a.token, p.pid, starttime(p.pid)))
+
+    def _do_ReleaseStandby(self, a: ReleaseStandby) -> None:
+        if not same_process(a.pid, a.starttime):
+            self.inbox.append(StandbyExited(a.client_id, a.pid, None))
+            return
+        self.releases.release(fifo_path(self.dirs, a.token))
+        # From here on it is the client: its exit is the client's.
+        if a.pid in self.children:
+            self.children[a.pid] = ("client",) + self.children[a.pid][1:]
+        if a.pid in self.adopted:
+            self.adopted[a.pid] = ("client",) + self.adopted[a.pid][1:]
+        self.inbox.append(ClientStarted(a.client_id, a.pid, a.starttime))
+
+    def _do_StopStandby(self, a: StopStandby) -> None:
+        pid, st = a.pid, a.starttime
+        if pid is None:
+            pid, st = find_by_token(a.token) or (None, None)
+        if pid is not None and same_process(pid, st):
+            signal_tree(pid, signal.SIGKILL)
+        fifo_path(self.dirs, a.token).unlink(missing_ok=True)
 
     def _do_SignalClient(self, a: SignalClient) -> None:
         c = self.machine.clients.get(a.client_id)
@@ -502,11 +546,8 @@ class Supervisor:
     def _do_RunHook(self, a: RunHook) -> None:
         c = self.machine.clients[a.client_id]
         if a.adopt:
-            found = find_by_token(a.token)
-            if found is not None:
-                pid, st = found
-                self.adopted[pid] = ("hook", c.id, st)
-                self.hooks[c.id] = pid
+            if found := self._adopt("hook", c.id, a.token):
+                self.hooks[c.id] = found[0]
                 return
             self.inbox.append(HookFinished(c.id, None, "gpuos was killed while the hook ran; it "
                                                        "was not run again (its outcome is unknown)"))
@@ -533,6 +574,7 @@ class Supervisor:
 
     # -- watching ------------------------------------------------------------------------------
     def _reap(self) -> None:
+        self.releases.expire()
         for pid, (kind, cid, p) in list(self.children.items()):
             rc = p.poll()
             if rc is None:
@@ -540,6 +582,9 @@ class Supervisor:
             del self.children[pid]
             if kind == "client":
                 self.inbox.append(ClientExited(cid, rc, pid))
+            elif kind == "standby":
+                self._drop_fifo(cid, pid)
+                self.inbox.append(StandbyExited(cid, pid, rc))
             else:
                 self.hooks.pop(cid, None)
                 self.inbox.append(HookFinished(cid, rc, "hook timed out (killed)" if rc == -9 else ""))
@@ -549,11 +594,19 @@ class Supervisor:
             del self.adopted[pid]
             if kind == "client":
                 self.inbox.append(ClientExited(cid, None, pid))
+            elif kind == "standby":
+                self._drop_fifo(cid, pid)
+                self.inbox.append(StandbyExited(cid, pid, None))
             else:
                 self.hooks.pop(cid, None)
                 self.inbox.append(HookFinished(cid, None, "the hook found running after a gpuos "
                                                           "restart exited; exit status unknown"))
         self._drain()
+
+    def _drop_fifo(self, client_id: str, pid: int) -> None:
+        c = self.machine.clients.get(client_id)
+        if c is not None and c.standby_pid == pid and c.standby_token:
+            fifo_path(self.dirs, c.standby_token).unlink(missing_ok=True)
 
     def _tracked(self) -> list[int]:
         """The processes whose VA spaces the fault trackers follow: the server's clients

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * standby.c - a standby copy of an MPS client waits at its first cuInit (docs/mps.md).
+ *
+ * `gpuos mps run --policy standby` starts a second copy of the client's command beside
+ * it, with GPUOS_MPS_STANDBY naming a FIFO of the supervisor's.  The copy runs its
+ * imports and CPU-side set-up, then its first cuInit waits here, before the driver is
+ * touched: it is no MPS client yet, so a fault that takes the server's clients down
+ * does not take it.  After such a fault the supervisor releases it to take the
+ * victim's place.
+ *
+ * The wait is open(2) of the FIFO for reading, which blocks until a writer opens it.
+ * Release is the supervisor opening it for writing and then removing it: every process
+ * of the standby's tree waiting at a cuInit goes on, and a later cuInit anywhere in the
+ * tree finds no FIFO and does not wait.  A signal ends the wait only to resume it
+ * (SA_RESTART, or EINTR: open again), so a standby cannot slip into the server early;
+ * a signal that kills kills.  A FIFO that cannot be opened for another reason is said
+ * on stderr, and the process goes on.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+
+static int released; /* this process has passed the wait once: later cuInits do not look */
+
+static void standby_wait(void)
+{
+	if (__atomic_load_n(&released, __ATOMIC_ACQUIRE))
+		return;
+	const char *path = getenv("GPUOS_MPS_STANDBY");
+	if (path && *path) {
+		gpuos_dbg("standby: waiting at cuInit for %s", path);
+		int fd;
+		do
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+		while (fd < 0 && errno == EINTR);
+		if (fd >= 0)
+			close(fd);
+		else if (errno == ENOENT)
+			gpuos_dbg("standby: released");
+		else
+			fprintf(stderr, "libgpuos: standby: cannot wait on %s (%s): going on\n", path,
+				strerror(errno));
+	}
+	__atomic_store_n(&released, 1, __ATOMIC_RELEASE);
+}
+
+CUresult gpuos_h_init(PFN_cuInit_v2000 real, int pt, unsigned int flags)
+{
+	(void)pt;
+	standby_wait();
+	return real(flags);
+}

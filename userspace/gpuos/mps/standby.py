@@ -1,0 +1,93 @@
+"""Standbys: a copy of an MPS client's command that waits at its first cuInit.
+
+Policy ``standby`` (docs/mps.md): beside each client the supervisor runs its command a
+second time, under libgpuos, with ``GPUOS_MPS_STANDBY`` naming a FIFO of its own
+(``standby/<client>.<n>``, owned by the client's user).  The copy runs its imports and
+CPU-side set-up, then waits at its first cuInit (libgpuos/src/standby.c): no MPS
+client yet, so a fault that takes the server's clients down does not take it.  After
+such a fault, once the server takes clients again, the supervisor releases it and it
+takes the victim's place, its start-up already paid.
+
+Release: open the FIFO for writing (every process of the copy waiting in open(2) for
+reading goes on), then remove it (a later cuInit in the copy's tree finds no FIFO and
+does not wait).  The write end stays open a moment longer, for a waiter that looked the
+FIFO up just before it was removed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ..intercept.runner import libgpuos_path
+from .gpu import GpuRef, MpsDirs
+from .launch import ClientSpec, mps_env, output_path, spawn, spec_path, TOKEN_ENV
+from .state import Client
+
+STANDBY_ENV = "GPUOS_MPS_STANDBY"
+HOLD_OPEN_S = 2.0  # the write end, after the rename
+
+
+def fifo_path(dirs: MpsDirs, token: str) -> Path:
+    """standby/<client>.<n> for the token <gpu>:<client>:standby:<n>."""
+    _, client, _, n = token.rsplit(":", 3)
+    return dirs.standby / f"{client}.{n}"
+
+
+def make_fifo(path: Path, uid: int, gid: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path, 0o600)
+    if os.geteuid() == 0:
+        os.chown(path, uid, gid)
+
+
+def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str):
+    """The client's command as a standby (a subprocess.Popen), waiting at its first cuInit."""
+    spec = ClientSpec.load(spec_path(dirs, client.id))
+    lib = libgpuos_path()
+    if " " in str(lib) or ":" in str(lib):
+        raise ValueError(f"libgpuos path {lib} has a space or colon; LD_PRELOAD cannot name it")
+    path = fifo_path(dirs, token)
+    make_fifo(path, spec.uid, spec.gid)
+    env = mps_env(spec.env, dirs, gpu)
+    env[TOKEN_ENV] = token
+    env["GPUOS_MPS_CLIENT"] = client.id
+    env[STANDBY_ENV] = str(path)
+    env["LD_PRELOAD"] = f"{lib} {env.get('LD_PRELOAD', '')}".strip()
+    try:
+        return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
+                     users_file=client.output is not None)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+class Releases:
+    """Write ends held open for a moment after each release (the supervisor's)."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[float, int]] = []
+
+    def release(self, path: Path) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # ENXIO: nobody waits yet (it will find no FIFO); ENOENT: gone
+            fd = -1
+        path.unlink(missing_ok=True)
+        if fd >= 0:
+            self._held.append((time.monotonic() + HOLD_OPEN_S, fd))
+
+    def expire(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        keep = []
+        for deadline, fd in self._held:
+            if now >= deadline:
+                os.close(fd)
+            else:
+                keep.append((deadline, fd))
+        self._held = keep
+
+    def close(self) -> None:
+        self.expire(float("inf"))
