@@ -9,6 +9,12 @@ each fault kind of gpuos-inject, and each mode:
   is never changed), the clients started with its environment;
 - supervised: `gpuos mps start` (private GPUOS_HOME, defaults otherwise), the clients
   through `gpuos mps run --policy restart`;
+- standby: the same with `--policy standby`: each client has a second copy waiting at its
+  first cuInit (the fault is injected once every copy waits there), released after the
+  fault to take the victim's place;
+
+before the fault, each client's iterations per second over SAMPLE_S (the fault-free
+cost of a mode is its clients' rate against another mode's, same N and kind);
 
 once every client has made progress, `gpuos faults watch --json --no-journal` is started
 (to time detection) and then `gpuos faults inject --kind K --json` as one more MPS
@@ -25,7 +31,7 @@ faults right after, --delay 0):
   "not recovered" (stock: nothing restarts it); a client that survived: fault to its
   next heartbeat.
 
-    python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised]
+    python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised,standby]
                                 [--budget 540] [--scenario-timeout 150] [--quick]
                                 [--out bench/results] [--update-readme]
     python3 bench/mps_faults.py --readme-from bench/results/mps-faults-H100-DATE.json
@@ -70,8 +76,11 @@ READY_TIMEOUT = 90.0      # all clients' first heartbeat (8 cold torch starts un
 PROBE_TIMEOUT = 20.0
 SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
-SURVIVE_S = {"stock": 5.0, "supervised": 20.0}  # progress this long past the fault: a survivor
-                                                # (supervised: past the drain's SIGTERM/SIGKILL)
+SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0}  # progress this long past the
+                          # fault: a survivor (supervised: past the drain's SIGTERM/SIGKILL)
+POLICY = {"supervised": "restart", "standby": "standby"}  # modes under `gpuos mps`
+MODES = ("stock", *POLICY)
+SAMPLE_S = 3.0            # fault-free rate window, once everything is ready
 NO_INCIDENT_S = 5.0       # supervised: the faulter gone this long and no incident: none will come
 GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
 
@@ -221,7 +230,7 @@ class Scenario:
             ok = self.ctl.quit(timeout=15)
             if not ok:
                 self.note("the MPS daemon did not quit in 15 s: killed")
-        elif self.mode == "supervised" and hasattr(self, "home"):
+        elif self.mode in POLICY and hasattr(self, "home"):
             code, out = run_bounded(gpuos_cmd("mps", "stop", "--json", "--timeout", "45"),
                                     self.env, 60, self.dir / "mps-stop.out")
             self.r["stop"] = {"exit": code, "reply": last_json_object(out)}
@@ -247,7 +256,7 @@ class Scenario:
                 c["pid"] = c["proc"].pid
             else:
                 code, text = run_bounded(
-                    gpuos_cmd("mps", "run", "--policy", "restart", "--json",
+                    gpuos_cmd("mps", "run", "--policy", POLICY[self.mode], "--json",
                               "--output", str(self.dir / f"client{i}.log"), "--", *cmd),
                     self.env, 30, self.dir / f"run{i}.out")
                 reply = last_json_object(text)
@@ -270,9 +279,42 @@ class Scenario:
         raise ScenarioFailed("not every client made progress in time "
                              f"({sum(1 for c in self.clients if read_heartbeat(c['heartbeat']))}/{self.n})")
 
+    def wait_standbys(self) -> None:
+        """Every client's standby started and waiting at its cuInit: in openat(2) (x86-64:
+        257) on two looks 0.3 s apart (the FIFO's open blocks; an import's opens do not)."""
+        deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
+        while time.monotonic() < deadline:
+            code, out = run_bounded(gpuos_cmd("mps", "clients", "--json"), self.env, 30,
+                                    self.dir / "clients.out")
+            rows = (last_json_object(out) or {}).get("clients", [])
+            pids = [r.get("standby_pid") for r in rows if r.get("id")]
+            if len(pids) == self.n and all(pids):
+                looks = []
+                for _ in range(2):
+                    looks.append(all(_syscall(p) == "257" for p in pids))
+                    time.sleep(0.3)
+                if all(looks):
+                    self.r["standby_pids"] = pids
+                    return
+            time.sleep(0.5)
+        raise ScenarioFailed("the standbys were not all waiting at cuInit in time")
+
+    def sample_rates(self) -> None:
+        """Each client's iterations per second over SAMPLE_S, before the fault."""
+        first = [read_heartbeat(c["heartbeat"]) for c in self.clients]
+        time.sleep(SAMPLE_S)
+        rates = []
+        for c, a in zip(self.clients, first):
+            b = read_heartbeat(c["heartbeat"])
+            ok = a and b and b[2] == a[2] and b[0] > a[0]
+            rates.append((b[1] - a[1]) / (b[0] - a[0]) if ok else None)
+        self.r["rates"] = rates
+        got = [r for r in rates if r is not None]
+        self.r["rate_median"] = statistics.median(got) if got else None
+
     # -- the fault ---------------------------------------------------------------------------
     def events(self) -> list[dict]:
-        return EventLog(self.events_file).read() if self.mode == "supervised" else []
+        return EventLog(self.events_file).read() if self.mode in POLICY else []
 
     def fault(self) -> None:
         self.watch = Lines(gpuos_cmd("faults", "watch", "--json", "--no-journal"), self.env,
@@ -338,7 +380,7 @@ class Scenario:
             opened = any(e.get("event") == "incident-opened" and e["time"] >= t0 - 1 for e in evs)
             # A fault that stays in the faulter (seen: a device-side assert) opens no incident:
             # once the faulter is gone this long without one, the supervisor has nothing to do.
-            quiet = (self.mode == "supervised" and not opened and self.faulter.ended is not None
+            quiet = (self.mode in POLICY and not opened and self.faulter.ended is not None
                      and now - self.faulter.ended > NO_INCIDENT_S)
             # probes: stock once the faulter is gone; supervised once the supervisor has a server
             may_probe = (self.faulter.ended is not None if self.mode == "stock"
@@ -388,7 +430,7 @@ class Scenario:
                 and (b is None or b[0] < t0)):
             c["died"], c["stalled"], c["resolved"] = True, True, True
             return
-        if self.mode == "supervised" and not c.get("died") and not _alive(c["pid"]):
+        if self.mode in POLICY and not c.get("died") and not _alive(c["pid"]):
             c["died"], c["exited_s"] = True, time.time() - t0
         if b is None:
             return
@@ -421,8 +463,9 @@ class Scenario:
         self.r["detect_s"] = None if first is None else first[0] - t0
         self.r["detect_kernel_s"] = None if first is None else first[1].get("time", first[0]) - t0
         self.r["detect_xid"] = None if first is None else first[1].get("xid")
-        if self.mode == "supervised":
+        if self.mode in POLICY:
             evs = [e for e in self.events() if e.get("time", 0) >= t0 - 1]
+            self.r["took_over"] = sum(1 for e in evs if e.get("event") == "victim-took-over")
             self.r["supervisor_events"] = [{k: e.get(k) for k in
                                             ("time", "event", "state", "incident", "client", "pid",
                                              "old_pid", "cause", "outcome", "seconds", "why")}
@@ -462,6 +505,9 @@ class Scenario:
         try:
             self.start_stock() if self.mode == "stock" else self.start_supervised()
             self.start_clients()
+            if self.mode == "standby":
+                self.wait_standbys()
+            self.sample_rates()
             self.fault()
             self.observe()
             self.summarize()
@@ -479,6 +525,14 @@ class Scenario:
                 sweep(self.marker)
         self.r["wall_s"] = time.monotonic() - t_start
         return self.r
+
+
+def _syscall(pid: int) -> str | None:
+    """The number of the system call pid is blocked in (/proc/PID/syscall), or None."""
+    try:
+        return Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _alive(pid: int | None) -> bool:
@@ -529,21 +583,23 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [f"{r['device']}, driver {r['driver']}, gpuos {r['gpuos']}, {r['date'][:10]}; N clients "
              "(N-1 inference loops, 1 training loop) plus the faulting injector as one more MPS client; "
              "times in seconds from the fault. Detection: first Xid event of `gpuos faults watch` "
-             "(supervised: / the supervisor's first fault event). Server back: first probe client "
-             "that succeeds. Downtime: fault to a victim's first iteration of its new run."
+             "(supervised, standby: / the supervisor's first fault event). Server back: first probe "
+             "client that succeeds. Downtime: fault to a victim's first iteration of its new run. "
+             "Fault-free rate: the median client's iterations per second before the fault."
              + (" **Smoke run (--quick).**" if r.get("quick") else ""), "",
-             "| mode | N | kind | clients died | detection s | server back s | victim downtime median / max s | notes |",
-             "|---|---|---|---|---|---|---|---|"]
-    order = {"stock": 0, "supervised": 1}
+             "| mode | N | kind | clients died | detection s | server back s | victim downtime median / max s "
+             "| fault-free rate, it/s | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    order = {m: i for i, m in enumerate(MODES)}
     for k in sorted(r["scenarios"], key=lambda k: (int(k.split("/")[1]), k.split("/")[2],
                                                     order.get(k.split("/")[0], 2))):
         s = r["scenarios"][k]
         if "error" in s:
-            lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | — | — | — | — | failed: "
+            lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | — | — | — | — | — | failed: "
                          f"{s['error'][:120].replace('|', '/')} |")
             continue
         det = fmt_s(s.get("detect_s"))
-        if s["mode"] == "supervised":
+        if s["mode"] in POLICY:
             det += f" / {fmt_s(s.get('supervisor_detect_s'))}"
         died, rec = s["clients_died"], s["victims_recovered"]
         if died == 0:
@@ -555,13 +611,16 @@ def markdown(r: dict[str, Any]) -> str:
             if rec < died:
                 down += f" ({died - rec} not recovered)"
         notes = "; ".join(s.get("notes", []))[:120].replace("|", "/")
-        if s["mode"] == "supervised":
+        if s["mode"] in POLICY:
             what = f"incident {s['incident_outcome']}" if s.get("incident_outcome") else (
                 "no incident" if s.get("incident_opened_s") is None else "incident not closed")
+            if s["mode"] == "standby" and died:
+                what += f"; {s.get('took_over', 0)}/{died} taken over by standbys"
             notes = what + (f"; {notes}" if notes else "")
+        rate = "—" if s.get("rate_median") is None else f"{s['rate_median']:.0f}"
         back = fmt_s(s.get("server_back_s")) if died else "never down"
         lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | {died}/{s['n']} | {det} | "
-                     f"{back} | {down} | {notes} |")
+                     f"{back} | {down} | {rate} | {notes} |")
     return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])])
 
 
@@ -574,7 +633,7 @@ def main() -> None:
     ap.add_argument("--n", default="2,4,8", help="Numbers of co-running clients [2,4,8].")
     ap.add_argument("--kinds", default=",".join(FAULT_KINDS),
                     help=f"Fault kinds [{','.join(FAULT_KINDS)}].")
-    ap.add_argument("--modes", default="stock,supervised")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"[{','.join(MODES)}]")
     ap.add_argument("--size", type=int, default=1024, help="The clients' MLP width [1024].")
     ap.add_argument("--budget", type=float, default=540, help="Seconds for the whole benchmark [540].")
     ap.add_argument("--scenario-timeout", type=float, default=150, help="Seconds for one scenario [150].")
@@ -595,8 +654,8 @@ def main() -> None:
     bad = set(kinds) - set(FAULT_KINDS)
     if bad:
         ap.error(f"unknown kinds: {', '.join(sorted(bad))} (have: {', '.join(FAULT_KINDS)})")
-    if set(modes) - {"stock", "supervised"}:
-        ap.error("--modes: stock and/or supervised")
+    if set(modes) - set(MODES):
+        ap.error(f"--modes: some of {', '.join(MODES)}")
     if any(n < 1 for n in ns):
         ap.error("--n: at least 1 client")
     try:

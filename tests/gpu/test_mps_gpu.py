@@ -7,7 +7,9 @@ MPS client.  Asserted from the supervisor's events (events.jsonl): the faults (X
 class and whose pid the line names, as measured for each kind: EXPECTED), the incident, a server
 that accepts clients again, both clients restarted, the incident closed; and from the
 heartbeats: both clients make progress again, as new processes, within a bound.  Then
-`gpuos mps stop`; whatever the test started is killed at the end, in any case.
+`gpuos mps stop`; whatever the test started is killed at the end, in any case.  With
+`--policy standby` the new processes must be the clients' standbys, which waited at
+their first cuInit through the fault.
 
 Skipped cleanly without torch with CUDA, the MPS binaries, gpuos-inject, or when an MPS
 daemon gpuos did not start is running.  oob-write is the quick test; the other kinds are
@@ -160,11 +162,24 @@ def mps():
             print(f"logs in {root}")
 
 
-def _fault_and_recover(mps: Mps, kind: str) -> None:
+def _standbys(mps: Mps, clients: list[dict]) -> dict[str, int]:
+    """Each client's standby pid, once every one has started."""
+    deadline = time.monotonic() + READY_S
+    while True:
+        code, text = mps.cli("mps", "clients", "--json")
+        rows = {r["id"]: r for r in (_last_json(text).get("clients") or [])}
+        got = {c["client"]: rows.get(c["client"], {}).get("standby_pid") for c in clients}
+        if all(got.values()):
+            return got
+        assert time.monotonic() < deadline, f"no standbys: {got}"
+        time.sleep(1.0)
+
+
+def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart") -> None:
     clients = []
     for i, mode in enumerate(("infer", "train")):
         hb = mps.root / f"hb{i}"
-        code, text = mps.cli("mps", "run", "--policy", "restart", "--json",
+        code, text = mps.cli("mps", "run", "--policy", policy, "--json",
                              "--output", str(mps.root / f"client{i}.log"), "--",
                              sys.executable, "-m", "gpuos.workloads.mps_client", "--mode", mode,
                              "--heartbeat", str(hb), "--max-seconds", "600", timeout=30)
@@ -184,6 +199,7 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
         row = listed.get(c["client"])
         assert row and row["pid"] == c["before"][2] and row["alive"] and row["connected"], (c, listed)
         assert row["command"] and row["gpu_memory"], row
+    standbys = _standbys(mps, clients) if policy == "standby" else {}
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
@@ -244,8 +260,12 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
     else:
         assert not named, f"a fault tracker named {named} for {kind}: {faults}"
     assert "server-ready" in names, f"no server-ready after the incident: {names}"
-    restarted = {e.get("client") for e in evs if e["event"] == "victim-restarted"}
-    assert {c["client"] for c in clients} <= restarted, f"restarted: {restarted}"
+    if policy == "standby":
+        took = {e.get("client"): e.get("pid") for e in evs if e["event"] == "victim-took-over"}
+        assert took == standbys, f"taken over: {took}, standbys: {standbys}"
+    else:
+        restarted = {e.get("client") for e in evs if e["event"] == "victim-restarted"}
+        assert {c["client"] for c in clients} <= restarted, f"restarted: {restarted}"
 
     deadline = time.monotonic() + PROGRESS_S
     while True:
@@ -256,7 +276,10 @@ def _fault_and_recover(mps: Mps, kind: str) -> None:
             f"the restarted clients made no progress in {PROGRESS_S} s: {beats} (before: "
             f"{[c['before'] for c in clients]})")
         time.sleep(0.2)
-    print(f"{kind}: fault to both clients computing again: {max(b[0] for b in beats) - t0:.2f} s")
+    if policy == "standby":
+        assert [b[2] for b in beats] == [standbys[c["client"]] for c in clients], (beats, standbys)
+    print(f"{kind} ({policy}): fault to both clients computing again: "
+          f"{max(b[0] for b in beats) - t0:.2f} s")
 
 
 def _contained(mps: Mps, clients: list[dict], t0: float) -> None:
@@ -281,3 +304,8 @@ def test_mps_fault_oob_write_recovered(mps: Mps) -> None:
 @pytest.mark.parametrize("kind", [k for k in EXPECTED if k != "oob-write"])
 def test_mps_fault_recovered(mps: Mps, kind: str) -> None:
     _fault_and_recover(mps, kind)
+
+
+@pytest.mark.parametrize("kind", ["oob-write", "trap"])
+def test_mps_fault_victims_taken_over_by_standbys(mps: Mps, kind: str) -> None:
+    _fault_and_recover(mps, kind, policy="standby")

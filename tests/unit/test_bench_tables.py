@@ -104,13 +104,22 @@ def test_mps_table_says_what_happened():
                        "supervised/2/assert": scenario("supervised", 0, incident_opened_s=None),
                        "stock/2/oob-write": scenario("stock", 2),
                        "supervised/2/oob-write": scenario("supervised", 2, incident_opened_s=0.6,
-                                                          incident_outcome="recovered")}}
+                                                          incident_outcome="recovered", rate_median=812.4),
+                       "standby/2/oob-write": scenario("standby", 2, incident_opened_s=0.6,
+                                                       incident_outcome="recovered", took_over=1,
+                                                       victims_recovered=2, downtime_median_s=1.5,
+                                                       downtime_max_s=2.0)}}
     table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
     assert table[("stock", "assert")][5] == "never down" and table[("stock", "assert")][6] == "no victims"
-    assert table[("supervised", "assert")][7] == "no incident"
+    assert table[("supervised", "assert")][8] == "no incident"
     assert table[("stock", "oob-write")][6] == "not recovered"
     assert table[("supervised", "oob-write")][6] == "7.00 / 9.00"
-    assert table[("supervised", "oob-write")][7] == "incident recovered"
+    assert table[("supervised", "oob-write")][7] == "812"
+    assert table[("supervised", "oob-write")][8] == "incident recovered"
+    assert table[("standby", "oob-write")][6] == "1.50 / 2.00"
+    assert table[("standby", "oob-write")][8] == "incident recovered; 1/2 taken over by standbys"
+    assert [c[0] for c in rows(mps_faults.markdown(r))[2:] if c[2] == "oob-write"] == [
+        "stock", "supervised", "standby"]
 
 
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():
