@@ -8,6 +8,10 @@ the GPU really did the work) FILE is replaced atomically by one line
 ``<unix time> <iteration> <pid>``: a harness sees when the client last made progress,
 and a restarted client by its pid changing and its iteration starting again at 1.
 
+With --hold-file FILE it stops after its first iteration (its context, weights and
+first forward done, as a warm standby would be), writes FILE.ready and goes on only
+once FILE exists.
+
 Any CUDA error (a co-runner's fault under MPS poisons this client's context) exits 3
 after one line on stderr; other failures exit 1; SIGTERM/SIGINT exit 0.  It stops by
 itself after --max-seconds.  GPU memory: a few MiB of weights and activations at the
@@ -49,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--sleep", type=float, default=0.0, metavar="S",
                     help="Pause between iterations (a serving loop's idle time) [0].")
+    ap.add_argument("--hold-file", metavar="FILE",
+                    help="After the first iteration, write FILE.ready and wait until FILE exists.")
     ap.add_argument("--max-seconds", type=float, default=3600.0,
                     help="Exit 0 after this long, whatever happens [3600].")
     a = ap.parse_args(argv)
@@ -92,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             it += 1
             _beat(path, tmp, it)
+            if it == 1 and a.hold_file:
+                with open(a.hold_file + ".ready", "w") as f:
+                    f.write(f"{time.time():.6f}\n")
+                while not os.path.exists(a.hold_file) and not stop:
+                    time.sleep(0.001)
             if a.sleep:
                 time.sleep(a.sleep)
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError subclasses for CUDA errors
