@@ -595,8 +595,9 @@ def markdown(r: dict[str, Any]) -> str:
                                                     order.get(k.split("/")[0], 2))):
         s = r["scenarios"][k]
         if "error" in s:
+            why = " ".join(s["error"].split())  # one line: errors may quote JSON
             lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | — | — | — | — | — | failed: "
-                         f"{s['error'][:120].replace('|', '/')} |")
+                         f"{why[:160].replace('|', '/')} |")
             continue
         det = fmt_s(s.get("detect_s"))
         if s["mode"] in POLICY:
