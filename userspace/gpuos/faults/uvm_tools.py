@@ -337,6 +337,10 @@ class FaultTrackers:
                 out += [f for f in (decode_fatal(raw, pid) for raw in t.queue.drain()) if f]
         return out
 
+    def fds(self) -> list[int]:
+        """The trackers' tools files: each readable once its queue holds an event."""
+        return [t.tools_fd for p in self.procs.values() for t in p.trackers]
+
     def poll(self) -> list[FatalFault]:
         out, self.late = self.late, []
         for pid in self.procs:

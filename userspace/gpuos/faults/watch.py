@@ -81,12 +81,15 @@ class FaultStream:
         """A file given as the kernel log was read to its end, and nothing else runs."""
         return self.nvml is None and bool(getattr(self.kernel_log, "exhausted", False))
 
-    def poll(self, timeout: float) -> list[Item]:
-        fds = [self._wake_r]
+    def fds(self) -> list[int]:
+        """Readable when poll may have something: the kernel log's fd (where it has one)
+        and the wakeup of the threaded sources (NVML's among them)."""
         klog_fd = self.kernel_log.fileno() if self.kernel_log is not None else None
-        if klog_fd is not None:
-            fds.append(klog_fd)
-        elif self.kernel_log is not None:
+        return [self._wake_r] + ([klog_fd] if klog_fd is not None else [])
+
+    def poll(self, timeout: float) -> list[Item]:
+        fds = self.fds()
+        if self.kernel_log is not None and self.kernel_log.fileno() is None:
             timeout = min(timeout, 0.2)  # DmesgPoller: it keeps its own interval
         if self._queue.empty() and timeout > 0 and not self.exhausted:
             try:

@@ -26,9 +26,11 @@ from .store import tail
 
 
 class FaultSource(Protocol):
-    """What the supervisor needs of a source: poll() -> (fault dicts, notes); close()."""
+    """What the supervisor needs of a source: poll() -> (fault dicts, notes); fds(), readable
+    when poll may have something (the supervisor wakes on them); close()."""
 
     def poll(self) -> tuple[list[dict], list[str]]: ...
+    def fds(self) -> list[int]: ...
     def close(self) -> None: ...
 
 
@@ -140,6 +142,9 @@ class FeedFiles:
             self.offsets[p] = off
         return out, notes
 
+    def fds(self) -> list[int]:
+        return []  # files: read at every turn of the supervisor's loop
+
     def close(self) -> None:
         pass
 
@@ -181,6 +186,9 @@ class StreamSource:
                 out.append(event_dict(item))
         return out, notes
 
+    def fds(self) -> list[int]:
+        return self.stream.fds() if self.stream is not None else []
+
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
@@ -202,6 +210,9 @@ class TrackerSource:
         from ..faults.uvm_tools import fault_event
         faults = [event_dict(fault_event(f)) for f in self.trackers.poll()]
         return faults, self.trackers.track(self.pids())  # after the poll: a leaver's faults are kept
+
+    def fds(self) -> list[int]:
+        return self.trackers.fds()
 
     def close(self) -> None:
         self.trackers.close()

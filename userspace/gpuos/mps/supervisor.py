@@ -25,7 +25,7 @@ import argparse
 import collections
 import json
 import os
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -221,26 +221,33 @@ class Supervisor:
                 and self.machine.state not in (State.STARTING, State.STOPPING, State.STOPPED):
             self.inbox.append(DaemonExited(recorded))  # it died (or its pid was reused) meanwhile
         self._drain()
-        sel = selectors.DefaultSelector()
-        sel.register(self.listener, selectors.EVENT_READ, "listen")
-        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        quiet = 0  # turns in a row that a fault source woke and gave nothing
         while self.machine.state not in (State.STOPPED, State.FAILED):
-            for key, _ in sel.select(timeout=self.options.poll):
-                if key.data == "listen":
-                    self._accept()
-                else:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
+            # A fault wakes the loop at once (its source's fds), not at the next poll: the
+            # standbys' take-over waits for it.  A source whose fd stays readable with
+            # nothing to give is left to the poll interval, not spun on.
+            fault_fds = [fd for src in self.sources for fd in src.fds()] if quiet < 2 else []
+            try:
+                ready, _, _ = select.select([self.listener, self._wake_r, *fault_fds], [], [],
+                                            self.options.poll)
+            except InterruptedError:
+                ready = []
+            if self.listener in ready:
+                self._accept()
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            woken_by_source = bool(set(ready) & set(fault_fds))
             if self._stop_signal:
                 self._stop_signal = False
                 self._feed(StopRequested())
             self._reap()
-            self._faults()
+            got = self._faults()
+            quiet = 0 if got or not woken_by_source else quiet + 1
             self._watch_mps()
             self._feed(Tick())
-        sel.close()
         if self.machine.state is State.STOPPED:
             self._restore_compute_mode()
             return 0
@@ -614,7 +621,9 @@ class Supervisor:
         m = self.machine
         return [c.pid for c in m.live_clients()] + list(m.unmanaged) + ([m.server_pid] if m.server_pid else [])
 
-    def _faults(self) -> None:
+    def _faults(self) -> int:
+        """Fault events and notes from every source into the machine; how many there were."""
+        got = 0
         for src in self.sources:
             try:
                 evs, notes = src.poll()
@@ -622,11 +631,13 @@ class Supervisor:
                 self.sources.remove(src)
                 self.inbox.append(("note", f"fault source stopped: {exc}"))
                 continue
+            got += len(evs) + len(notes)
             for n in notes:
                 self.inbox.append(("note", n))
             for ev in evs:
                 self.inbox.append(Fault(ev, gpu_match(ev, self.gpu)))
         self._drain()
+        return got
 
     def _watch_mps(self) -> None:
         m = self.machine
