@@ -148,11 +148,31 @@ def test_supervisor_lock(tmp_path):
     dirs = MpsDirs(tmp_path / "g")
     assert supervisor_pid(dirs) is None
     a, b = SupervisorLock(dirs), SupervisorLock(dirs)
-    assert a.try_acquire() and not b.try_acquire()
+    assert a.try_acquire() and not b.try_acquire(patience=0.1)
     assert supervisor_pid(dirs) == os.getpid()
     a.release()
     assert supervisor_pid(dirs) is None and b.try_acquire()
     b.release()
+
+
+def test_supervisor_lock_waits_out_a_look(tmp_path):
+    """supervisor_pid() holds the lock shared for an instant to look; a supervisor that
+    starts in that instant must not take it for another supervisor (seen on an H200: a
+    fresh `gpuos mps start` failed with "another gpuos MPS supervisor runs")."""
+    import fcntl
+    import threading
+    dirs = MpsDirs(tmp_path / "g")
+    dirs.root.mkdir(parents=True)
+    look = os.open(dirs.lock, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(look, fcntl.LOCK_SH)  # a look, caught in the act
+    t = threading.Timer(0.05, lambda: os.close(look))
+    t.start()
+    lock = SupervisorLock(dirs)
+    try:
+        assert lock.try_acquire()
+    finally:
+        t.join()
+        lock.release()
 
 
 def test_event_log_and_descriptions(tmp_path):

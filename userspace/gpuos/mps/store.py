@@ -201,14 +201,23 @@ class SupervisorLock:
         self.dirs = dirs
         self.fd: int | None = None
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, patience: float = 1.0) -> bool:
+        """Whether the lock was taken.  supervisor_pid() holds it shared for an instant
+        to look (measured: a supervisor that tried during `gpuos mps start`'s look exited
+        "another supervisor runs", in a fresh home): a lock held that briefly is waited
+        for, up to `patience` seconds; a running supervisor holds it for good."""
         self.dirs.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.dirs.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.005)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         os.set_inheritable(fd, False)
