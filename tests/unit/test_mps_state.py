@@ -197,6 +197,22 @@ def test_fault_takes_every_client_and_restart_brings_them_back():
     assert all(n in names for n in steps)
 
 
+def test_the_incident_says_how_long_each_victim_had_run():
+    """A restarted (or taken-over) victim starts from its beginning: the record says how
+    much of a run the fault ended."""
+    r = Run().running(2)
+    r.feed(ClientExited("c2", 1, 2002), 30.0)  # failed first: its run ended there
+    r.fault(pid=2001, ours=True)
+    r.feed(Tick(), 5.0)
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))
+    r.feed(ClientStarted("c2", 3002))
+    ran = {v["client"]: v["ran_s"] for v in r.m.history[-1]["victims"]}
+    assert ran == {"c1": 30.0, "c2": 30.0}
+    assert {v["client"]: v["ran_s"] for v in r.last("incident-closed")["victims"]} == ran
+
+
 def test_hook_and_none_policies():
     r = Run().running(0)
     r.client("h", policy="hook", hook="resume-from-ckpt")

@@ -135,6 +135,10 @@ class Victim:
     detail: str = ""
     token: str | None = None        # spawn/hook token while in progress
     hook_deadline: float | None = None
+    # The run the fault ended: seconds from the victim's start (by gpuos) to the incident.
+    # A restarted or taken-over victim starts from its beginning again: that much work is
+    # lost unless the application saves its own progress (a hook may resume from it).
+    ran_s: float | None = None
 
 
 @dataclass
@@ -166,7 +170,8 @@ class Incident:
                            for f in self.faults],
                 "victims": [{"client": v.client, "pid": v.pid, "role": v.role,
                              "exit_status": v.exit_status, "signalled": v.signalled,
-                             "recovery": v.recovery, "detail": v.detail} for v in self.victims]}
+                             "recovery": v.recovery, "detail": v.detail, "ran_s": v.ran_s}
+                            for v in self.victims]}
 
 
 # -- inputs ------------------------------------------------------------------------
@@ -652,12 +657,14 @@ class Machine:
         for c in self.clients.values():
             # A client still being started is not one yet: if the server refuses it, it fails
             # and becomes a late victim.
+            ran = None if c.started_at is None else round(
+                (self._now if c.state == "running" else c.exited_at or self._now) - c.started_at, 3)
             if c.state == "running" and cause != "daemon-exit":
-                inc.victims.append(Victim(client=c.id, pid=c.pid))
+                inc.victims.append(Victim(client=c.id, pid=c.pid, ran_s=ran))
                 c.state = "victim"
             elif c.state == "failed" and (c.exited_at or 0) >= horizon:
                 inc.victims.append(Victim(client=c.id, pid=c.pid, exited=True,
-                                          exit_status=c.exit_status))
+                                          exit_status=c.exit_status, ran_s=ran))
                 c.state = "victim"
         managed_pids = {c.pid for c in self.clients.values() if c.pid}
         for pid in self.unmanaged if cause != "daemon-exit" else []:
