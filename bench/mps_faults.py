@@ -468,7 +468,8 @@ class Scenario:
             self.r["took_over"] = sum(1 for e in evs if e.get("event") == "victim-took-over")
             self.r["supervisor_events"] = [{k: e.get(k) for k in
                                             ("time", "event", "state", "incident", "client", "pid",
-                                             "old_pid", "cause", "outcome", "seconds", "why")}
+                                             "old_pid", "cause", "outcome", "seconds", "why",
+                                             "victims")}
                                            for e in evs]
 
             def first_of(*names: str) -> float | None:
