@@ -243,6 +243,9 @@ def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_buil
         assert alive(pid) and f"cuinit {pid}" not in lines(logs[cid], "cuinit")
         assert len(lines(logs[cid], "connected")) == 1  # the client's own
     old = {cid: mps.machine()["clients"][cid]["pid"] for cid in (a, b)}
+    code, cl = mps.json("mps", "clients")
+    assert code == 0 and {r["id"]: r["standby_pid"] for r in cl["clients"]} == sb
+    assert "STANDBY" in mps("mps", "clients").stdout
 
     trigger.touch()
     inc = mps.wait_incident_closed()
