@@ -393,6 +393,26 @@ def test_unknown_xid_is_reported_and_recovered(mps):
     assert "UNKNOWN Xid" in mps("mps", "status", "--events", "100").stdout
 
 
+def test_a_fault_event_wakes_the_supervisor(mps):
+    """Fault sources wake the supervisor's loop (here the feed's directory, watched with
+    inotify) instead of waiting for its next poll: with a 3 s poll, each event is taken
+    within half a second, three times in a row (by chance: about 1 in 200)."""
+    mps.start("--poll", "3")
+    time.sleep(1.0)
+    for k in range(3):
+        t = time.time()
+        with open(mps.feed, "a") as f:
+            f.write(json.dumps({"type": "fault", "xid": 4242, "pci": "0000:00:06", "time": t,
+                                "source": "kmsg", "text": f"wake probe {k}"}) + "\n")
+
+        def seen():
+            return next((e for e in mps.events() if e["event"] == "fault"
+                         and e["fault"].get("text") == f"wake probe {k}"), None)
+        ev = wait_for(seen, 10, f"fault event {k}")
+        assert ev["time"] - t < 0.5, f"taken {ev['time'] - t:.2f} s after it was written"
+        time.sleep(0.3)
+
+
 # -- refusals ------------------------------------------------------------------------------------------
 
 def test_foreign_daemon_is_refused(mps, fake_bin):

@@ -16,6 +16,7 @@ becomes an event of class "unknown" carrying its text.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from pathlib import Path
@@ -110,11 +111,46 @@ def parse_feed_line(line: str, source: str) -> dict | None:
     return event_dict(d)
 
 
+class DirWatch:
+    """inotify on directories: its fd is readable once a file in them was written, made or
+    moved in (Linux; where inotify is missing, fd is -1 and the poll interval does)."""
+
+    IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
+
+    def __init__(self, dirs: Iterable[str]):
+        self.fd = -1
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd < 0:
+            return
+        for d in dirs:  # a directory that cannot be watched: its files wait for the poll
+            libc.inotify_add_watch(fd, os.fsencode(d), self.IN_MODIFY | self.IN_MOVED_TO | self.IN_CREATE)
+        self.fd = fd
+
+    def drain(self) -> None:
+        while self.fd >= 0:
+            try:
+                if not os.read(self.fd, 65536):
+                    return
+            except BlockingIOError:
+                return
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class FeedFiles:
-    """Follows JSON-lines files of fault events from stored byte offsets."""
+    """Follows JSON-lines files of fault events from stored byte offsets; their directories
+    watched (DirWatch), so that a new event wakes the supervisor."""
 
     def __init__(self, paths: list[str], offsets: dict[str, int] | None = None):
         self.paths = [str(Path(p).absolute()) for p in paths]
+        self.watch = DirWatch(sorted({os.path.dirname(p) for p in self.paths}))
         self.offsets: dict[str, int] = dict(offsets or {})
         for p in self.paths:
             if p not in self.offsets:  # first time: from the end, history is not news
@@ -124,6 +160,7 @@ class FeedFiles:
                     self.offsets[p] = 0
 
     def poll(self) -> tuple[list[dict], list[str]]:
+        self.watch.drain()  # before reading: a write after this wakes the next turn
         out: list[dict] = []
         notes: list[str] = []
         for p in self.paths:
@@ -143,10 +180,10 @@ class FeedFiles:
         return out, notes
 
     def fds(self) -> list[int]:
-        return []  # files: read at every turn of the supervisor's loop
+        return [self.watch.fd] if self.watch.fd >= 0 else []
 
     def close(self) -> None:
-        pass
+        self.watch.close()
 
 
 class StreamSource:
