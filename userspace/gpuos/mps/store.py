@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import GpuosError
+from ..locks import flock_within
 from .gpu import MpsDirs
 
 FORMAT_VERSION = 1
@@ -208,16 +209,9 @@ class SupervisorLock:
         for, up to `patience` seconds; a running supervisor holds it for good."""
         self.dirs.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.dirs.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + patience
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return False
-                time.sleep(0.005)
+        if not flock_within(fd, patience, 0.005):
+            os.close(fd)
+            return False
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         os.set_inheritable(fd, False)

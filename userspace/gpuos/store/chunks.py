@@ -26,12 +26,12 @@ import fcntl
 import hashlib
 import os
 import shutil
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import Busy, GpuosError, ImageCorrupt
+from ..locks import flock_within
 from ..manifest import Chunk
 
 LOCK_NAME = "lock"
@@ -85,17 +85,10 @@ class ChunkStore:
         """Held by gc: no checkpoint, restore or verify of this store runs meanwhile.
         Busy after `wait` seconds."""
         fd = self._lock_fd()
-        deadline = time.monotonic() + wait
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise Busy(f"the chunk store {self.root} is in use by a checkpoint, "
-                                   "restore or verify; try again when it ends") from None
-                    time.sleep(0.05)
+            if not flock_within(fd, wait, 0.05):
+                raise Busy(f"the chunk store {self.root} is in use by a checkpoint, "
+                           "restore or verify; try again when it ends")
             yield
         finally:
             os.close(fd)
