@@ -194,6 +194,16 @@ static inline int gpuos_on(void)
 }
 
 void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* standby.c: a warm standby (GPUOS_MPS_STANDBY_AT=launch) waits at its first launch;
+ * every launch wrapper looks here first (one load once passed). */
+extern int gpuos_standby_passed;
+void gpuos_standby_launch_slow(void);
+static inline void gpuos_standby_at_launch(void)
+{
+	if (__builtin_expect(!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE), 0))
+		gpuos_standby_launch_slow();
+}
 /* Tracking goes on, but the record misses something (GPUOS_INCOMPLETE_* bit `why`):
  * the ring says so, once per reason, with a STATUS record. */
 void gpuos_track_incomplete(uint32_t why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -580,6 +580,7 @@ void gpuos_play_graph(const struct gpuos_qe *e)
 
 CUresult gpuos_h_graph_launch(PFN_cuGraphLaunch_v10000 real, int pt, CUgraphExec exec, CUstream st)
 {
+	gpuos_standby_at_launch();
 	if (!gpuos_recording())
 		return real(exec, st);
 	uint64_t stream = gpuos_eff_stream(st, pt), ctx = gpuos_current_ctx();

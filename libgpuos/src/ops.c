@@ -394,6 +394,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 			       unsigned int shmem, CUstream st, void **kp, void **extra)
 {
 	struct launch L;
+	gpuos_standby_at_launch();
 	if (!gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
@@ -407,6 +408,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 				  CUfunction f, void **kp, void **extra)
 {
 	struct launch L;
+	gpuos_standby_at_launch();
 	if (!config || !gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(config, f, kp, extra);
@@ -426,6 +428,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 				    unsigned int by, unsigned int bz, unsigned int shmem, CUstream st, void **kp)
 {
 	struct launch L;
+	gpuos_standby_at_launch();
 	if (!gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);

@@ -1,13 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * standby.c - a standby copy of an MPS client waits at its first cuInit (docs/mps.md).
+ * standby.c - a standby copy of an MPS client waits at its first cuInit, or at its
+ * first kernel launch (docs/mps.md).
  *
  * `gpuos mps run --policy standby` starts a second copy of the client's command beside
- * it, with GPUOS_MPS_STANDBY naming a FIFO of the supervisor's.  The copy runs its
- * imports and CPU-side set-up, then its first cuInit waits here, before the driver is
- * touched: it is no MPS client yet, so a fault that takes the server's clients down
- * does not take it.  After such a fault the supervisor releases it to take the
- * victim's place.
+ * it, with GPUOS_MPS_STANDBY naming a FIFO of the supervisor's.  Where it waits:
+ *
+ * - cold (GPUOS_MPS_STANDBY_AT unset or "cuinit"): the copy runs its imports and
+ *   CPU-side set-up, then its first cuInit waits here, before the driver is touched: it
+ *   is no MPS client yet, so a fault that takes the server's clients down does not take
+ *   it.  Released once the server takes clients again.
+ * - warm (GPUOS_MPS_STANDBY_AT=launch; `gpuos mps start --spare-server`): the copy is a
+ *   client of a second MPS server, the spare, and goes on to its first kernel launch
+ *   (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch): its
+ *   context made, its weights copied in.  A fault on the other server leaves it alone;
+ *   it is released at once.  Nothing it launches has run, so it has done no work twice.
  *
  * The wait is open(2) of the FIFO for reading, which blocks until a writer opens it.
  * Release is the supervisor opening it for writing and then removing it: every process
@@ -26,15 +33,21 @@
 
 #include "core.h"
 
-static int released; /* this process has passed the wait once: later cuInits do not look */
+int gpuos_standby_passed; /* this process has passed the wait once: later calls do not look */
 
-static void standby_wait(void)
+static int waits_at_launch(void)
 {
-	if (__atomic_load_n(&released, __ATOMIC_ACQUIRE))
+	const char *at = getenv("GPUOS_MPS_STANDBY_AT");
+	return at && strcmp(at, "launch") == 0;
+}
+
+static void standby_wait(const char *where)
+{
+	if (__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE))
 		return;
 	const char *path = getenv("GPUOS_MPS_STANDBY");
 	if (path && *path) {
-		gpuos_dbg("standby: waiting at cuInit for %s", path);
+		gpuos_dbg("standby: waiting at %s for %s", where, path);
 		int fd;
 		do
 			fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -47,12 +60,18 @@ static void standby_wait(void)
 			fprintf(stderr, "libgpuos: standby: cannot wait on %s (%s): going on\n", path,
 				strerror(errno));
 	}
-	__atomic_store_n(&released, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&gpuos_standby_passed, 1, __ATOMIC_RELEASE);
+}
+
+void gpuos_standby_launch_slow(void)
+{
+	standby_wait("a kernel launch");
 }
 
 CUresult gpuos_h_init(PFN_cuInit_v2000 real, int pt, unsigned int flags)
 {
 	(void)pt;
-	standby_wait();
+	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && !waits_at_launch())
+		standby_wait("cuInit");
 	return real(flags);
 }

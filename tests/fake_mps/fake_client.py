@@ -3,7 +3,7 @@
 
     fake_client.py --log FILE [--fault-when FILE] [--fault-after S] [--xid N]
                    [--fault-class C] [--stubborn [--ignore-term]] [--exit-after S] [--no-feed]
-                   [--cuinit]
+                   [--cuinit [--launch]]
 
 Connects like a CUDA program under MPS: asks the control daemon in
 $CUDA_MPS_PIPE_DIRECTORY for a server (the daemon starts one for the first client),
@@ -23,10 +23,12 @@ errors, which keeps an MPS server from recovering); --ignore-term: SIGTERM too.
 
 With --cuinit it first calls cuInit of the libcuda.so.1 it finds (libgpuos's fake
 driver in tests), as a CUDA program does before it becomes an MPS client: a standby
-(GPUOS_MPS_STANDBY, libgpuos preloaded) waits there.
+(GPUOS_MPS_STANDBY, libgpuos preloaded) waits there.  With --launch, once connected,
+it calls cuLaunchKernel too, as a CUDA program's first kernel: a warm standby
+(GPUOS_MPS_STANDBY_AT=launch) waits there, a client of the spare server.
 
-Log lines: "start PID", "cuinit PID", "connected SERVER", "tick N", "fault", "error TEXT",
-"stubborn", "exit CODE".
+Log lines: "start PID", "cuinit PID", "connected SERVER PID", "launched PID", "tick N",
+"fault", "error TEXT", "stubborn", "exit CODE".
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main() -> int:
     ap.add_argument("--exit-after", type=float)
     ap.add_argument("--no-feed", action="store_true")
     ap.add_argument("--cuinit", action="store_true")
+    ap.add_argument("--launch", action="store_true")
     args = ap.parse_args()
     log = open(args.log, "a", buffering=1)
     pid = os.getpid()
@@ -68,9 +71,11 @@ def main() -> int:
         return code
 
     log.write(f"start {pid}\n")
+    cuda = None
     if args.cuinit:
         import ctypes
-        rc = ctypes.CDLL("libcuda.so.1").cuInit(0)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        rc = cuda.cuInit(0)
         if rc != 0:
             return finish(1, f"CUDA error: cuInit returned {rc}")
         log.write(f"cuinit {pid}\n")
@@ -96,8 +101,12 @@ def main() -> int:
         if not hello.startswith("WELCOME"):
             return finish(1, "CUDA error: MPS server is not ready to accept new MPS client "
                              "requests (cudaErrorMpsServerNotReady)")
-        log.write(f"connected {server}\n")
+        log.write(f"connected {server} {pid}\n")
         conn.setblocking(False)
+    if args.launch and cuda is not None:
+        import ctypes
+        cuda.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)  # its answer: not ours to judge
+        log.write(f"launched {pid}\n")
     started = time.monotonic()
     tick = 0
     buf = b""

@@ -237,15 +237,20 @@ def test_passive_without_gpuos_run(build, env):
     assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
 
 
+@pytest.mark.parametrize("at", ["cuinit", "launch"])
 @pytest.mark.parametrize("prog", ["t_direct", "t_dlsym", "t_procaddr"])
-def test_a_standby_waits_at_its_first_cuinit_until_released(build, env, tmp_path, prog):
+def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env, tmp_path, prog, at):
     """GPUOS_MPS_STANDBY (gpuos mps --policy standby): the program runs up to its first
-    cuInit, whichever way it reaches the driver, and waits there until the supervisor's
-    release; a later start finds no FIFO and does not wait."""
+    cuInit (a cold standby) or its first kernel launch (GPUOS_MPS_STANDBY_AT=launch, a
+    warm one), whichever way it reaches the driver, and waits there until the
+    supervisor's release; a later start finds no FIFO and does not wait."""
     from gpuos.mps.standby import Releases
     fifo = tmp_path / "standby"
     os.mkfifo(fifo, 0o600)
-    run_env = dict(env, LD_PRELOAD=str(build / "libgpuos.so"), GPUOS_MPS_STANDBY=str(fifo))
+    run_env = dict(env, LD_PRELOAD=str(build / "libgpuos.so"), GPUOS_MPS_STANDBY=str(fifo),
+                   GPUOS_LIB_DEBUG="1")
+    if at == "launch":
+        run_env["GPUOS_MPS_STANDBY_AT"] = "launch"
     p = subprocess.Popen([str(build / "tests" / prog), "3"], env=run_env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
@@ -262,6 +267,9 @@ def test_a_standby_waits_at_its_first_cuinit_until_released(build, env, tmp_path
             p.kill()
     assert p.returncode == 0, err
     assert prog_json(out) and all(o["ok"] for o in prog_json(out))
+    waits = [l for l in err.splitlines() if "standby: waiting at" in l]
+    assert waits == [waits[0]] and waits[0].endswith(
+        f"waiting at {'a kernel launch' if at == 'launch' else 'cuInit'} for {fifo}"), err
     assert not fifo.exists()
     again = plain(build, env, prog, "3", LD_PRELOAD=str(build / "libgpuos.so"),
                   GPUOS_MPS_STANDBY=str(fifo))

@@ -271,6 +271,67 @@ def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_buil
     assert not list((mps.dir / "standby").iterdir())
 
 
+def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
+    """--spare-server: a second fake control daemon; each client's standby is its client,
+    past cuInit and connected, waiting at its first launch.  A fault on the active server
+    releases them at once: they are the clients, on the other server, and launch; the
+    faulted server is restarted as the spare and hosts the next standbys; stop takes
+    both daemons."""
+    lib = dict(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+               LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    mps.env.update(lib)
+    out = mps.start("--policy", "standby", "--spare-server")
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client("--cuinit", "--launch", name="victim")
+    b, blog = mps.client("--cuinit", "--launch", "--fault-when", str(trigger), name="faulter")
+    logs = {a: alog, b: blog}
+
+    def warm() -> dict | None:
+        cs = mps.machine()["clients"]
+        got = {cid: cs[cid]["standby_pid"] for cid in (a, b) if cs[cid]["standby_warm"]}
+        return got if len(got) == 2 and all(got.values()) else None
+    sb = wait_for(warm, 20, "two warm standbys")
+    for cid, pid in sb.items():
+        wait_for(lambda: connected(logs[cid], 2), 10, "the standby connected to the spare")
+    time.sleep(1.0)
+    m = mps.machine()
+    assert m["slot"] == 0 and m["spare"] == "ready"
+    for cid, pid in sb.items():
+        server_of = {int(x.split()[2]): int(x.split()[1]) for x in lines(logs[cid], "connected")}
+        client_pid = m["clients"][cid]["pid"]
+        assert server_of[client_pid] == m["server_pid"] != server_of[pid]  # the standby: the spare's
+        assert alive(pid) and lines(logs[cid], "launched") == [f"launched {client_pid}"]
+    assert (mps.dir / "pipe").resolve() == (mps.dir / "slot0" / "pipe").resolve()
+    old = {cid: m["clients"][cid]["pid"] for cid in (a, b)}
+
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert inc["outcome"] == "recovered"
+    assert {v["client"]: v["recovery"] for v in inc["victims"]} == {a: "took-over", b: "took-over"}
+    names = mps.names()
+    # released at the swap, not once the faulted server was back
+    assert names.index("servers-swapped") < names.index("standby-releasing") < names.index("spare-ready")
+    assert "server-ready" not in names
+    m = mps.machine()
+    assert m["slot"] == 1 and m["spare"] == "ready"
+    for cid in (a, b):
+        c = m["clients"][cid]
+        assert c["pid"] == sb[cid] and c["state"] == "running" and not alive(old[cid])
+        wait_for(lambda: f"launched {sb[cid]}" in lines(logs[cid], "launched"), 10, "released")
+    assert (mps.dir / "pipe").resolve() == (mps.dir / "slot1" / "pipe").resolve()
+    new = wait_for(lambda: (w := warm()) and all(w[c] != sb[c] for c in w) and w, 20,
+                   "new warm standbys, on the restarted server")
+    code, st = mps.json("mps", "status")
+    spare = st["gpus"][0]["spare"]
+    assert code == 0 and spare["state"] == "ready" and spare["slot"] == 0
+
+    res = mps("mps", "stop", "--json")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not any(alive(p) for p in [*new.values(), *sb.values()]), 10, "all stopped")
+    for slot in (0, 1):
+        assert not (mps.dir / f"slot{slot}" / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+
+
 def test_server_crash_without_fault_report_is_recovered(mps):
     env = {**mps.env, "FAKE_MPS_FAULT_MODE": "crash"}
     mps.start(env=env, feed=False)  # no fault source: the server's death is the evidence

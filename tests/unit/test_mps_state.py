@@ -415,10 +415,10 @@ def test_victims_that_do_not_exit_are_killed():
     r.feed(ClientExited("c1", 1, 2001))
     assert r.feed(Tick(), 9.9) == []
     acts = r.feed(Tick(), 0.2)
-    assert acts == [SignalClient("c2", 2002, "SIGTERM"), TerminateMpsClient(SERVER, 7777)]
+    assert acts == [SignalClient("c2", 2002, "SIGTERM", 77), TerminateMpsClient(SERVER, 7777)]
     assert r.last("drain-timeout")["stage"] == "SIGTERM"
     acts = r.feed(Tick(), 5.1)
-    assert acts == [SignalClient("c2", 2002, "SIGKILL")]  # never signals what is not ours
+    assert acts == [SignalClient("c2", 2002, "SIGKILL", 77)]  # never signals what is not ours
     r.feed(UnmanagedGone(7777))
     assert r.m.state is S.DRAINING
     acts = r.feed(Tick(), 5.1)  # c2 survived SIGKILL (stuck in D state?): go on without it
@@ -664,7 +664,7 @@ def test_stop_terminates_clients_then_the_daemon():
     r.feed(ClientSpawnFailed("queued", "x"))
     acts = r.feed(StopRequested())
     assert r.m.state is S.STOPPING
-    assert acts == [SignalClient("c1", 2001, "SIGTERM"), SignalClient("c2", 2002, "SIGTERM")]
+    assert acts == [SignalClient("c1", 2001, "SIGTERM", 77), SignalClient("c2", 2002, "SIGTERM", 77)]
     r.feed(ClientExited("c1", -15, 2001))
     acts = r.feed(ClientExited("c2", -15, 2002))
     assert acts == [StopDaemon()]
@@ -678,7 +678,7 @@ def test_stop_escalates_to_sigkill_and_goes_on():
     r = Run().running(1)
     r.feed(StopRequested(grace=2))
     assert r.feed(Tick(), 1) == []
-    assert r.feed(Tick(), 1.1) == [SignalClient("c1", 2001, "SIGKILL")]
+    assert r.feed(Tick(), 1.1) == [SignalClient("c1", 2001, "SIGKILL", 77)]
     assert r.feed(Tick(), 5.1) == []
     assert r.feed(Tick(), 0.1) == [StopDaemon()]
     r.feed(DaemonStopped())
@@ -919,6 +919,147 @@ def test_resume_in_each_state():
     r.feed(DaemonStopped())
     c = _clone(r)
     assert c.resume() == [StartDaemon()] and c.m.clients == {} and c.m.history == r.m.history
+
+
+# -- a spare server: warm standbys, released at once ---------------------------------------------
+
+SPARE_DAEMON, SPARE_SERVER = 200, 666
+
+
+def with_spare(n: int = 2, policies: tuple = ()) -> Run:
+    """Clients running on slot 0, each of policy standby (or policies[i]) with a warm standby on
+    the spare (slot 1)."""
+    r = Run(Settings(drain_grace=10, kill_grace=5, restart_attempts=3, backoff_initial=1,
+                     backoff_max=4, max_restarts=2, recent_window=10, spare_server=True))
+    assert r.start() == [StartDaemon(0)]
+    # the active daemon first; then the spare's
+    assert r.feed(DaemonUp(DAEMON, slot=0)) == [StartDaemon(1)]
+    assert r.m.spare == "starting"
+    for i in range(1, n + 1):
+        policy = policies[i - 1] if i <= len(policies) else "standby"
+        assert r.client(f"c{i}", policy=policy) == [SpawnClient(f"c{i}", f"GPU-test:c{i}:1", slot=0)]
+        # before the spare is up a standby would be cold: on the active server, at cuInit
+        acts = r.feed(ClientStarted(f"c{i}", 2000 + i, 77))
+        if policy == "standby":
+            assert acts == [SpawnStandby(f"c{i}", standby_token(f"c{i}"), slot=0, warm=False)]
+            r.feed(StandbyStarted(f"c{i}", standby_token(f"c{i}"), 3000 + i, 66))
+    acts = r.feed(DaemonUp(SPARE_DAEMON, slot=1))
+    # the spare is up: cold standbys are replaced by warm ones on it
+    cold = [c for c in r.m.clients.values() if c.standby_token and not c.standby_warm]
+    assert not cold and r.m.spare == "ready" and r.m.spare_daemon_pid == SPARE_DAEMON
+    assert of(acts, StopStandby) == [StopStandby(f"c{i}", standby_token(f"c{i}"), 3000 + i, 66)
+                                     for i in range(1, n + 1) if r.m.clients[f"c{i}"].policy == "standby"]
+    assert of(acts, SpawnStandby) == [SpawnStandby(f"c{i}", standby_token(f"c{i}", 2), slot=1, warm=True)
+                                      for i in range(1, n + 1) if r.m.clients[f"c{i}"].policy == "standby"]
+    for a in of(acts, SpawnStandby):
+        r.feed(StandbyStarted(a.client_id, a.token, 4000 + int(a.client_id[1:]), 88))
+    r.feed(ServerSeen(SERVER))
+    # the spare's server lists the standbys as its clients: they are not unmanaged
+    r.feed(UnmanagedClients(tuple(c.standby_pid for c in r.m.clients.values() if c.standby_pid)))
+    assert r.m.unmanaged == []
+    return r
+
+
+def test_spare_server_releases_warm_standbys_at_the_fault_then_restarts_the_faulted_one():
+    r = with_spare(2)
+    acts = r.fault(pid=2002)
+    # at once: the servers swap and both warm standbys are released, nothing waits for a drain
+    assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
+                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]
+    assert (r.m.slot, r.m.daemon_pid, r.m.spare, r.m.state) == (1, SPARE_DAEMON, "restarting", S.DRAINING)
+    assert r.last("servers-swapped")["faulted_server_pid"] == SERVER
+    assert r.feed(ClientStarted("c1", 4001, 88)) == []
+    assert r.feed(ClientStarted("c2", 4002, 88)) == []
+    assert [v.recovery for v in r.m.incident.victims] == ["took-over", "took-over"]
+    # the old processes still run: the faulted server is drained by them, not by the clients
+    assert r.m.state is S.DRAINING
+    assert not r.m.incident.victims[0].exited
+    r.feed(ClientExited("c1", 1, 2001))
+    acts = r.feed(ClientExited("c2", 1, 2002))
+    # drained: the faulted daemon (slot 0) is restarted, as the spare
+    assert acts == [RestartServer(1000, SERVER, 0)]
+    acts = r.feed(ServerRestarted(True, 777, DAEMON, slot=0))
+    assert r.m.state is S.RUNNING and r.m.spare == "ready" and r.m.spare_server_pid == 777
+    # new warm standbys, on slot 0 now
+    assert acts == [SpawnStandby("c1", standby_token("c1", 3), slot=0, warm=True),
+                    SpawnStandby("c2", standby_token("c2", 3), slot=0, warm=True)]
+    h = r.m.history[-1]
+    assert h["outcome"] == "recovered" and [v["recovery"] for v in h["victims"]] == ["took-over"] * 2
+
+
+def test_spare_server_victims_without_standby_start_on_the_new_server_as_they_exit():
+    r = with_spare(2, policies=("restart", "standby"))
+    acts = r.fault(pid=2001)
+    assert acts == [ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]  # c1 still runs: not yet
+    acts = r.feed(ClientExited("c1", 1, 2001))
+    assert acts == [SpawnClient("c1", "GPU-test:c1:2", slot=1)]  # on the new active server
+    r.feed(ClientStarted("c1", 5001, 99))
+    r.feed(ClientStarted("c2", 4002, 88))
+    # c2's old process does not exit: SIGTERM, SIGKILL reach it (not c2's new process)
+    acts = r.feed(Tick(), 10)
+    assert acts == [SignalClient("c2", 2002, "SIGTERM", 77)]
+    acts = r.feed(Tick(), 5)
+    assert acts == [SignalClient("c2", 2002, "SIGKILL", 77)]
+    assert r.feed(ClientExited("c2", -9, 2002)) == [RestartServer(1000, SERVER, 0)]
+    assert r.m.clients["c2"].pid == 4002 and r.m.clients["c2"].state == "running"
+
+
+def test_spare_server_that_will_not_restart_is_lost_not_the_supervisor():
+    r = with_spare(1)
+    r.fault(pid=2001)
+    r.feed(ClientStarted("c1", 4001, 88))
+    r.feed(ClientExited("c1", 1, 2001))
+    for _ in range(3):
+        r.feed(ServerRestarted(False, detail="no", slot=0))
+        r.feed(Tick(), 10)
+    assert r.m.state is S.RUNNING and r.m.spare == "lost"
+    assert r.m.history[-1]["outcome"] == "recovered"
+    # standbys are cold from then on, on the active server (slot 1)
+    c1 = r.m.clients["c1"]
+    assert (c1.standby_slot, c1.standby_warm) == (1, False)
+    # with no spare, the next fault is handled the stock way: drain, restart, release
+    acts = r.fault(pid=4001)
+    assert not of(acts, ReleaseStandby) and r.m.slot == 1
+
+
+def test_spare_server_stop_takes_standbys_then_both_daemons():
+    r = with_spare(1)
+    acts = r.feed(StopRequested())
+    assert acts == [SignalClient("c1", 2001, "SIGTERM", 77), StopStandby("c1", standby_token("c1", 2), 4001, 88)]
+    acts = r.feed(ClientExited("c1", 0, 2001))
+    assert acts == [StopDaemon(1), StopDaemon(0)]
+    r.feed(DaemonStopped("quit", slot=1))
+    assert r.m.state is S.STOPPING
+    r.feed(DaemonStopped("quit", slot=0))
+    assert r.m.state is S.STOPPED
+
+
+def test_spare_server_exit_or_start_failure_leaves_cold_standbys():
+    r = with_spare(1)
+    acts = r.feed(DaemonExited(SPARE_DAEMON))
+    assert r.m.spare == "lost" and r.m.state is S.RUNNING
+    assert acts == [StopStandby("c1", standby_token("c1", 2), 4001, 88),
+                    SpawnStandby("c1", standby_token("c1", 3), slot=0, warm=False)]
+    r2 = Run(Settings(spare_server=True))
+    r2.start()
+    r2.feed(DaemonUp(DAEMON, slot=0))
+    r2.feed(DaemonFailed("no", slot=1))
+    assert r2.m.state is S.RUNNING and r2.m.spare == "lost"
+
+
+def test_spare_server_resume_adopts_the_spare_and_goes_on_with_a_swapped_incident():
+    r = with_spare(1)
+    c = _clone(r)
+    assert c.resume() == [StartDaemon(1)]
+    c.feed(DaemonUp(SPARE_DAEMON, adopted=True, slot=1))
+    assert c.m.spare == "ready" and c.last("spare-adopted")
+    r.fault(pid=2001)
+    r.feed(ClientStarted("c1", 4001, 88))
+    r.feed(ClientExited("c1", 1, 2001))  # restarting the faulted server (slot 0)
+    c = _clone(r)
+    assert c.resume() == [RestartServer(1000, SERVER, 0)]
+    c.feed(ServerRestarted(True, 777, DAEMON, slot=0))
+    assert c.m.state is S.RUNNING and c.m.spare == "ready" and c.m.slot == 1
 
 
 def _clone(r: Run) -> Run:

@@ -171,6 +171,12 @@ def mps() -> None:
               help="Default recovery policy of clients that set none [default: restart].")
 @click.option("--hook", metavar="CMD", default=None,
               help="Default recovery hook (a shell command) for policy hook.")
+@click.option("--spare-server", is_flag=True,
+              help="Run a second MPS control daemon on the GPU, the spare: standbys (policy "
+                   "standby) are its clients, warm (context made, weights in, waiting at their "
+                   "first kernel launch), and take over the moment a fault hits the active server; "
+                   "then the two swap roles. Costs each standby's GPU memory and a second MPS "
+                   "server. Set when a supervisor starts afresh; a resumed one keeps its setting.")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
@@ -203,7 +209,8 @@ def mps() -> None:
               metavar="S", help="Seconds to wait for the supervisor to be up.")
 @json_option
 @click.pass_obj
-def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds, no_kmsg, no_nvml,
+def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server, feeds,
+              no_kmsg, no_nvml,
               no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
               hook_timeout, poll,
               timeout, as_json) -> None:
@@ -248,7 +255,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds,
                        f"{state})")
         return
     notes: list[str] = []
-    dirs.create()
+    dirs.root.mkdir(parents=True, exist_ok=True)  # the rest is the supervisor's
     lock = SupervisorLock(dirs)
     if not lock.try_acquire():
         raise Busy(f"a gpuos MPS supervisor is starting for {gpu.describe()}")
@@ -269,9 +276,13 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds,
             notes.append(f"the pipe directory's path is {len(str(dirs.pipe.absolute()))} bytes long: "
                          "MPS's sockets in it must fit in 108; if the daemon fails, use a shorter "
                          "GPUOS_HOME")
-        ctl = MpsControl(binaries, dirs.pipe, dirs.log, gpu.visible)
-        ours = ctl.daemon_pid()
-        foreign = foreign_daemons(dirs.pipe, ours, gpu, binaries)
+        spare = spare_server if fresh else _machine(saved).settings.spare_server
+        if not fresh and spare_server and not spare:
+            notes.append("--spare-server ignored: the supervisor resumed keeps its setting "
+                         "(stop it first to change it)")
+        pipes = [dirs.pipe_of(s) for s in ((0, 1) if spare else (None,))]
+        ours = {MpsControl(binaries, p, p, gpu.visible).daemon_pid() for p in pipes} - {None}
+        foreign = foreign_daemons(pipes, ours, gpu, binaries)
         if foreign:
             raise MpsForeign(f"an MPS control daemon gpuos did not start serves {gpu.describe()}: "
                              + "; ".join(foreign) + ". Stop it (echo quit | nvidia-cuda-mps-control, "
@@ -296,7 +307,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, feeds,
                 notes.append(f"compute mode changed: {mode or 'unknown'} -> Exclusive_Process "
                              "(`gpuos mps stop` restores it)")
         if fresh:
-            settings = Settings()
+            settings = Settings(spare_server=spare_server)
             machine = Machine(gpu.key, settings)
             options = Options()
         else:
@@ -442,7 +453,7 @@ def stop_cmd(rt: Runtime, gpu_spec, grace, force, timeout, as_json) -> None:
             click.echo(f"MPS on {gpu.describe()} is not running")
         return
     if not force and ctl is not None and daemon is not None:
-        managed = {c.pid for c in m.clients.values() if c.pid}
+        managed = {p for c in m.clients.values() for p in (c.pid, c.standby_pid) if p}
         others: list[int] = []
         try:
             for s in ctl.server_list():
@@ -495,6 +506,9 @@ def _status_of(gpu: GpuRef, dirs: MpsDirs, saved: SavedState, events: int) -> di
         "unfinished": unfinished,
         "daemon_pid": m.daemon_pid, "daemon_alive": daemon_alive,
         "server_pid": m.server_pid, "server_alive": server_alive, "server_status": m.server_status,
+        "spare": None if m.slot is None else {
+            "state": m.spare, "slot": 1 - m.slot, "daemon_pid": m.spare_daemon_pid,
+            "server_pid": m.spare_server_pid, "pipe_dir": dirs.pipe_of(1 - m.slot)},
         "pipe_dir": dirs.pipe, "log_dir": dirs.log, "events_file": dirs.events,
         "default_policy": m.settings.default_policy, "default_hook": m.settings.default_hook,
         "clients": counts, "unmanaged_clients": m.unmanaged,
@@ -555,6 +569,10 @@ def status_cmd(rt: Runtime, gpu_spec, n_events, as_json) -> None:
                    f"{'' if st['daemon_alive'] or not st['daemon_pid'] else ' (gone)'}; server: "
                    f"{st['server_pid'] or '-'}{' ' + st['server_status'] if st['server_status'] else ''}"
                    f"{'' if st['server_alive'] or not st['server_pid'] else ' (gone)'}")
+        if st["spare"]:
+            sp = st["spare"]
+            click.echo(f"  spare server (slot {sp['slot']}, warm standbys): {sp['state']}; control "
+                       f"daemon {sp['daemon_pid'] or '-'}; server {sp['server_pid'] or '-'}")
         click.echo(f"  pipe directory: {st['pipe_dir']}")
         cm = st["compute_mode"]
         if cm and cm.get("set") and not cm.get("restored"):

@@ -310,20 +310,24 @@ def answers(pipe_dir: Path, binaries: MpsBinaries, timeout: float = 3.0) -> bool
         return False
 
 
-def foreign_daemons(ours_pipe: Path, our_daemon: int | None, gpu: GpuRef,
+def foreign_daemons(ours_pipe: Path | list[Path], our_daemon: int | None | set[int], gpu: GpuRef,
                     binaries: MpsBinaries | None = None,
                     env: dict[str, str] | None = None) -> list[str]:
-    """Descriptions of MPS control daemons gpuos did not start that conflict with ours."""
+    """Descriptions of MPS control daemons gpuos did not start that conflict with ours.
+    ours_pipe, our_daemon: one pipe directory and daemon, or (with a spare server) each
+    slot's."""
     env = os.environ if env is None else env
-    ours = os.path.realpath(ours_pipe)
+    pipes = [ours_pipe] if isinstance(ours_pipe, (str, Path)) else list(ours_pipe)
+    ours = {os.path.realpath(p) for p in pipes}
+    mine = our_daemon if isinstance(our_daemon, set) else {our_daemon}
     found: list[str] = []
     seen_dirs: set[str] = set()
     for d in control_daemons():
-        if d.pid == our_daemon:
+        if d.pid in mine:
             continue
         if d.pipe_dir:
             seen_dirs.add(os.path.realpath(d.pipe_dir))
-        if d.pipe_dir and os.path.realpath(d.pipe_dir) == ours:
+        if d.pipe_dir and os.path.realpath(d.pipe_dir) in ours:
             found.append(f"{d.describe()} uses gpuos's own pipe directory")
         elif serves_gpu(d, gpu):
             found.append(d.describe())
@@ -333,7 +337,7 @@ def foreign_daemons(ours_pipe: Path, our_daemon: int | None, gpu: GpuRef,
             defaults.add(env["CUDA_MPS_PIPE_DIRECTORY"])
         for p in sorted(defaults):
             real = os.path.realpath(p)
-            if real == ours or real in seen_dirs:
+            if real in ours or real in seen_dirs:
                 continue
             if answers(Path(p), binaries):
                 found.append(f"a daemon answering on {p}/control (not visible here: another "

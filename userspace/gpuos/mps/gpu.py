@@ -161,11 +161,34 @@ class MpsDirs:
 
     @property
     def pipe(self) -> Path:
+        """The daemon's pipe directory; with a spare server, a link to the active one's."""
         return self.root / "pipe"
 
     @property
     def log(self) -> Path:
         return self.root / "log"
+
+    def pipe_of(self, slot: int | None) -> Path:
+        """A control daemon's own pipe directory: slot None (no spare server) is `pipe`;
+        with a spare, slot 0 and 1 are `slot0/pipe` and `slot1/pipe`."""
+        return self.pipe if slot is None else self.root / f"slot{slot}" / "pipe"
+
+    def log_of(self, slot: int | None) -> Path:
+        return self.log if slot is None else self.root / f"slot{slot}" / "log"
+
+    def point_at(self, slot: int) -> None:
+        """With a spare server: `pipe` and `log` made links to the active slot's (what
+        `gpuos mps env` gives clients gpuos does not start), replaced atomically."""
+        for link, target in ((self.pipe, self.pipe_of(slot)), (self.log, self.log_of(slot))):
+            rel = target.relative_to(self.root)
+            if link.is_symlink() and Path(os.readlink(link)) == rel:
+                continue
+            if link.is_dir() and not link.is_symlink():
+                shutil.rmtree(link)  # a run without a spare left it; its daemon is gone
+            tmp = link.with_name(f".{link.name}.{os.getpid()}")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(rel)
+            os.replace(tmp, link)
 
     @property
     def state(self) -> Path:
@@ -195,14 +218,24 @@ class MpsDirs:
     def standby(self) -> Path:
         return self.root / "standby"
 
-    def create(self) -> None:
+    def create(self, spare: bool = False) -> None:
+        """spare: with a spare server, two slots' directories (pipe and log are then links,
+        made by point_at); else one pipe and log."""
         for d in (self.root, self.clients):
             d.mkdir(parents=True, exist_ok=True)
         # MPS clients of any user must reach the daemon's sockets in pipe/, and standbys
         # their FIFOs (each the client's user's own) in standby/.
-        for d in (self.pipe, self.log, self.standby):
+        dirs = [self.pipe_of(s) for s in (0, 1)] + [self.log_of(s) for s in (0, 1)] if spare \
+            else [self.pipe, self.log]
+        for link in ([] if spare else [self.pipe, self.log]):
+            if link.is_symlink():  # a run with a spare left it
+                link.unlink()
+        for d in dirs + [self.standby]:
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o755)
+        if spare:
+            os.chmod(self.root / "slot0", 0o755)
+            os.chmod(self.root / "slot1", 0o755)
         os.chmod(self.clients, 0o700)
 
 

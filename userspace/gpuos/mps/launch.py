@@ -55,11 +55,12 @@ def output_path(dirs: MpsDirs, client: Client) -> Path:
     return Path(client.output) if client.output else dirs.root / "output" / f"{client.id}.log"
 
 
-def mps_env(base: dict[str, str], dirs: MpsDirs, gpu: GpuRef) -> dict[str, str]:
-    """base with the MPS variables of this supervisor's daemon."""
+def mps_env(base: dict[str, str], dirs: MpsDirs, gpu: GpuRef, slot: int | None = None) -> dict[str, str]:
+    """base with the MPS variables of this supervisor's daemon (with a spare server: the
+    slot's own directories, never the link that follows the active one)."""
     env = {k: v for k, v in base.items() if not k.startswith("CUDA_MPS_")}
-    env["CUDA_MPS_PIPE_DIRECTORY"] = str(dirs.pipe)
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(dirs.log)
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(dirs.pipe_of(slot))
+    env["CUDA_MPS_LOG_DIRECTORY"] = str(dirs.log_of(slot))
     # The daemon sees only our GPU; a client's CUDA_VISIBLE_DEVICES is read against what the
     # server sees, so an index would be wrong: the UUID, or nothing.
     if gpu.uuid:
@@ -126,9 +127,10 @@ def spawn(argv: list[str], cwd: str, env: dict[str, str], uid: int, gid: int,
         os.close(fd)
 
 
-def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str) -> subprocess.Popen:
+def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
+                 slot: int | None = None) -> subprocess.Popen:
     spec = ClientSpec.load(spec_path(dirs, client.id))
-    env = mps_env(spec.env, dirs, gpu)
+    env = mps_env(spec.env, dirs, gpu, slot)
     env[TOKEN_ENV] = token
     env["GPUOS_MPS_CLIENT"] = client.id
     return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),

@@ -1,4 +1,5 @@
-"""Standbys: a copy of an MPS client's command that waits at its first cuInit.
+"""Standbys: a copy of an MPS client's command that waits at its first cuInit (cold), or
+at its first kernel launch as a client of the spare server (warm).
 
 Policy ``standby`` (docs/mps.md): beside each client the supervisor runs its command a
 second time, under libgpuos, with ``GPUOS_MPS_STANDBY`` naming a FIFO of its own
@@ -7,6 +8,11 @@ CPU-side set-up, then waits at its first cuInit (libgpuos/src/standby.c): no MPS
 client yet, so a fault that takes the server's clients down does not take it.  After
 such a fault, once the server takes clients again, the supervisor releases it and it
 takes the victim's place, its start-up already paid.
+
+With a spare server (`gpuos mps start --spare-server`) the copy is warm: it is given the
+spare's pipe directory and ``GPUOS_MPS_STANDBY_AT=launch``, so it makes its context and
+copies its weights in on the spare server and waits at its first kernel launch; a fault
+on the active server leaves it alone and it is released at once.
 
 Release: open the FIFO for writing (every process of the copy waiting in open(2) for
 reading goes on), then remove it (a later cuInit in the copy's tree finds no FIFO and
@@ -26,6 +32,7 @@ from .launch import ClientSpec, mps_env, output_path, spawn, spec_path, TOKEN_EN
 from .state import Client
 
 STANDBY_ENV = "GPUOS_MPS_STANDBY"
+STANDBY_AT_ENV = "GPUOS_MPS_STANDBY_AT"
 HOLD_OPEN_S = 2.0  # the write end, after the rename
 
 
@@ -43,18 +50,23 @@ def make_fifo(path: Path, uid: int, gid: int) -> None:
         os.chown(path, uid, gid)
 
 
-def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str):
-    """The client's command as a standby (a subprocess.Popen), waiting at its first cuInit."""
+def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
+                  slot: int | None = None, warm: bool = False):
+    """The client's command as a standby (a subprocess.Popen), waiting at its first cuInit,
+    or (warm) at its first launch, for the MPS daemon of slot."""
     spec = ClientSpec.load(spec_path(dirs, client.id))
     lib = libgpuos_path()
     if " " in str(lib) or ":" in str(lib):
         raise ValueError(f"libgpuos path {lib} has a space or colon; LD_PRELOAD cannot name it")
     path = fifo_path(dirs, token)
     make_fifo(path, spec.uid, spec.gid)
-    env = mps_env(spec.env, dirs, gpu)
+    env = mps_env(spec.env, dirs, gpu, slot)
     env[TOKEN_ENV] = token
     env["GPUOS_MPS_CLIENT"] = client.id
     env[STANDBY_ENV] = str(path)
+    env.pop(STANDBY_AT_ENV, None)
+    if warm:
+        env[STANDBY_AT_ENV] = "launch"
     env["LD_PRELOAD"] = f"{lib} {env.get('LD_PRELOAD', '')}".strip()
     try:
         return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),

@@ -20,6 +20,16 @@ not), makes sure a server is back, then recovers each victim by its policy:
 that waits, started in advance, at its first cuInit: libgpuos/src/standby.c),
 ``hook`` (run a recovery command) or ``none``.
 
+With a spare server (``Settings.spare_server``, `gpuos mps start --spare-server`) the
+supervisor runs two MPS control daemons on the GPU, in slots 0 and 1 (each its own
+pipe directory): the active one serves the clients, the spare one only the standbys,
+which are then warm: past cuInit, their context made, waiting at their first kernel
+launch.  A fault on the active server swaps the two at once (``_swap``): each victim's
+warm standby is released there and then, without waiting for the victims to go or a
+server to come back; a victim without one is started on the new active server as soon
+as its old process has exited.  The faulted server is drained and restarted as before,
+in the background, and is the spare from then on.
+
 Standbys are kept by one rule applied after every input (``_keep_standbys``): a
 running client whose policy is standby has one while the machine runs; a standby
 whose client ended, changed policy, or whose supervisor stops, is stopped.
@@ -75,6 +85,7 @@ class Settings:
     stop_grace: float = 10.0        # s clients get to exit at `gpuos mps stop`
     default_policy: str = "restart"
     default_hook: str | None = None
+    spare_server: bool = False      # a second control daemon hosts warm standbys (module doc)
 
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempt - 1))
@@ -117,6 +128,8 @@ class Client:
     standby_starttime: int | None = None
     standby_spawns: int = 0
     standby_losses: int = 0              # standbys in a row that ended unused
+    standby_slot: int | None = None      # the slot whose pipe directory it was given
+    standby_warm: bool = False           # waits at its first launch, a spare server's client
 
 
 @dataclass
@@ -139,6 +152,7 @@ class Victim:
     # A restarted or taken-over victim starts from its beginning again: that much work is
     # lost unless the application saves its own progress (a hook may resume from it).
     ran_s: float | None = None
+    starttime: int | None = None    # the victim process's: signals reach no other process
 
 
 @dataclass
@@ -159,6 +173,8 @@ class Incident:
     server_ready_at: float | None = None
     closed: float | None = None
     outcome: str | None = None      # recovered | partial | aborted
+    slot: int | None = None         # the faulted server's slot (None: no spare server)
+    swapped: bool = False           # the spare took over at once (Machine._swap)
 
     def victim_of(self, client_id: str) -> Victim | None:
         return next((v for v in self.victims if v.client == client_id), None)
@@ -180,11 +196,13 @@ class Incident:
 class DaemonUp:
     pid: int
     adopted: bool = False           # it was running already (a resumed supervisor)
+    slot: int | None = None         # with a spare server: which daemon (0, 1)
 
 
 @dataclass(frozen=True)
 class DaemonFailed:
     reason: str
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +213,7 @@ class DaemonExited:
 @dataclass(frozen=True)
 class DaemonStopped:
     detail: str = ""
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,7 @@ class ServerRestarted:
     server_pid: int | None = None
     daemon_pid: int | None = None
     detail: str = ""
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -325,14 +345,17 @@ class Emit:
     event: dict
 
 
+# slot, in the actions below: which control daemon (its pipe directory) with a spare
+# server, 0 or 1; None without one.
+
 @dataclass(frozen=True)
 class StartDaemon:
-    pass
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
 class StopDaemon:
-    pass
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -340,6 +363,7 @@ class SpawnClient:
     client_id: str
     token: str
     adopt: bool = False             # first look for a process started with this token
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -347,6 +371,8 @@ class SpawnStandby:
     client_id: str
     token: str
     adopt: bool = False             # first look for a process started with this token
+    slot: int | None = None
+    warm: bool = False              # waits at its first launch (a spare server's client)
 
 
 @dataclass(frozen=True)
@@ -373,12 +399,14 @@ class SignalClient:
     client_id: str
     pid: int
     signal: str                     # "SIGTERM" | "SIGKILL"
+    starttime: int | None           # with pid, the one process to signal
 
 
 @dataclass(frozen=True)
 class TerminateMpsClient:
     server_pid: int
     pid: int
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -390,6 +418,7 @@ class ProbeServer:
 class RestartServer:
     uid: int | None                 # the clients' user: MPS servers are per user
     old_server_pid: int | None
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -428,6 +457,12 @@ class Machine:
         self.handled_xids: list[dict] = []
         self.stop_stage = 0
         self.stop_deadline: float | None = None
+        # With a spare server: the active daemon's slot (daemon_pid, server_pid are its),
+        # and the spare's pids and state: off | starting | ready | restarting | lost.
+        self.slot: int | None = 0 if self.settings.spare_server else None
+        self.spare_daemon_pid: int | None = None
+        self.spare_server_pid: int | None = None
+        self.spare = "off"
         self._out: list[Action] = []
         self._now = 0.0
 
@@ -438,7 +473,7 @@ class Machine:
         self.state = State.STARTING
         self.failure = None
         self._emit("supervisor-started")
-        self._out.append(StartDaemon())
+        self._out.append(StartDaemon(self.slot))
         return self._end()
 
     def resume(self, now: float) -> list[Action]:
@@ -452,23 +487,23 @@ class Machine:
         if was is State.STOPPED:
             self.clients = {k: c for k, c in self.clients.items() if c.state in ("pending",)}
             self._goto(State.STARTING, "started again")
-            self._out.append(StartDaemon())
+            self._out.append(StartDaemon(self.slot))
         elif was is State.STARTING:
-            self._out.append(StartDaemon())
+            self._out.append(StartDaemon(self.slot))
         elif was is State.FAILED:
             self.failure = None
             if inc is not None and inc.closed is None:
                 inc.restart_attempts = 0
                 inc.next_attempt_at = None
                 self._goto(State.RESTARTING, "recovery resumed")
-                self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+                self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
             else:
                 self._goto(State.STARTING, "started again")
-                self._out.append(StartDaemon())
+                self._out.append(StartDaemon(self.slot))
         elif was is State.RESTARTING:
             assert inc is not None
             inc.next_attempt_at = None
-            self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+            self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
         elif was is State.RECOVERING:
             assert inc is not None
             for v in inc.victims:
@@ -480,7 +515,7 @@ class Machine:
                         self._out.append(ReleaseStandby(c.id, v.token, c.standby_pid,
                                                         c.standby_starttime))
                     elif v.token:
-                        self._out.append(SpawnClient(c.id, v.token, adopt=True))
+                        self._out.append(SpawnClient(c.id, v.token, adopt=True, slot=self.slot))
                     else:
                         v.recovery = "pending"
             for v in inc.victims:
@@ -489,16 +524,22 @@ class Machine:
             self._check_recovered()
         elif was is State.STOPPING:
             if self.stop_stage >= 3:
-                self._out.append(StopDaemon())
+                self._stop_daemons()
             else:
                 self._stop_progress()
         if self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING):
             for c in self.clients.values():
                 if c.state == "starting" and c.spawn_token and not self._in_progress(c.id):
-                    self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True))
+                    self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True, slot=self.slot))
         for c in self.clients.values():
             if c.standby_token and c.standby_pid is None:  # its start was under way
-                self._out.append(SpawnStandby(c.id, c.standby_token, adopt=True))
+                self._out.append(SpawnStandby(c.id, c.standby_token, adopt=True,
+                                              slot=c.standby_slot, warm=c.standby_warm))
+        if self.slot is not None and self.spare != "restarting" \
+                and self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING):
+            if self.spare != "ready":
+                self.spare = "starting"
+            self._out.append(StartDaemon(1 - self.slot))  # a running one is adopted
         self._keep_standbys()
         return self._end()
 
@@ -539,6 +580,8 @@ class Machine:
             "failure": self.failure, "recent_faults": list(self.recent_faults),
             "handled_xids": list(self.handled_xids),
             "stop_stage": self.stop_stage, "stop_deadline": self.stop_deadline,
+            "slot": self.slot, "spare": self.spare, "spare_daemon_pid": self.spare_daemon_pid,
+            "spare_server_pid": self.spare_server_pid,
         }
 
     @classmethod
@@ -560,6 +603,9 @@ class Machine:
         m.recent_faults = list(d.get("recent_faults", []))
         m.handled_xids = list(d.get("handled_xids", []))
         m.stop_stage, m.stop_deadline = d.get("stop_stage", 0), d.get("stop_deadline")
+        m.slot = d.get("slot", m.slot)
+        m.spare = d.get("spare", "off")
+        m.spare_daemon_pid, m.spare_server_pid = d.get("spare_daemon_pid"), d.get("spare_server_pid")
         return m
 
     # -- plumbing ------------------------------------------------------------------------
@@ -605,7 +651,7 @@ class Machine:
         c.spawn_token = f"{self.gpu}:{c.id}:{c.spawns}"
         c.state = "starting"
         c.pid = c.starttime = c.exit_status = c.exited_at = None
-        self._out.append(SpawnClient(c.id, c.spawn_token))
+        self._out.append(SpawnClient(c.id, c.spawn_token, slot=self.slot))
         return c.spawn_token
 
     def _spawn_pending(self) -> None:
@@ -645,7 +691,7 @@ class Machine:
         server and clients may well be fine, and only those that fail are victims."""
         self._prune_recent()
         inc = Incident(id=self.next_incident, opened=self._now, cause=cause,
-                       server_pid=self.server_pid)
+                       server_pid=self.server_pid, slot=self.slot)
         self.next_incident += 1
         inc.faults = [f["event"] for f in self.recent_faults]
         self.recent_faults = []
@@ -660,13 +706,13 @@ class Machine:
             ran = None if c.started_at is None else round(
                 (self._now if c.state == "running" else c.exited_at or self._now) - c.started_at, 3)
             if c.state == "running" and cause != "daemon-exit":
-                inc.victims.append(Victim(client=c.id, pid=c.pid, ran_s=ran))
+                inc.victims.append(Victim(client=c.id, pid=c.pid, ran_s=ran, starttime=c.starttime))
                 c.state = "victim"
             elif c.state == "failed" and (c.exited_at or 0) >= horizon:
                 inc.victims.append(Victim(client=c.id, pid=c.pid, exited=True,
                                           exit_status=c.exit_status, ran_s=ran))
                 c.state = "victim"
-        managed_pids = {c.pid for c in self.clients.values() if c.pid}
+        managed_pids = self._managed_pids()
         for pid in self.unmanaged if cause != "daemon-exit" else []:
             if pid not in managed_pids:
                 inc.victims.append(Victim(client=None, pid=pid, recovery="unmanaged",
@@ -678,7 +724,40 @@ class Machine:
         self._emit("incident-opened", cause=cause, server_pid=inc.server_pid,
                    faults=inc.faults, needs_reset=inc.needs_reset,
                    victims=[{"client": v.client, "pid": v.pid, "role": v.role} for v in inc.victims])
+        if self.spare == "ready" and cause != "daemon-exit":
+            self._swap()
         self._begin_drain()
+
+    def _managed_pids(self) -> set[int]:
+        """Processes gpuos started: clients and their standbys (a server's client list
+        shows a standby that is its client)."""
+        return {p for c in self.clients.values() for p in (c.pid, c.standby_pid) if p}
+
+    def _swap(self) -> None:
+        """The spare server becomes the active one, now; the faulted one is drained and
+        restarted as the spare (_on_restart_result).  Victims with a warm standby are
+        released at once; the others are recovered as their old processes exit
+        (_on_client_exited), on the new active server."""
+        inc = self.incident
+        inc.swapped = True
+        self.slot = 1 - self.slot
+        self.daemon_pid, self.spare_daemon_pid = self.spare_daemon_pid, self.daemon_pid
+        self.server_pid, self.spare_server_pid = self.spare_server_pid, self.server_pid
+        self.server_status = None
+        self.spare = "restarting"
+        self._emit("servers-swapped", slot=self.slot, daemon_pid=self.daemon_pid,
+                   server_pid=self.server_pid, faulted_server_pid=inc.server_pid)
+        for v in inc.victims:
+            self._recover_early(v)
+
+    def _recover_early(self, v: Victim) -> None:
+        """In a swapped incident: a victim with a warm standby (on the new active server)
+        or whose process has gone is recovered now, not after the faulted server is back."""
+        c = self.clients.get(v.client) if v.client else None
+        if not (self.incident and self.incident.swapped) or v.recovery != "pending" or c is None:
+            return
+        if v.exited or (c.standby_pid and c.standby_slot == self.slot):
+            self._recover(v)
 
     def _mark_named(self, fault: dict) -> None:
         """The victim a fault names: "faulter" if UVM's tracker on its VA space took it
@@ -718,16 +797,16 @@ class Machine:
             for v in left:
                 if v.client is not None and v.pid:
                     v.signalled = "SIGTERM"
-                    self._out.append(SignalClient(v.client, v.pid, "SIGTERM"))
+                    self._out.append(SignalClient(v.client, v.pid, "SIGTERM", v.starttime))
                 elif v.pid and inc.server_pid:
                     v.signalled = "terminate_client"
-                    self._out.append(TerminateMpsClient(inc.server_pid, v.pid))
+                    self._out.append(TerminateMpsClient(inc.server_pid, v.pid, inc.slot))
             self._emit("drain-timeout", stage="SIGTERM", pids=[v.pid for v in left])
         elif inc.drain_stage == 1:
             for v in left:
                 if v.client is not None and v.pid:
                     v.signalled = "SIGKILL"
-                    self._out.append(SignalClient(v.client, v.pid, "SIGKILL"))
+                    self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
             self._emit("drain-timeout", stage="SIGKILL", pids=[v.pid for v in left])
         else:
             self._emit("drain-gave-up", pids=[v.pid for v in left],
@@ -745,11 +824,15 @@ class Machine:
         inc = self.incident
         inc.restart_attempts = 0
         inc.next_attempt_at = None
-        self._goto(State.RESTARTING, f"incident {inc.id}: bringing a server back")
-        self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+        self._goto(State.RESTARTING, f"incident {inc.id}: bringing a server back"
+                   + (" (the spare)" if inc.swapped else ""))
+        self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
 
     def _on_restart_result(self, r: ServerRestarted) -> None:
         inc = self.incident
+        if inc.swapped:
+            self._on_spare_restart(r)
+            return
         if r.daemon_pid:
             self.daemon_pid = r.daemon_pid
         if r.ok:
@@ -775,6 +858,31 @@ class Machine:
         inc.next_attempt_at = self._now + delay
         self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
                    retry_in=delay, final=False)
+
+    def _on_spare_restart(self, r: ServerRestarted) -> None:
+        """The faulted server of a swapped incident, restarted to be the spare.  If it will
+        not come back the clients run on without a spare (cold standbys from then on)."""
+        inc = self.incident
+        if r.daemon_pid:
+            self.spare_daemon_pid = r.daemon_pid
+        if r.ok:
+            self.spare_server_pid, self.spare = r.server_pid, "ready"
+            inc.server_ready_at = self._now
+            self._emit("spare-ready", slot=inc.slot, server_pid=r.server_pid,
+                       attempts=inc.restart_attempts + 1, detail=r.detail)
+            self._begin_recovery()
+            return
+        inc.restart_attempts += 1
+        inc.restart_detail = r.detail
+        if inc.restart_attempts >= self.settings.restart_attempts:
+            self.spare = "lost"
+            self._emit("spare-lost", slot=inc.slot, attempts=inc.restart_attempts, detail=r.detail)
+            self._begin_recovery()
+            return
+        delay = self.settings.backoff(inc.restart_attempts)
+        inc.next_attempt_at = self._now + delay
+        self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
+                   retry_in=delay, final=False, spare=True)
 
     def _begin_recovery(self) -> None:
         self._goto(State.RECOVERING, f"incident {self.incident.id}: recovering the victims")
@@ -816,7 +924,7 @@ class Machine:
             v.hook_deadline = self._now + self.settings.hook_timeout
             self._emit("hook-started", client=c.id, pid=v.pid, hook=hook)
             self._out.append(RunHook(c.id, v.token))
-        elif policy == "standby" and c.standby_pid:
+        elif policy == "standby" and c.standby_pid and c.standby_slot == self.slot:
             v.recovery = "in-progress"
             v.token = c.standby_token
             c.state = "starting"
@@ -865,7 +973,7 @@ class Machine:
             if c.state == "pending":
                 c.state = "cancelled"
         for c in self.live_clients():
-            self._out.append(SignalClient(c.id, c.pid, "SIGTERM"))
+            self._out.append(SignalClient(c.id, c.pid, "SIGTERM", c.starttime))
         self._stop_progress()
 
     def _stop_progress(self) -> None:
@@ -874,31 +982,60 @@ class Machine:
             self.stop_stage = 3
             self._emit("daemon-stopping", daemon_pid=self.daemon_pid,
                        left=[c.pid for c in live])
-            self._out.append(StopDaemon())
+            self._stop_daemons()
             return
         if self.stop_stage < 2 and self.stop_deadline is not None and self._now >= self.stop_deadline:
             if self.stop_stage == 0:
                 for c in live:
-                    self._out.append(SignalClient(c.id, c.pid, "SIGKILL"))
+                    self._out.append(SignalClient(c.id, c.pid, "SIGKILL", c.starttime))
                 self._emit("stop-timeout", pids=[c.pid for c in live])
             self.stop_stage += 1
             self.stop_deadline = self._now + self.settings.kill_grace
 
+    def _stop_daemons(self) -> None:
+        """The standbys first (a spare's clients), then the spare, then the active daemon:
+        its DaemonStopped ends the stop."""
+        self._keep_standbys()
+        if self.slot is not None:
+            self.spare, self.spare_daemon_pid, self.spare_server_pid = "off", None, None
+            self._out.append(StopDaemon(1 - self.slot))
+        self._out.append(StopDaemon(self.slot))
+
     # -- input handlers ----------------------------------------------------------------------
     def _on_daemon_up(self, i: DaemonUp) -> None:
+        if self.slot is not None and i.slot == 1 - self.slot:
+            if self.spare != "restarting" and self.state not in (
+                    State.STOPPING, State.STOPPED, State.FAILED):
+                self.spare_daemon_pid, self.spare = i.pid, "ready"
+                self._emit("spare-adopted" if i.adopted else "spare-started", daemon_pid=i.pid,
+                           slot=i.slot)
+            return
         self.daemon_pid = i.pid
         self._emit("daemon-adopted" if i.adopted else "daemon-started", daemon_pid=i.pid)
         if self.state is State.STARTING:
             self._goto(State.RUNNING, "the control daemon is up")
             self._spawn_pending()
+            if self.slot is not None and self.spare == "off":
+                self.spare = "starting"
+                self._out.append(StartDaemon(1 - self.slot))
 
     def _on_daemon_failed(self, i: DaemonFailed) -> None:
+        if self.slot is not None and i.slot == 1 - self.slot:
+            self.spare = "lost"
+            self._emit("spare-start-failed", reason=i.reason, slot=i.slot,
+                       why="standbys will be cold (waiting at cuInit) on the active server")
+            return
         self._emit("daemon-start-failed", reason=i.reason)
         if self.state is State.STARTING:
             self.failure = i.reason
             self._goto(State.FAILED, i.reason)
 
     def _on_daemon_exited(self, i: DaemonExited) -> None:
+        if i.pid is not None and i.pid == self.spare_daemon_pid and self.spare == "ready":
+            self.spare_daemon_pid, self.spare_server_pid, self.spare = None, None, "lost"
+            self._emit("spare-exited", daemon_pid=i.pid,
+                       why="standbys will be cold (waiting at cuInit) on the active server")
+            return
         if i.pid != self.daemon_pid:
             return
         self.daemon_pid = None
@@ -907,6 +1044,8 @@ class Machine:
             self._open_incident("daemon-exit")
 
     def _on_daemon_stopped(self, i: DaemonStopped) -> None:
+        if self.slot is not None and i.slot == 1 - self.slot:
+            return  # the spare: the active daemon's stop ends the stop
         if self.state is not State.STOPPING:
             self._emit("input-ignored", input="DaemonStopped", why=f"not stopping ({self.state.value})")
             return
@@ -1045,7 +1184,7 @@ class Machine:
         else:
             self._emit("client-started", client=c.id, pid=i.pid, adopted=i.adopted)
         if self.state is State.STOPPING:
-            self._out.append(SignalClient(c.id, c.pid, "SIGTERM"))
+            self._out.append(SignalClient(c.id, c.pid, "SIGTERM", c.starttime))
 
     def _on_client_spawn_failed(self, i: ClientSpawnFailed) -> None:
         c = self.clients.get(i.client_id)
@@ -1066,6 +1205,15 @@ class Machine:
 
     def _on_client_exited(self, i: ClientExited) -> None:
         c = self.clients.get(i.client_id)
+        inc = self.incident
+        v = inc.victim_of(i.client_id) if inc and c else None
+        if v is not None and not v.exited and i.pid is not None and i.pid == v.pid != c.pid:
+            # The victim's old process, its place already taken (a swapped incident).
+            v.exited, v.exit_status = True, i.status
+            self._emit("victim-exited", client=c.id, pid=i.pid, status=i.status,
+                       signalled=v.signalled)
+            self._check_drained()
+            return
         if c is None or c.state not in ("running", "starting", "victim") \
                 or (i.pid is not None and c.pid is not None and i.pid != c.pid):
             self._emit("input-ignored", input="ClientExited", client=i.client_id, pid=i.pid,
@@ -1087,6 +1235,7 @@ class Machine:
             c.state = "victim"
             self._emit("victim-exited", client=c.id, pid=c.pid, status=i.status,
                        signalled=v.signalled)
+            self._recover_early(v)
             self._check_drained()
             return
         if inc is not None and not ok and self.state in INCIDENT_STATES:
@@ -1099,7 +1248,7 @@ class Machine:
             v.exited, v.exit_status = True, i.status
             c.state = "victim"
             self._emit("victim-exited", client=c.id, pid=c.pid, status=i.status, late=True)
-            if self.state is State.RECOVERING:
+            if self.state is State.RECOVERING or inc.swapped:
                 self._recover(v)
                 self._check_recovered()
             return
@@ -1122,27 +1271,32 @@ class Machine:
         """The one rule for standbys, after every input: a client of policy standby that
         runs has one while the machine runs (and keeps it through an incident, to be
         released, and for recent_window after it failed, which may be an incident's
-        first sign); any other standby is stopped."""
+        first sign); any other standby is stopped.  Where: warm on the spare server when
+        one is ready, else cold (at cuInit) for the active one; one in the wrong place is
+        replaced while the machine runs."""
         serving = self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING)
+        warm = self.slot is not None and self.spare == "ready"
+        place = 1 - self.slot if warm else self.slot
         for c in self.clients.values():
             # A client that just failed may be a victim whose fault is not reported yet.
             failing = c.state == "failed" and self._now - (c.exited_at or 0) < self.settings.recent_window
             wanted = serving and self._policy(c) == "standby" \
                 and (c.state in ("running", "victim", "starting") or failing)
-            if c.standby_token is None:
-                if wanted and self.state is State.RUNNING and c.state == "running" \
-                        and c.standby_losses < STANDBY_LOSSES:
-                    c.standby_spawns += 1
-                    c.standby_token = f"{self.gpu}:{c.id}:standby:{c.standby_spawns}"
-                    self._out.append(SpawnStandby(c.id, c.standby_token))
-                continue
-            if wanted or self._in_progress(c.id) and \
-                    self.incident.victim_of(c.id).token == c.standby_token:
-                continue
-            self._out.append(StopStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
-            self._emit("standby-stopped", client=c.id, pid=c.standby_pid,
-                       why=f"client {c.state}" if serving else f"supervisor {self.state.value}")
-            c.standby_token = c.standby_pid = c.standby_starttime = None
+            releasing = self._in_progress(c.id) and self.incident.victim_of(c.id).token == c.standby_token
+            misplaced = self.state is State.RUNNING and (c.standby_slot, c.standby_warm) != (place, warm)
+            if c.standby_token is not None and not releasing and (not wanted or misplaced):
+                self._out.append(StopStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
+                self._emit("standby-stopped", client=c.id, pid=c.standby_pid,
+                           why="moved to the spare server" if wanted and warm
+                           else "the spare server is gone" if wanted
+                           else f"client {c.state}" if serving else f"supervisor {self.state.value}")
+                c.standby_token = c.standby_pid = c.standby_starttime = None
+            if c.standby_token is None and wanted and self.state is State.RUNNING \
+                    and c.state == "running" and c.standby_losses < STANDBY_LOSSES:
+                c.standby_spawns += 1
+                c.standby_token = f"{self.gpu}:{c.id}:standby:{c.standby_spawns}"
+                c.standby_slot, c.standby_warm = place, warm
+                self._out.append(SpawnStandby(c.id, c.standby_token, slot=place, warm=warm))
 
     def _on_standby_started(self, i: StandbyStarted) -> None:
         c = self.clients.get(i.client_id)
@@ -1178,8 +1332,7 @@ class Machine:
             self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd, why=v.detail)
 
     def _on_unmanaged(self, i: UnmanagedClients) -> None:
-        managed = {c.pid for c in self.clients.values() if c.pid}
-        pids = sorted(set(i.pids) - managed)
+        pids = sorted(set(i.pids) - self._managed_pids())
         if pids != self.unmanaged:
             self._emit("unmanaged-clients", pids=pids, previous=self.unmanaged)
             self.unmanaged = pids
@@ -1255,7 +1408,7 @@ class Machine:
             if inc.next_attempt_at is not None and self._now >= inc.next_attempt_at:
                 inc.next_attempt_at = None
                 self._emit("server-restart-attempt", attempt=inc.restart_attempts + 1)
-                self._out.append(RestartServer(self._victim_uid(), inc.server_pid))
+                self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
         elif self.state is State.RECOVERING:
             for v in self.incident.victims:
                 if v.recovery == "in-progress" and v.hook_deadline and self._now >= v.hook_deadline:

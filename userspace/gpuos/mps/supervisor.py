@@ -155,7 +155,10 @@ class Supervisor:
         self.machine = Machine.from_snapshot(saved.machine)
         self.options = Options.from_dict(saved.options)
         self.binaries = find_mps_binaries()
-        self.control = MpsControl(self.binaries, dirs.pipe, dirs.log, self.gpu.visible)
+        # One control daemon, or with a spare server one per slot (state.py).
+        slots = (0, 1) if self.machine.settings.spare_server else (None,)
+        self.controls = {s: MpsControl(self.binaries, dirs.pipe_of(s), dirs.log_of(s), self.gpu.visible)
+                         for s in slots}
         self.events = EventLog(dirs.events, journal_mirror(paths))
         self.lock = SupervisorLock(dirs)
         self.children: dict[int, tuple[str, str, subprocess.Popen]] = {}
@@ -163,7 +166,7 @@ class Supervisor:
         self.hooks: dict[str, int] = {}
         self.releases = Releases()
         self.inbox: collections.deque = collections.deque()
-        self.daemon_start: int | None = None
+        self.daemon_start: dict[int | None, int | None] = {}  # by slot
         self.feeds: FeedFiles | None = None
         self.sources: list = []
         self._last_saved: str | None = None
@@ -172,6 +175,26 @@ class Supervisor:
         self._next_status = 0.0
         self._watch_error: str | None = None
         self.listener: socket.socket | None = None
+
+    @property
+    def control(self) -> MpsControl:
+        """The active daemon's."""
+        return self.controls[self.machine.slot]
+
+    def _foreign(self, slot: int | None) -> list[str]:
+        """Control daemons gpuos did not start that serve our GPU; the other slot's is ours."""
+        m = self.machine
+        return foreign_daemons([c.pipe_dir for c in self.controls.values()],
+                               {p for p in (m.daemon_pid, m.spare_daemon_pid) if p}, self.gpu,
+                               self.binaries)
+
+    def _point_pipe(self) -> None:
+        """With a spare server, `pipe` and `log` follow the active slot."""
+        if self.machine.slot is not None:
+            try:
+                self.dirs.point_at(self.machine.slot)
+            except OSError as exc:
+                self._note("point pipe", f"cannot link {self.dirs.pipe} to the active slot: {exc}")
 
     # -- life ---------------------------------------------------------------------------
     def run(self, fresh: bool = False, stop: float | None | bool = False) -> int:
@@ -188,7 +211,8 @@ class Supervisor:
             self.lock.release()
 
     def _run(self, fresh: bool, stop) -> int:
-        self.dirs.create()
+        self.dirs.create(spare=self.machine.settings.spare_server)
+        self._point_pipe()
         self.saved.supervisor = {"pid": os.getpid(), "starttime": starttime(os.getpid())}
         self.saved.boot_id = boot_id()
         self._listen()
@@ -208,7 +232,7 @@ class Supervisor:
         recorded = self.machine.daemon_pid
         daemon_ok = recorded is not None and self.control.daemon_pid() == recorded
         if daemon_ok:
-            self.daemon_start = starttime(recorded)
+            self.daemon_start[self.machine.slot] = starttime(recorded)
         now = time.time()
         if stop is not False:
             acts = self.machine.handle(StopRequested(None if stop is True else stop), now)
@@ -323,6 +347,7 @@ class Supervisor:
             if isinstance(a, Emit):
                 self._event(a.event)
         self._persist()
+        self._point_pipe()
         for a in actions:
             if not isinstance(a, Emit):
                 self._act(a)
@@ -368,11 +393,11 @@ class Supervisor:
             why = f"{type(exc).__name__}: {exc}"
             self._note(type(a).__name__, why)
             answer = {
-                StartDaemon: lambda: DaemonFailed(why),
-                StopDaemon: lambda: DaemonStopped(f"error: {why}"),
+                StartDaemon: lambda: DaemonFailed(why, a.slot),
+                StopDaemon: lambda: DaemonStopped(f"error: {why}", a.slot),
                 SpawnClient: lambda: ClientSpawnFailed(a.client_id, why),
                 SpawnStandby: lambda: StandbySpawnFailed(a.client_id, a.token, why),
-                RestartServer: lambda: ServerRestarted(False, detail=why),
+                RestartServer: lambda: ServerRestarted(False, detail=why, slot=a.slot),
                 RunHook: lambda: HookFinished(a.client_id, None, why),
             }.get(type(a))
             if answer is not None:
@@ -386,33 +411,35 @@ class Supervisor:
         return found
 
     def _do_StartDaemon(self, a: StartDaemon) -> None:
-        pid = self.control.daemon_pid()
+        control = self.controls[a.slot]
+        pid = control.daemon_pid()
         if pid is not None:
-            self.daemon_start = starttime(pid)
-            self.inbox.append(DaemonUp(pid, adopted=True))
+            self.daemon_start[a.slot] = starttime(pid)
+            self.inbox.append(DaemonUp(pid, adopted=True, slot=a.slot))
             return
-        foreign = foreign_daemons(self.dirs.pipe, None, self.gpu, self.binaries)
+        foreign = self._foreign(a.slot)
         if foreign:
             self.inbox.append(DaemonFailed("an MPS control daemon gpuos did not start serves "
-                                           f"this GPU: {'; '.join(foreign)}"))
+                                           f"this GPU: {'; '.join(foreign)}", a.slot))
             return
         try:
-            pid = self.control.start_daemon()
+            pid = control.start_daemon()
         except MpsCommandError as exc:
-            self.inbox.append(DaemonFailed(str(exc)))
+            self.inbox.append(DaemonFailed(str(exc), a.slot))
             return
-        self.daemon_start = starttime(pid)
-        self.inbox.append(DaemonUp(pid))
+        self.daemon_start[a.slot] = starttime(pid)
+        self.inbox.append(DaemonUp(pid, slot=a.slot))
 
     def _do_StopDaemon(self, a: StopDaemon) -> None:
-        pid = self.control.daemon_pid()  # only a live control daemon of our pipe directory
+        control = self.controls[a.slot]
+        pid = control.daemon_pid()  # only a live control daemon of our pipe directory
         servers: list[int] = []
         try:
-            servers = self.control.server_list()
+            servers = control.server_list()
         except MpsCommandError:
             pass
         grace = max(2.0, self.machine.settings.kill_grace)
-        ok = self.control.quit(timeout=grace)
+        ok = control.quit(timeout=grace)
         detail = "quit"
         if not ok:
             for p, sig in [(q, signal.SIGTERM) for q in [pid, *servers] if q] + \
@@ -426,7 +453,7 @@ class Supervisor:
                     while procs.alive(p) and time.monotonic() < deadline:
                         time.sleep(0.05)
             detail = "quit did not stop it in time: signalled"
-        self.inbox.append(DaemonStopped(detail))
+        self.inbox.append(DaemonStopped(detail, a.slot))
 
     def _do_SpawnClient(self, a: SpawnClient) -> None:
         c = self.machine.clients[a.client_id]
@@ -437,7 +464,7 @@ class Supervisor:
         if recovering:
             self._hold("mps-recovering")
         try:
-            p = start_client(self.dirs, self.gpu, c, a.token)
+            p = start_client(self.dirs, self.gpu, c, a.token, a.slot)
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             self.inbox.append(ClientSpawnFailed(c.id, f"cannot start {c.cmd[0] if c.cmd else '?'}: "
                                                       f"{exc}"))
@@ -453,7 +480,7 @@ class Supervisor:
             self.inbox.append(StandbyStarted(c.id, a.token, *found, adopted=True))
             return
         try:
-            p = start_standby(self.dirs, self.gpu, c, a.token)
+            p = start_standby(self.dirs, self.gpu, c, a.token, a.slot, a.warm)
         except (GpuosError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             self.inbox.append(StandbySpawnFailed(c.id, a.token, f"cannot start a standby: "
                                                                 f"{getattr(exc, 'message', exc)}"))
@@ -482,15 +509,14 @@ class Supervisor:
         fifo_path(self.dirs, a.token).unlink(missing_ok=True)
 
     def _do_SignalClient(self, a: SignalClient) -> None:
-        c = self.machine.clients.get(a.client_id)
-        if c is None or c.pid != a.pid or not same_process(a.pid, c.starttime):
+        if a.client_id not in self.machine.clients or not same_process(a.pid, a.starttime):
             return
         if not signal_tree(a.pid, SIGNALS[a.signal]):
             self._note("SignalClient", f"cannot send {a.signal} to pid {a.pid}")
 
     def _do_TerminateMpsClient(self, a: TerminateMpsClient) -> None:
         try:
-            self.control.terminate_client(a.server_pid, a.pid)
+            self.controls[a.slot].terminate_client(a.server_pid, a.pid)
         except MpsCommandError as exc:
             self._note("TerminateMpsClient", str(exc))
 
@@ -510,45 +536,50 @@ class Supervisor:
 
     def _do_RestartServer(self, a: RestartServer) -> None:
         self._hold("mps-restarting")
-        self.inbox.append(self._restart_server(a.uid, a.old_server_pid))
+        self.inbox.append(self._restart_server(a.uid, a.old_server_pid, a.slot))
 
-    def _restart_server(self, uid: int | None, old: int | None) -> ServerRestarted:
-        daemon = self.control.daemon_pid()
+    def _restart_server(self, uid: int | None, old: int | None, slot: int | None) -> ServerRestarted:
+        control = self.controls[slot]
+
+        def answer(ok: bool, server: int | None = None, daemon: int | None = None,
+                   detail: str = "") -> ServerRestarted:
+            return ServerRestarted(ok, server, daemon, detail, slot)
+
+        daemon = control.daemon_pid()
         if daemon is None:
-            foreign = foreign_daemons(self.dirs.pipe, None, self.gpu, self.binaries)
+            foreign = self._foreign(slot)
             if foreign:
-                return ServerRestarted(False, detail="a foreign MPS daemon appeared: "
-                                                     + "; ".join(foreign))
+                return answer(False, detail="a foreign MPS daemon appeared: " + "; ".join(foreign))
             try:
-                daemon = self.control.start_daemon()
+                daemon = control.start_daemon()
             except MpsCommandError as exc:
-                return ServerRestarted(False, detail=f"control daemon: {exc}")
-            self.daemon_start = starttime(daemon)
+                return answer(False, detail=f"control daemon: {exc}")
+            self.daemon_start[slot] = starttime(daemon)
         try:
-            servers = [s for s in self.control.server_list() if procs.alive(s)]
+            servers = [s for s in control.server_list() if procs.alive(s)]
             for s in ([old] if old in servers else []) + [s for s in servers if s != old]:
-                status = self.control.server_status(s)
+                status = control.server_status(s)
                 if server_ready(status):
-                    return ServerRestarted(True, s, daemon, f"server {s} is {status}")
+                    return answer(True, s, daemon, f"server {s} is {status}")
             if servers:
-                return ServerRestarted(False, daemon_pid=daemon,
-                                       detail=f"server {servers[0]} is "
-                                              f"{self.control.server_status(servers[0]) or 'not ready'}")
-            self.control.start_server(os.geteuid() if uid is None else uid)
+                return answer(False, daemon=daemon,
+                              detail=f"server {servers[0]} is "
+                                     f"{control.server_status(servers[0]) or 'not ready'}")
+            control.start_server(os.geteuid() if uid is None else uid)
             deadline = time.monotonic() + 10.0
             last = "no server appeared"
             while time.monotonic() < deadline:
-                for s in self.control.server_list():
+                for s in control.server_list():
                     if not procs.alive(s):
                         continue
-                    status = self.control.server_status(s)
+                    status = control.server_status(s)
                     if server_ready(status):
-                        return ServerRestarted(True, s, daemon, f"started server {s} ({status})")
+                        return answer(True, s, daemon, f"started server {s} ({status})")
                     last = f"server {s} is {status or 'not ready'}"
                 time.sleep(0.1)
-            return ServerRestarted(False, daemon_pid=daemon, detail=last)
+            return answer(False, daemon=daemon, detail=last)
         except MpsCommandError as exc:
-            return ServerRestarted(False, daemon_pid=daemon, detail=str(exc))
+            return answer(False, daemon=daemon, detail=str(exc))
 
     def _do_RunHook(self, a: RunHook) -> None:
         c = self.machine.clients[a.client_id]
@@ -645,7 +676,10 @@ class Supervisor:
         if m.state in (State.STARTING, State.STOPPING, State.RESTARTING) or now < self._next_mps:
             return
         self._next_mps = now + self.options.mps_poll
-        if m.daemon_pid is not None and not same_process(m.daemon_pid, self.daemon_start):
+        if m.spare_daemon_pid is not None and m.spare == "ready" \
+                and not same_process(m.spare_daemon_pid, self.daemon_start.get(1 - m.slot)):
+            self._feed(DaemonExited(m.spare_daemon_pid))
+        if m.daemon_pid is not None and not same_process(m.daemon_pid, self.daemon_start.get(m.slot)):
             self._feed(DaemonExited(m.daemon_pid))
             return
         if m.daemon_pid is None:
@@ -797,7 +831,7 @@ def spawn_supervisor(dirs: MpsDirs, fresh: bool) -> subprocess.Popen:
     env = dict(os.environ)
     pkg_parent = str(Path(gpuos.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    dirs.create()
+    dirs.root.mkdir(parents=True, exist_ok=True)  # the rest is the supervisor's (create)
     log = os.open(dirs.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         argv = [sys.executable, "-m", "gpuos.mps.supervisor", "--dir", str(dirs.root.absolute())]
