@@ -12,6 +12,9 @@ each fault kind of gpuos-inject, and each mode:
 - standby: the same with `--policy standby`: each client has a second copy waiting at its
   first cuInit (the fault is injected once every copy waits there), released after the
   fault to take the victim's place;
+- spare: `gpuos mps start --spare-server --policy standby`: the copies are warm, clients of
+  a second MPS server waiting at their first kernel launch (the fault is injected once
+  every copy waits there), released the moment the fault is seen;
 
 before the fault, each client's iterations per second over --sample seconds (the
 fault-free cost of a mode is its clients' rate against another mode's, same N and kind);
@@ -76,9 +79,10 @@ READY_TIMEOUT = 90.0      # all clients' first heartbeat (8 cold torch starts un
 PROBE_TIMEOUT = 20.0
 SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
-SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0}  # progress this long past the
-                          # fault: a survivor (supervised: past the drain's SIGTERM/SIGKILL)
-POLICY = {"supervised": "restart", "standby": "standby"}  # modes under `gpuos mps`
+SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0, "spare": 20.0}  # progress this
+                          # long past the fault: a survivor (supervised: past the drain's signals)
+POLICY = {"supervised": "restart", "standby": "standby", "spare": "standby"}  # under `gpuos mps`
+STANDBYS = ("standby", "spare")  # modes whose clients have standbys
 MODES = ("stock", *POLICY)
 NO_INCIDENT_S = 5.0       # supervised: the faulter gone this long and no incident: none will come
 GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
@@ -211,7 +215,9 @@ class Scenario:
     def start_supervised(self) -> None:
         self.home = self.dir / "h"
         self.env["GPUOS_HOME"] = str(self.home)
-        code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60"),
+        extra = ["--spare-server"] if self.mode == "spare" else []
+        code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
+                                          *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
         info = last_json_object(out)
         if code != 0 or not info or not info.get("ok"):
@@ -280,14 +286,16 @@ class Scenario:
                              f"({sum(1 for c in self.clients if read_heartbeat(c['heartbeat']))}/{self.n})")
 
     def wait_standbys(self) -> None:
-        """Every client's standby started and waiting at its cuInit: in openat(2) (x86-64:
-        257) on two looks 0.3 s apart (the FIFO's open blocks; an import's opens do not)."""
+        """Every client's standby started (warm ones for mode spare) and waiting at its cuInit
+        or first launch: in openat(2) (x86-64: 257) on two looks 0.3 s apart (the FIFO's
+        open blocks; an import's opens do not)."""
         deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
         while time.monotonic() < deadline:
             code, out = run_bounded(gpuos_cmd("mps", "clients", "--json"), self.env, 30,
                                     self.dir / "clients.out")
             rows = (last_json_object(out) or {}).get("clients", [])
-            pids = [r.get("standby_pid") for r in rows if r.get("id")]
+            pids = [r.get("standby_pid") for r in rows if r.get("id")
+                    and r.get("standby_warm") == (self.mode == "spare")]
             if len(pids) == self.n and all(pids):
                 looks = []
                 for _ in range(2):
@@ -297,7 +305,7 @@ class Scenario:
                     self.r["standby_pids"] = pids
                     return
             time.sleep(0.5)
-        raise ScenarioFailed("the standbys were not all waiting at cuInit in time")
+        raise ScenarioFailed("the standbys were not all waiting in time")
 
     def sample_rates(self) -> None:
         """Each client's iterations per second over sample_s, before the fault."""
@@ -375,7 +383,8 @@ class Scenario:
             for c in self.clients:
                 self.update_client(c, t0)
             evs = self.events()
-            ready = next((e for e in evs if e.get("event") == "server-ready" and e["time"] >= t0 - 1), None)
+            ready = next((e for e in evs if e.get("event") in ("server-ready", "servers-swapped")
+                          and e["time"] >= t0 - 1), None)
             closed = next((e for e in evs if e.get("event") == "incident-closed" and e["time"] >= t0 - 1), None)
             opened = any(e.get("event") == "incident-opened" and e["time"] >= t0 - 1 for e in evs)
             # A fault that stays in the faulter (seen: a device-side assert) opens no incident:
@@ -478,7 +487,7 @@ class Scenario:
 
             self.r["supervisor_detect_s"] = first_of("fault", "incident-opened")
             self.r["incident_opened_s"] = first_of("incident-opened")
-            self.r["supervisor_server_ready_s"] = first_of("server-ready")
+            self.r["supervisor_server_ready_s"] = first_of("server-ready", "servers-swapped")
             self.r["incident_closed_s"] = first_of("incident-closed")
             closed = next((e for e in evs if e.get("event") == "incident-closed"), None)
             self.r["incident_outcome"] = closed.get("outcome") if closed else None
@@ -506,7 +515,7 @@ class Scenario:
         try:
             self.start_stock() if self.mode == "stock" else self.start_supervised()
             self.start_clients()
-            if self.mode == "standby":
+            if self.mode in STANDBYS:
                 self.wait_standbys()
             self.sample_rates()
             self.fault()
@@ -584,7 +593,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [f"{r['device']}, driver {r['driver']}, gpuos {r['gpuos']}, {r['date'][:10]}; N clients "
              "(N-1 inference loops, 1 training loop) plus the faulting injector as one more MPS client; "
              "times in seconds from the fault. Detection: first Xid event of `gpuos faults watch` "
-             "(supervised, standby: / the supervisor's first fault event). Server back: first probe "
+             "(modes under gpuos mps: / the supervisor's first fault event). Server back: first probe "
              "client that succeeds. Downtime: fault to a victim's first iteration of its new run. "
              "Fault-free rate: the median client's iterations per second before the fault."
              + (" **Smoke run (--quick).**" if r.get("quick") else ""), "",
@@ -616,7 +625,7 @@ def markdown(r: dict[str, Any]) -> str:
         if s["mode"] in POLICY:
             what = f"incident {s['incident_outcome']}" if s.get("incident_outcome") else (
                 "no incident" if s.get("incident_opened_s") is None else "incident not closed")
-            if s["mode"] == "standby" and died:
+            if s["mode"] in STANDBYS and died:
                 what += f"; {s.get('took_over', 0)}/{died} taken over by standbys"
             notes = what + (f"; {notes}" if notes else "")
         rate = "—" if s.get("rate_median") is None else f"{s['rate_median']:.0f}"

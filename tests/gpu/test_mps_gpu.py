@@ -9,7 +9,9 @@ that accepts clients again, both clients restarted, the incident closed; and fro
 heartbeats: both clients make progress again, as new processes, within a bound.  Then
 `gpuos mps stop`; whatever the test started is killed at the end, in any case.  With
 `--policy standby` the new processes must be the clients' standbys, which waited at
-their first cuInit through the fault.
+their first cuInit through the fault; with `--spare-server` too, warm standbys that
+waited at their first kernel launch as clients of the spare server, released at the
+swap, and the faulted server restarted as the spare.
 
 Skipped cleanly without torch with CUDA, the MPS binaries, gpuos-inject, or when an MPS
 daemon gpuos did not start is running.  oob-write is the quick test; the other kinds are
@@ -121,8 +123,8 @@ class Mps:
         print(f"$ gpuos {' '.join(args)}: exit {code}\n{text[-3000:]}")
         return code, text
 
-    def start(self) -> None:
-        code, text = self.cli("mps", "start", "--gpu", "0", "--json", "--timeout", "60")
+    def start(self, *extra: str) -> None:
+        code, text = self.cli("mps", "start", "--gpu", "0", "--json", "--timeout", "60", *extra)
         info = _last_json(text)
         if code == 36:  # mps-foreign: not ours to touch
             pytest.skip(f"an MPS control daemon gpuos did not start serves the GPU: {text[-300:]}")
@@ -147,11 +149,11 @@ class Mps:
 
 
 @pytest.fixture
-def mps():
+def mps(request):
     root = Path(tempfile.mkdtemp(prefix="gmt-", dir="/tmp"))  # short: MPS socket paths
     m = Mps(root)
     try:
-        m.start()
+        m.start(*getattr(request, "param", ()))
         yield m
     finally:
         try:
@@ -162,20 +164,33 @@ def mps():
             print(f"logs in {root}")
 
 
-def _standbys(mps: Mps, clients: list[dict]) -> dict[str, int]:
-    """Each client's standby pid, once every one has started."""
+def _standbys(mps: Mps, clients: list[dict], warm: bool) -> dict[str, int]:
+    """Each client's standby pid (warm ones: on the spare server), once every one has started."""
     deadline = time.monotonic() + READY_S
     while True:
         code, text = mps.cli("mps", "clients", "--json")
         rows = {r["id"]: r for r in (_last_json(text).get("clients") or [])}
-        got = {c["client"]: rows.get(c["client"], {}).get("standby_pid") for c in clients}
+        got = {c["client"]: rows.get(c["client"], {}).get("standby_pid")
+               if rows.get(c["client"], {}).get("standby_warm") == warm else None for c in clients}
         if all(got.values()):
             return got
         assert time.monotonic() < deadline, f"no standbys: {got}"
         time.sleep(1.0)
 
 
-def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart") -> None:
+def _waiting(pid: int) -> bool:
+    """Blocked in openat(2) (x86-64: 257) on two looks 0.3 s apart: a standby at its FIFO."""
+    looks = []
+    for _ in range(2):
+        try:
+            looks.append(Path(f"/proc/{pid}/syscall").read_text().split()[:1] == ["257"])
+        except OSError:
+            return False
+        time.sleep(0.3)
+    return all(looks)
+
+
+def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool = False) -> None:
     clients = []
     for i, mode in enumerate(("infer", "train")):
         hb = mps.root / f"hb{i}"
@@ -199,7 +214,12 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart") -> None:
         row = listed.get(c["client"])
         assert row and row["pid"] == c["before"][2] and row["alive"] and row["connected"], (c, listed)
         assert row["command"] and row["gpu_memory"], row
-    standbys = _standbys(mps, clients) if policy == "standby" else {}
+    standbys = _standbys(mps, clients, spare) if policy == "standby" else {}
+    if spare:  # each standby through its torch start-up, on to its first launch: in openat(2)
+        deadline = time.monotonic() + READY_S
+        while not all(_waiting(p) for p in standbys.values()):
+            assert time.monotonic() < deadline, f"the standbys {standbys} did not reach their wait"
+            time.sleep(0.5)
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
@@ -259,7 +279,11 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart") -> None:
         assert named == {faulter}, f"the fault tracker named {named}, not the injector {faulter}: {faults}"
     else:
         assert not named, f"a fault tracker named {named} for {kind}: {faults}"
-    assert "server-ready" in names, f"no server-ready after the incident: {names}"
+    if spare:  # released at the swap; the faulted server restarted as the spare
+        assert "servers-swapped" in names and "spare-ready" in names, names
+        assert names.index("servers-swapped") < names.index("standby-releasing") < names.index("spare-ready")
+    else:
+        assert "server-ready" in names, f"no server-ready after the incident: {names}"
     if policy == "standby":
         took = {e.get("client"): e.get("pid") for e in evs if e["event"] == "victim-took-over"}
         assert took == standbys, f"taken over: {took}, standbys: {standbys}"
@@ -309,3 +333,9 @@ def test_mps_fault_recovered(mps: Mps, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["oob-write", "trap"])
 def test_mps_fault_victims_taken_over_by_standbys(mps: Mps, kind: str) -> None:
     _fault_and_recover(mps, kind, policy="standby")
+
+
+@pytest.mark.parametrize("mps", [("--spare-server",)], indirect=True)
+@pytest.mark.parametrize("kind", ["oob-write", "trap", "illegal-instruction"])
+def test_mps_fault_victims_taken_over_by_warm_standbys_on_the_spare(mps: Mps, kind: str) -> None:
+    _fault_and_recover(mps, kind, policy="standby", spare=True)

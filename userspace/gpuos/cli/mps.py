@@ -632,7 +632,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
         rows.append({"id": c.id, "pid": c.pid, "state": c.state, "alive": alive,
                      "connected": c.pid in live, "policy": policy, "hook": hook,
                      "standby_pid": c.standby_pid if c.standby_pid and procs.alive(c.standby_pid)
-                     else None,
+                     else None, "standby_warm": c.standby_warm,
                      "restarts": c.restarts, "exit_status": c.exit_status,
                      "gpu_memory": mem.get(c.pid) if mem is not None and c.pid else None,
                      "command": c.cmd, "cwd": c.cwd, "uid": c.uid,
@@ -644,6 +644,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
             cmd = []
         rows.append({"id": None, "pid": p, "state": "other", "alive": procs.alive(p),
                      "connected": True, "policy": None, "hook": None, "standby_pid": None,
+                     "standby_warm": False,
                      "restarts": 0,
                      "exit_status": None, "gpu_memory": mem.get(p) if mem is not None else None,
                      "command": cmd, "cwd": None, "uid": None, "output": None})

@@ -205,7 +205,10 @@ class StreamSource:
                 nv = NvmlSource()
             except NvmlUnavailable as exc:
                 self.notes.append(f"NVML events unavailable: {exc}")
-        self.stream = FaultStream(klog, nv) if (klog or nv) else None
+        # settle 0: an Xid is acted on as soon as its first lines are read, not once its
+        # lines have been quiet for faults.watch's 0.25 s (the standbys' take-over waits for
+        # it); a line of it read later is one more event, an echo to the machine (state._echo).
+        self.stream = FaultStream(klog, nv, settle=0.0) if (klog or nv) else None
 
     def poll(self) -> tuple[list[dict], list[str]]:
         notes, self.notes = self.notes, []
