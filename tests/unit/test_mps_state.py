@@ -963,9 +963,12 @@ def with_spare(n: int = 2, policies: tuple = ()) -> Run:
 def test_spare_server_releases_warm_standbys_at_the_fault_then_restarts_the_faulted_one():
     r = with_spare(2)
     acts = r.fault(pid=2002)
-    # at once: the servers swap and both warm standbys are released, nothing waits for a drain
+    # at once: the servers swap and both warm standbys are released, nothing waits for a drain;
+    # the victims are killed (the faulted server holds the GPU until its clients are gone)
     assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
-                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]
+                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
+                    SignalClient("c1", 2001, "SIGKILL", 77), SignalClient("c2", 2002, "SIGKILL", 77)]
+    assert r.feed(Tick(), 0.1) == []  # no SIGTERM after the SIGKILL
     assert (r.m.slot, r.m.daemon_pid, r.m.spare, r.m.state) == (1, SPARE_DAEMON, "restarting", S.DRAINING)
     assert r.last("servers-swapped")["faulted_server_pid"] == SERVER
     assert r.feed(ClientStarted("c1", 4001, 88)) == []
@@ -990,14 +993,15 @@ def test_spare_server_releases_warm_standbys_at_the_fault_then_restarts_the_faul
 def test_spare_server_victims_without_standby_start_on_the_new_server_as_they_exit():
     r = with_spare(2, policies=("restart", "standby"))
     acts = r.fault(pid=2001)
-    assert acts == [ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]  # c1 still runs: not yet
+    # c2's standby is released, its victim killed; c1 is restarted once it has exited
+    assert acts == [ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
+                    SignalClient("c2", 2002, "SIGKILL", 77)]
+    assert r.feed(Tick(), 0.1) == [SignalClient("c1", 2001, "SIGTERM", 77)]  # no drain grace
     acts = r.feed(ClientExited("c1", 1, 2001))
     assert acts == [SpawnClient("c1", "GPU-test:c1:2", slot=1)]  # on the new active server
     r.feed(ClientStarted("c1", 5001, 99))
     r.feed(ClientStarted("c2", 4002, 88))
-    # c2's old process does not exit: SIGTERM, SIGKILL reach it (not c2's new process)
-    acts = r.feed(Tick(), 10)
-    assert acts == [SignalClient("c2", 2002, "SIGTERM", 77)]
+    # c2's old process does not exit: SIGKILL again reaches it (not c2's new process)
     acts = r.feed(Tick(), 5)
     assert acts == [SignalClient("c2", 2002, "SIGKILL", 77)]
     assert r.feed(ClientExited("c2", -9, 2002)) == [RestartServer(1000, SERVER, 0)]

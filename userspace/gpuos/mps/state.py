@@ -749,6 +749,16 @@ class Machine:
                    server_pid=self.server_pid, faulted_server_pid=inc.server_pid)
         for v in inc.victims:
             self._recover_early(v)
+        # The faulted server's context keeps the GPU from the new server's clients until
+        # its own clients are gone (measured on an H200: the released standbys' first
+        # kernels ran only once the victims had exited, 1.5-13 s after the fault at N=4,
+        # with an Xid 109 context-switch timeout).  So no drain grace here: a victim whose
+        # place its standby took is killed at once, the others get SIGTERM at once.
+        for v in inc.victims:
+            if v.token is not None and v.token == self.clients[v.client].standby_token \
+                    and v.pid and not v.exited:
+                v.signalled = "SIGKILL"
+                self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
 
     def _recover_early(self, v: Victim) -> None:
         """In a swapped incident: a victim with a warm standby (on the new active server)
@@ -776,7 +786,7 @@ class Machine:
     def _begin_drain(self) -> None:
         inc = self.incident
         inc.drain_stage = 0
-        inc.stage_deadline = self._now + self.settings.drain_grace
+        inc.stage_deadline = self._now + (0.0 if inc.swapped else self.settings.drain_grace)
         self._goto(State.DRAINING, f"incident {inc.id}: waiting for the server's clients to exit")
         self._check_drained()
 
@@ -795,6 +805,8 @@ class Machine:
         left = self._undrained()
         if inc.drain_stage == 0:
             for v in left:
+                if v.signalled == "SIGKILL":
+                    continue  # killed at the swap
                 if v.client is not None and v.pid:
                     v.signalled = "SIGTERM"
                     self._out.append(SignalClient(v.client, v.pid, "SIGTERM", v.starttime))
