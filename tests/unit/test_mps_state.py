@@ -960,27 +960,25 @@ def with_spare(n: int = 2, policies: tuple = ()) -> Run:
     return r
 
 
-def test_spare_server_releases_warm_standbys_at_the_fault_then_restarts_the_faulted_one():
+def test_spare_server_swaps_at_the_fault_and_releases_warm_standbys_once_the_victims_are_gone():
     r = with_spare(2)
     acts = r.fault(pid=2002)
-    # at once: the servers swap and both warm standbys are released, nothing waits for a drain;
-    # the victims are killed (the faulted server holds the GPU until its clients are gone)
-    assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
-                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
-                    SignalClient("c1", 2001, "SIGKILL", 77), SignalClient("c2", 2002, "SIGKILL", 77)]
-    assert r.feed(Tick(), 0.1) == []  # no SIGTERM after the SIGKILL
+    # at once: the servers swap and the victims are killed (the faulted server holds the GPU
+    # until its clients are gone: nothing waits for a drain grace)
+    assert acts == [SignalClient("c1", 2001, "SIGKILL", 77), SignalClient("c2", 2002, "SIGKILL", 77)]
     assert (r.m.slot, r.m.daemon_pid, r.m.spare, r.m.state) == (1, SPARE_DAEMON, "restarting", S.DRAINING)
     assert r.last("servers-swapped")["faulted_server_pid"] == SERVER
+    assert r.feed(Tick(), 0.1) == []  # no SIGTERM after the SIGKILL
+    assert r.feed(ClientExited("c1", -9, 2001)) == []
+    acts = r.feed(ClientExited("c2", -9, 2002))
+    # drained: the warm standbys are released on the new active server, and the faulted
+    # daemon (slot 0) is restarted, to be the spare
+    assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
+                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
+                    RestartServer(1000, SERVER, 0)]
     assert r.feed(ClientStarted("c1", 4001, 88)) == []
     assert r.feed(ClientStarted("c2", 4002, 88)) == []
     assert [v.recovery for v in r.m.incident.victims] == ["took-over", "took-over"]
-    # the old processes still run: the faulted server is drained by them, not by the clients
-    assert r.m.state is S.DRAINING
-    assert not r.m.incident.victims[0].exited
-    r.feed(ClientExited("c1", 1, 2001))
-    acts = r.feed(ClientExited("c2", 1, 2002))
-    # drained: the faulted daemon (slot 0) is restarted, as the spare
-    assert acts == [RestartServer(1000, SERVER, 0)]
     acts = r.feed(ServerRestarted(True, 777, DAEMON, slot=0))
     assert r.m.state is S.RUNNING and r.m.spare == "ready" and r.m.spare_server_pid == 777
     # new warm standbys, on slot 0 now
@@ -990,29 +988,47 @@ def test_spare_server_releases_warm_standbys_at_the_fault_then_restarts_the_faul
     assert h["outcome"] == "recovered" and [v["recovery"] for v in h["victims"]] == ["took-over"] * 2
 
 
-def test_spare_server_victims_without_standby_start_on_the_new_server_as_they_exit():
+def test_spare_server_victims_without_standby_start_on_the_new_server():
     r = with_spare(2, policies=("restart", "standby"))
     acts = r.fault(pid=2001)
-    # c2's standby is released, its victim killed; c1 is restarted once it has exited
-    assert acts == [ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
-                    SignalClient("c2", 2002, "SIGKILL", 77)]
+    assert acts == [SignalClient("c2", 2002, "SIGKILL", 77)]  # c2 has a warm standby
     assert r.feed(Tick(), 0.1) == [SignalClient("c1", 2001, "SIGTERM", 77)]  # no drain grace
-    acts = r.feed(ClientExited("c1", 1, 2001))
-    assert acts == [SpawnClient("c1", "GPU-test:c1:2", slot=1)]  # on the new active server
+    assert r.feed(ClientExited("c1", 1, 2001)) == []
+    # c2's old process does not exit: SIGKILL again reaches it
+    assert r.feed(Tick(), 5) == [SignalClient("c2", 2002, "SIGKILL", 77)]
+    acts = r.feed(ClientExited("c2", -9, 2002))
+    assert acts == [SpawnClient("c1", "GPU-test:c1:2", slot=1),  # on the new active server
+                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88),
+                    RestartServer(1000, SERVER, 0)]
     r.feed(ClientStarted("c1", 5001, 99))
     r.feed(ClientStarted("c2", 4002, 88))
-    # c2's old process does not exit: SIGKILL again reaches it (not c2's new process)
-    acts = r.feed(Tick(), 5)
-    assert acts == [SignalClient("c2", 2002, "SIGKILL", 77)]
-    assert r.feed(ClientExited("c2", -9, 2002)) == [RestartServer(1000, SERVER, 0)]
     assert r.m.clients["c2"].pid == 4002 and r.m.clients["c2"].state == "running"
+    # the taken-over client's exit is its own, not the old victim's
+    r.feed(ServerRestarted(True, 777, DAEMON, slot=0))
+    assert r.m.state is S.RUNNING
+    r.feed(ClientExited("c2", 0, 4002))
+    assert r.m.clients["c2"].state == "exited"
+
+
+def test_a_long_incidents_late_xid_reports_are_echoes_after_it_closes():
+    r = Run().running(2)
+    r.fault(pid=2001)
+    r.feed(Tick(), 9)
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER), 3)  # closed 12 s after the fault
+    r.feed(ClientStarted("c1", 3001))
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and r.m.incident is None
+    # NVML's report of the same Xid, no pid, 1.5 s after the close: an echo, no incident
+    acts = r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": None, "source": "nvml"}, True), 1.5)
+    assert r.m.state is S.RUNNING and r.last("fault")["echo"] and not of(acts, SignalClient)
 
 
 def test_spare_server_that_will_not_restart_is_lost_not_the_supervisor():
     r = with_spare(1)
     r.fault(pid=2001)
-    r.feed(ClientStarted("c1", 4001, 88))
     r.feed(ClientExited("c1", 1, 2001))
+    r.feed(ClientStarted("c1", 4001, 88))
     for _ in range(3):
         r.feed(ServerRestarted(False, detail="no", slot=0))
         r.feed(Tick(), 10)
@@ -1058,8 +1074,8 @@ def test_spare_server_resume_adopts_the_spare_and_goes_on_with_a_swapped_inciden
     c.feed(DaemonUp(SPARE_DAEMON, adopted=True, slot=1))
     assert c.m.spare == "ready" and c.last("spare-adopted")
     r.fault(pid=2001)
-    r.feed(ClientStarted("c1", 4001, 88))
     r.feed(ClientExited("c1", 1, 2001))  # restarting the faulted server (slot 0)
+    r.feed(ClientStarted("c1", 4001, 88))
     c = _clone(r)
     assert c.resume() == [RestartServer(1000, SERVER, 0)]
     c.feed(ServerRestarted(True, 777, DAEMON, slot=0))

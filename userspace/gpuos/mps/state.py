@@ -735,9 +735,16 @@ class Machine:
 
     def _swap(self) -> None:
         """The spare server becomes the active one, now; the faulted one is drained and
-        restarted as the spare (_on_restart_result).  Victims with a warm standby are
-        released at once; the others are recovered as their old processes exit
-        (_on_client_exited), on the new active server."""
+        restarted as the spare (_on_spare_restart).  The victims are recovered on the new
+        active server as soon as the last has exited (_check_drained): a warm standby
+        released, or the command started again.
+
+        Not sooner: the faulted server's context keeps the GPU until its clients are gone,
+        and work started on the other server meanwhile only competes with its teardown
+        (measured on an H200, standbys released at the swap: their first kernels ran only
+        once the victims had exited, and SM faults' victims took 1.1-3.5 s to exit at N=4
+        and 8 against 0.4-1.1 s with nothing else running).  So no drain grace either: a
+        victim with a warm standby is killed at once, the others get SIGTERM at once."""
         inc = self.incident
         inc.swapped = True
         self.slot = 1 - self.slot
@@ -748,26 +755,11 @@ class Machine:
         self._emit("servers-swapped", slot=self.slot, daemon_pid=self.daemon_pid,
                    server_pid=self.server_pid, faulted_server_pid=inc.server_pid)
         for v in inc.victims:
-            self._recover_early(v)
-        # The faulted server's context keeps the GPU from the new server's clients until
-        # its own clients are gone (measured on an H200: the released standbys' first
-        # kernels ran only once the victims had exited, 1.5-13 s after the fault at N=4,
-        # with an Xid 109 context-switch timeout).  So no drain grace here: a victim whose
-        # place its standby took is killed at once, the others get SIGTERM at once.
-        for v in inc.victims:
-            if v.token is not None and v.token == self.clients[v.client].standby_token \
+            c = self.clients.get(v.client) if v.client else None
+            if c is not None and c.standby_pid and c.standby_slot == self.slot \
                     and v.pid and not v.exited:
                 v.signalled = "SIGKILL"
                 self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
-
-    def _recover_early(self, v: Victim) -> None:
-        """In a swapped incident: a victim with a warm standby (on the new active server)
-        or whose process has gone is recovered now, not after the faulted server is back."""
-        c = self.clients.get(v.client) if v.client else None
-        if not (self.incident and self.incident.swapped) or v.recovery != "pending" or c is None:
-            return
-        if v.exited or (c.standby_pid and c.standby_slot == self.slot):
-            self._recover(v)
 
     def _mark_named(self, fault: dict) -> None:
         """The victim a fault names: "faulter" if UVM's tracker on its VA space took it
@@ -795,7 +787,12 @@ class Machine:
 
     def _check_drained(self) -> None:
         if self.state is State.DRAINING and not self._undrained():
-            self._emit("drained", victims=len(self.incident.victims))
+            inc = self.incident
+            self._emit("drained", victims=len(inc.victims))
+            if inc.swapped:  # the new active server is free: recover there now
+                for v in inc.victims:
+                    if v.recovery == "pending":
+                        self._recover(v)
             self._begin_restart()
 
     def _drain_tick(self) -> None:
@@ -965,6 +962,11 @@ class Machine:
     def _close_incident(self, outcome: str) -> None:
         inc = self.incident
         inc.closed, inc.outcome = self._now, outcome
+        # Its Xids are echoes for recent_window from now, not from when they came: a long
+        # incident's late reports (measured on an H200: NVML's Xid 31 13 s after the fault,
+        # 1.5 s after an 11 s incident closed) would otherwise open another.
+        for h in self.handled_xids:
+            h["seen"] = self._now
         summary = inc.summary()
         self.history = (self.history + [summary])[-HISTORY_KEPT:]
         self._emit("incident-closed", outcome=outcome, incident=inc.id,
@@ -1247,7 +1249,6 @@ class Machine:
             c.state = "victim"
             self._emit("victim-exited", client=c.id, pid=c.pid, status=i.status,
                        signalled=v.signalled)
-            self._recover_early(v)
             self._check_drained()
             return
         if inc is not None and not ok and self.state in INCIDENT_STATES:
