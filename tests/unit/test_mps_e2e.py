@@ -302,6 +302,7 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
         assert server_of[client_pid] == m["server_pid"] != server_of[pid]  # the standby: the spare's
         assert alive(pid) and lines(logs[cid], "launched") == [f"launched {client_pid}"]
     assert (mps.dir / "pipe").resolve() == (mps.dir / "slot0" / "pipe").resolve()
+    assert f"{sb[a]} (warm)" in mps("mps", "clients").stdout
     old = {cid: m["clients"][cid]["pid"] for cid in (a, b)}
 
     trigger.touch()
@@ -330,6 +331,39 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
     wait_for(lambda: not any(alive(p) for p in [*new.values(), *sb.values()]), 10, "all stopped")
     for slot in (0, 1):
         assert not (mps.dir / f"slot{slot}" / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+
+
+def test_spare_server_supervisor_killed_then_resumed_and_stopped(mps, libgpuos_build):
+    """A spare-server supervisor SIGKILLed: `gpuos mps start` resumes it, adopting both
+    daemons and the warm standbys (none started twice); with it killed again, `gpuos mps
+    stop` stops clients, standbys and both daemons by itself."""
+    mps.env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+                   LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    mps.start("--policy", "standby", "--spare-server")
+    a, alog = mps.client("--cuinit", "--launch", name="a")
+
+    def warm() -> int | None:
+        c = mps.machine()["clients"][a]
+        return c["standby_pid"] if c["standby_warm"] and c["standby_pid"] else None
+    sb = wait_for(warm, 20, "a warm standby")
+    daemons = {s: int((mps.dir / f"slot{s}" / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+               for s in (0, 1)}
+    sup = mps.supervisor_pid()
+    os.kill(sup, signal.SIGKILL)
+    wait_for(lambda: not alive(sup), 10, "supervisor gone")
+    mps.start("--policy", "standby", "--spare-server")
+    wait_for(lambda: mps.supervisor_pid() not in (None, sup), 10, "a new supervisor")
+    wait_for(lambda: "spare-adopted" in mps.names(), 10, "the spare adopted")
+    m = mps.machine()
+    assert m["daemon_pid"] == daemons[0] and m["spare_daemon_pid"] == daemons[1]
+    assert m["clients"][a]["standby_pid"] == sb and alive(sb)
+    assert len(lines(alog, "start")) == 2  # the client and its one standby: nothing started again
+    os.kill(mps.supervisor_pid(), signal.SIGKILL)
+    res = mps("mps", "stop", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["state"] == "stopped"
+    wait_for(lambda: not any(alive(p) for p in [sb, m["clients"][a]["pid"], *daemons.values()]), 10,
+             "client, standby and both daemons stopped")
 
 
 def test_server_crash_without_fault_report_is_recovered(mps):

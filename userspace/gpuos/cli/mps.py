@@ -656,7 +656,9 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
         click.echo(f"gpuos: {note}", err=True)
     click.echo(table(["ID", "PID", "STATE", "POLICY", "STANDBY", "RESTARTS", "GPU MEM", "COMMAND"],
                      [[r["id"] or "-", r["pid"] if r["pid"] and r["alive"] else "-", r["state"],
-                       r["policy"] or "-", r["standby_pid"] or "-",
+                       r["policy"] or "-",
+                       f"{r['standby_pid']} ({'warm' if r['standby_warm'] else 'cold'})"
+                       if r["standby_pid"] else "-",
                        r["restarts"], human_bytes(r["gpu_memory"]) if r["gpu_memory"] is not None
                        else "-", shlex.join(r["command"])[:80]] for r in rows]))
 
