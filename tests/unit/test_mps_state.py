@@ -1030,7 +1030,8 @@ def test_spare_server_that_will_not_restart_is_lost_not_the_supervisor():
     for _ in range(3):
         r.feed(ServerRestarted(False, detail="no", slot=0))
         r.feed(Tick(), 10)
-    assert r.m.state is S.RUNNING and r.m.spare == "lost"
+    # lost, then tried again after its backoff
+    assert r.m.state is S.RUNNING and r.last("spare-lost") and r.m.spare == "starting"
     assert r.m.history[-1]["outcome"] == "recovered"
     # standbys are cold from then on, on the active server (slot 1)
     c1 = r.m.clients["c1"]
@@ -1058,11 +1059,21 @@ def test_spare_server_exit_or_start_failure_leaves_cold_standbys():
     assert r.m.spare == "lost" and r.m.state is S.RUNNING
     assert acts == [StopStandby("c1", standby_token("c1", 2), 4001, 88),
                     SpawnStandby("c1", standby_token("c1", 3), slot=0, warm=False)]
-    r2 = Run(Settings(spare_server=True))
+    # started again after a backoff (backoff_initial, 1 s here, then doubling): warm again
+    assert r.feed(Tick(), 0.9) == []
+    assert r.feed(Tick(), 0.2) == [StartDaemon(1)] and r.m.spare == "starting"
+    acts = r.feed(DaemonUp(SPARE_DAEMON + 1, slot=1))
+    assert r.m.spare == "ready" and r.m.spare_losses == 0
+    assert acts == [StopStandby("c1", standby_token("c1", 3), None, None),
+                    SpawnStandby("c1", standby_token("c1", 4), slot=1, warm=True)]
+    r2 = Run(Settings(spare_server=True, backoff_initial=1, backoff_max=4))
     r2.start()
     r2.feed(DaemonUp(DAEMON, slot=0))
     r2.feed(DaemonFailed("no", slot=1))
     assert r2.m.state is S.RUNNING and r2.m.spare == "lost"
+    assert r2.feed(Tick(), 1) == [StartDaemon(1)]
+    r2.feed(DaemonFailed("no", slot=1))
+    assert r2.feed(Tick(), 1.5) == [] and r2.feed(Tick(), 0.5) == [StartDaemon(1)]  # 2 s now
 
 
 def test_spare_server_resume_adopts_the_spare_and_goes_on_with_a_swapped_incident():

@@ -463,6 +463,8 @@ class Machine:
         self.spare_daemon_pid: int | None = None
         self.spare_server_pid: int | None = None
         self.spare = "off"
+        self.spare_losses = 0                   # in a row; the next try backs off
+        self.spare_retry_at: float | None = None
         self._out: list[Action] = []
         self._now = 0.0
 
@@ -581,7 +583,8 @@ class Machine:
             "handled_xids": list(self.handled_xids),
             "stop_stage": self.stop_stage, "stop_deadline": self.stop_deadline,
             "slot": self.slot, "spare": self.spare, "spare_daemon_pid": self.spare_daemon_pid,
-            "spare_server_pid": self.spare_server_pid,
+            "spare_server_pid": self.spare_server_pid, "spare_losses": self.spare_losses,
+            "spare_retry_at": self.spare_retry_at,
         }
 
     @classmethod
@@ -606,6 +609,7 @@ class Machine:
         m.slot = d.get("slot", m.slot)
         m.spare = d.get("spare", "off")
         m.spare_daemon_pid, m.spare_server_pid = d.get("spare_daemon_pid"), d.get("spare_server_pid")
+        m.spare_losses, m.spare_retry_at = d.get("spare_losses", 0), d.get("spare_retry_at")
         return m
 
     # -- plumbing ------------------------------------------------------------------------
@@ -877,8 +881,9 @@ class Machine:
         inc.restart_attempts += 1
         inc.restart_detail = r.detail
         if inc.restart_attempts >= self.settings.restart_attempts:
-            self.spare = "lost"
-            self._emit("spare-lost", slot=inc.slot, attempts=inc.restart_attempts, detail=r.detail)
+            self._spare_lost()
+            self._emit("spare-lost", slot=inc.slot, attempts=inc.restart_attempts, detail=r.detail,
+                       retry_in=round(self.spare_retry_at - self._now, 3))
             self._begin_recovery()
             return
         delay = self.settings.backoff(inc.restart_attempts)
@@ -999,6 +1004,12 @@ class Machine:
             self.stop_stage += 1
             self.stop_deadline = self._now + self.settings.kill_grace
 
+    def _spare_lost(self) -> None:
+        """No spare for now: standbys are cold; it is started again after a backoff (Tick)."""
+        self.spare = "lost"
+        self.spare_losses += 1
+        self.spare_retry_at = self._now + self.settings.backoff(self.spare_losses)
+
     def _stop_daemons(self) -> None:
         """The standbys first (a spare's clients), then the spare, then the active daemon:
         its DaemonStopped ends the stop."""
@@ -1014,6 +1025,7 @@ class Machine:
             if self.spare != "restarting" and self.state not in (
                     State.STOPPING, State.STOPPED, State.FAILED):
                 self.spare_daemon_pid, self.spare = i.pid, "ready"
+                self.spare_losses, self.spare_retry_at = 0, None
                 self._emit("spare-adopted" if i.adopted else "spare-started", daemon_pid=i.pid,
                            slot=i.slot)
             return
@@ -1028,8 +1040,9 @@ class Machine:
 
     def _on_daemon_failed(self, i: DaemonFailed) -> None:
         if self.slot is not None and i.slot == 1 - self.slot:
-            self.spare = "lost"
+            self._spare_lost()
             self._emit("spare-start-failed", reason=i.reason, slot=i.slot,
+                       retry_in=round(self.spare_retry_at - self._now, 3),
                        why="standbys will be cold (waiting at cuInit) on the active server")
             return
         self._emit("daemon-start-failed", reason=i.reason)
@@ -1039,8 +1052,9 @@ class Machine:
 
     def _on_daemon_exited(self, i: DaemonExited) -> None:
         if i.pid is not None and i.pid == self.spare_daemon_pid and self.spare == "ready":
-            self.spare_daemon_pid, self.spare_server_pid, self.spare = None, None, "lost"
-            self._emit("spare-exited", daemon_pid=i.pid,
+            self.spare_daemon_pid, self.spare_server_pid = None, None
+            self._spare_lost()
+            self._emit("spare-exited", daemon_pid=i.pid, retry_in=round(self.spare_retry_at - self._now, 3),
                        why="standbys will be cold (waiting at cuInit) on the active server")
             return
         if i.pid != self.daemon_pid:
@@ -1407,6 +1421,11 @@ class Machine:
         self._begin_stop(i.grace)
 
     def _on_tick(self, i: Tick) -> None:
+        if self.state is State.RUNNING and self.spare == "lost" and self.spare_retry_at is not None \
+                and self._now >= self.spare_retry_at:
+            self.spare, self.spare_retry_at = "starting", None
+            self._emit("spare-retry", slot=1 - self.slot, attempt=self.spare_losses + 1)
+            self._out.append(StartDaemon(1 - self.slot))
         if self.state is State.DRAINING:
             self._drain_tick()
         elif self.state is State.RESTARTING:
