@@ -24,11 +24,11 @@ With a spare server (``Settings.spare_server``, `gpuos mps start --spare-server`
 supervisor runs two MPS control daemons on the GPU, in slots 0 and 1 (each its own
 pipe directory): the active one serves the clients, the spare one only the standbys,
 which are then warm: past cuInit, their context made, waiting at their first kernel
-launch.  A fault on the active server swaps the two at once (``_swap``): each victim's
-warm standby is released there and then, without waiting for the victims to go or a
-server to come back; a victim without one is started on the new active server as soon
-as its old process has exited.  The faulted server is drained and restarted as before,
-in the background, and is the spare from then on.
+launch.  A fault on the active server swaps the two at once (``_swap``); as soon as
+the faulted server's victims have exited, each one's warm standby is released on the
+new active server (or, without one, its command started there), with no server restart
+in the way.  The faulted server is then restarted and is the spare from then on; if it
+will not come back, or the spare dies, standbys are cold until a spare is started again.
 
 Standbys are kept by one rule applied after every input (``_keep_standbys``): a
 running client whose policy is standby has one while the machine runs; a standby

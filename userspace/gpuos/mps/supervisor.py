@@ -181,7 +181,7 @@ class Supervisor:
         """The active daemon's."""
         return self.controls[self.machine.slot]
 
-    def _foreign(self, slot: int | None) -> list[str]:
+    def _foreign(self) -> list[str]:
         """Control daemons gpuos did not start that serve our GPU; the other slot's is ours."""
         m = self.machine
         return foreign_daemons([c.pipe_dir for c in self.controls.values()],
@@ -417,7 +417,7 @@ class Supervisor:
             self.daemon_start[a.slot] = starttime(pid)
             self.inbox.append(DaemonUp(pid, adopted=True, slot=a.slot))
             return
-        foreign = self._foreign(a.slot)
+        foreign = self._foreign()
         if foreign:
             self.inbox.append(DaemonFailed("an MPS control daemon gpuos did not start serves "
                                            f"this GPU: {'; '.join(foreign)}", a.slot))
@@ -547,7 +547,7 @@ class Supervisor:
 
         daemon = control.daemon_pid()
         if daemon is None:
-            foreign = self._foreign(slot)
+            foreign = self._foreign()
             if foreign:
                 return answer(False, detail="a foreign MPS daemon appeared: " + "; ".join(foreign))
             try:
