@@ -1083,7 +1083,11 @@ def test_spare_server_resume_adopts_the_spare_and_goes_on_with_a_swapped_inciden
     c.feed(DaemonUp(SPARE_DAEMON, adopted=True, slot=1))
     assert c.m.spare == "ready" and c.last("spare-adopted")
     r.fault(pid=2001)
-    r.feed(ClientExited("c1", 1, 2001))  # restarting the faulted server (slot 0)
+    r.feed(ClientExited("c1", 1, 2001))  # restarting the faulted server (slot 0); c1 released
+    # killed before the release was seen through: released again, with the restart
+    c = _clone(r)
+    assert c.resume() == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
+                          RestartServer(1000, SERVER, 0)]
     r.feed(ClientStarted("c1", 4001, 88))
     c = _clone(r)
     assert c.resume() == [RestartServer(1000, SERVER, 0)]

@@ -505,21 +505,12 @@ class Machine:
         elif was is State.RESTARTING:
             assert inc is not None
             inc.next_attempt_at = None
+            if inc.swapped:
+                self._resume_recoveries()  # begun once the victims were gone
             self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
         elif was is State.RECOVERING:
             assert inc is not None
-            for v in inc.victims:
-                if v.recovery == "in-progress" and v.client in self.clients:
-                    c = self.clients[v.client]
-                    if v.token and ":hook:" in v.token:  # by what was started, not the policy now
-                        self._out.append(RunHook(c.id, v.token, adopt=True))
-                    elif v.token and v.token == c.standby_token and c.standby_pid:
-                        self._out.append(ReleaseStandby(c.id, v.token, c.standby_pid,
-                                                        c.standby_starttime))
-                    elif v.token:
-                        self._out.append(SpawnClient(c.id, v.token, adopt=True, slot=self.slot))
-                    else:
-                        v.recovery = "pending"
+            self._resume_recoveries()
             for v in inc.victims:
                 if v.recovery == "pending":
                     self._recover(v)
@@ -544,6 +535,22 @@ class Machine:
             self._out.append(StartDaemon(1 - self.slot))  # a running one is adopted
         self._keep_standbys()
         return self._end()
+
+    def _resume_recoveries(self) -> None:
+        """Recoveries under way when the last supervisor died: found again by their token
+        (a hook or a client adopted, a standby released again), or begun anew."""
+        for v in self.incident.victims:
+            if v.recovery == "in-progress" and v.client in self.clients:
+                c = self.clients[v.client]
+                if v.token and ":hook:" in v.token:  # by what was started, not the policy now
+                    self._out.append(RunHook(c.id, v.token, adopt=True))
+                elif v.token and v.token == c.standby_token and c.standby_pid:
+                    self._out.append(ReleaseStandby(c.id, v.token, c.standby_pid,
+                                                    c.standby_starttime))
+                elif v.token:
+                    self._out.append(SpawnClient(c.id, v.token, adopt=True, slot=self.slot))
+                else:
+                    v.recovery = "pending"
 
     def handle(self, inp: Any, now: float) -> list[Action]:
         self._begin(now)
