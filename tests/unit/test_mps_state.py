@@ -1194,6 +1194,46 @@ def test_every_input_in_every_state(state):
             assert {v.client for v in probe.m.incident.victims} <= {v.client for v in r.m.incident.victims}
 
 
+def _in_spare_state(state: str) -> Run:
+    """A spare-server machine: running, or in a swapped incident (draining, restarting the
+    faulted server, recovering), or stopping."""
+    r = with_spare(2, policies=("standby", "restart"))
+    if state == "running":
+        return r
+    if state == "stopping":
+        r.feed(StopRequested())
+        return r
+    r.fault(pid=2001)
+    if state == "draining":
+        return r
+    r.feed(ClientExited("c1", 1, 2001))
+    r.feed(ClientExited("c2", 1, 2002))
+    if state == "restarting":
+        return r
+    r.feed(ServerRestarted(True, 777, DAEMON, slot=0))  # c2's restart still under way
+    assert state == "recovering"
+    return r
+
+
+@pytest.mark.parametrize("state", ["running", "draining", "restarting", "recovering", "stopping"])
+def test_every_input_in_every_spare_server_state(state):
+    probe = _in_spare_state(state)
+    assert probe.m.state.value == state
+    inputs = _inputs(probe.m) + [
+        DaemonUp(SPARE_DAEMON, slot=1), DaemonUp(201, adopted=True, slot=0), DaemonUp(300, slot=None),
+        DaemonFailed("boom", slot=1), DaemonFailed("boom", slot=0), DaemonExited(SPARE_DAEMON),
+        DaemonStopped("quit", slot=1), DaemonStopped("quit", slot=0), ServerRestarted(True, 600, slot=0),
+        ServerRestarted(True, 600, slot=1), ServerRestarted(False, detail="no", slot=0),
+        StandbyStarted("c1", standby_token("c1", 2), 4001, 88), StandbyExited("c1", 4001, 1),
+        ClientExited("c1", 1, 2001), ClientExited("c1", 1, 4001), ClientStarted("c1", 4001, 88)]
+    for inp, dt in itertools.product(inputs, (0.0, 1e6)):
+        r = _in_spare_state(state)
+        r.feed(inp, dt)  # never raises; every transition is an edge; persisted as is (Run._take)
+        # the two slots are never the same, and the spare's state is one of its states
+        assert r.m.slot in (0, 1) and r.m.spare in ("off", "starting", "ready", "restarting", "lost")
+        assert r.m.spare_daemon_pid is None or r.m.spare_daemon_pid != r.m.daemon_pid, inp
+
+
 def test_unknown_fault_with_failing_clients_is_an_incident():
     # The clients die first, the unknown Xid comes after: evidence enough.
     r = Run().running(2)

@@ -332,6 +332,7 @@ class Tick:
     pass
 
 
+SLOTTED = (DaemonUp, DaemonFailed, DaemonStopped, ServerRestarted)  # inputs that name a daemon
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
           ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
           ClientExited, StandbyStarted, StandbySpawnFailed, StandbyExited, UnmanagedClients,
@@ -557,6 +558,9 @@ class Machine:
         handler = _HANDLERS.get(type(inp))
         if handler is None:
             self._emit("input-ignored", input=type(inp).__name__, why="unknown input")
+        elif isinstance(inp, SLOTTED) and (inp.slot is None) != (self.slot is None):
+            self._emit("input-ignored", input=type(inp).__name__, slot=inp.slot,
+                       why="a daemon slot of the other mode (with or without a spare server)")
         else:
             handler(self, inp)
         self._keep_standbys()
