@@ -38,6 +38,16 @@ faults right after, --delay 0):
                                 [--budget 540] [--scenario-timeout 150] [--quick]
                                 [--out bench/results] [--update-readme]
     python3 bench/mps_faults.py --readme-from bench/results/mps-faults-H100-DATE.json
+    python3 bench/mps_faults.py --cost-rounds 10 [--cost-window 5] [--n 4] [--modes standby,spare]
+
+With --cost-rounds R, no fault: the fault-free cost of keeping standbys, per standby mode
+and N.  The clients run under that mode's `gpuos mps start`; R rounds, each one window of
+--cost-window seconds with every client's standby waiting (`gpuos mps policy set --client
+ID standby`, measured once all of them wait) and one without (`restart`: the standbys
+stopped), the order alternating between rounds.  The cost is the mean difference of the
+clients' time per iteration (all of them together) over the mean without, with its 95%
+interval over the rounds (bench/paired.py's rounds_overhead): the 3 s rate of a fault
+scenario cannot show 1%.  Into the same JSON, under "cost".
 
 Writes bench/results/mps-faults-<gpu>-<date>.json after every scenario (scenarios of an
 earlier run of the same day and GPU are kept, the ones run again replaced), prints a
@@ -65,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import readme_table
+from paired import rounds_overhead
 from gpuos import __version__
 from gpuos.faults import inject as inj
 from gpuos.mps.store import EventLog
@@ -537,6 +548,86 @@ class Scenario:
         return self.r
 
 
+def cost_estimate(without: list[float], with_: list[float]) -> dict[str, Any]:
+    """The cost of standbys from paired rounds of the clients' total rates (iterations per
+    second, all clients together) without and with them: the time per iteration's mean
+    difference over its mean without, with its 95% interval."""
+    return rounds_overhead([1 / r for r in without], [1 / r for r in with_])
+
+
+class CostRun(Scenario):
+    """Rounds of windows with and without every client's standby waiting (module doc)."""
+
+    def __init__(self, mode: str, n: int, rounds: int, window: float, limit: float, workdir: Path,
+                 gpu: dict, size: int):
+        super().__init__(mode, n, "cost", limit, workdir, gpu, size, sample_s=window)
+        self.rounds = rounds
+
+    def set_policy(self, policy: str) -> None:
+        for c in self.clients:
+            code, out = run_bounded(gpuos_cmd("mps", "policy", "set", "--client", c["client"], policy,
+                                              "--json"), self.env, 30, self.dir / "policy.out")
+            if code != 0:
+                raise ScenarioFailed(f"gpuos mps policy set {policy}: exit {code}: {out.strip()[-300:]}")
+
+    def standbys_gone(self) -> None:
+        deadline = time.monotonic() + min(30, self.left())
+        while time.monotonic() < deadline:
+            code, out = run_bounded(gpuos_cmd("mps", "clients", "--json"), self.env, 30,
+                                    self.dir / "clients.out")
+            rows = (last_json_object(out) or {}).get("clients", [])
+            if code == 0 and not any(r.get("standby_pid") for r in rows if r.get("id")):
+                time.sleep(1.0)  # their teardown's GPU work done
+                return
+            time.sleep(0.3)
+        raise ScenarioFailed("the standbys were not stopped in time")
+
+    def window(self, standbys: bool) -> float:
+        if standbys:
+            self.set_policy("standby")
+            self.wait_standbys()
+        else:
+            self.set_policy("restart")
+            self.standbys_gone()
+        self.sample_rates()
+        rates = self.r["rates"]
+        if any(r is None for r in rates):
+            raise ScenarioFailed(f"a client restarted or stalled during a window: {rates}")
+        return sum(rates)
+
+    def run(self) -> dict[str, Any]:
+        t_start = time.monotonic()
+        without: list[float] = []
+        with_: list[float] = []
+        try:
+            self.start_supervised()
+            self.start_clients()
+            for i in range(self.rounds):
+                if self.left() < 4 * self.sample_s + 60:
+                    self.note(f"stopped after {i} rounds: the time limit")
+                    break
+                for standbys in ((False, True) if i % 2 == 0 else (True, False)):
+                    (with_ if standbys else without).append(self.window(standbys))
+            self.r.update({"window_s": self.sample_s, "without": without, "with": with_,
+                           **cost_estimate(without, with_)})
+            self.r.pop("rates", None)
+            self.r.pop("rate_median", None)
+        except ScenarioFailed as exc:
+            self.r["error"] = str(exc)
+            log(f"cost {self.mode} N={self.n}: FAILED: {exc}")
+        except Exception as exc:  # noqa: BLE001 - record, clean up, go on with the next
+            self.r["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"cost {self.mode} N={self.n}: FAILED: {self.r['error']}")
+        finally:
+            try:
+                self.stop()
+            except Exception as exc:  # noqa: BLE001
+                self.note(f"cleanup: {type(exc).__name__}: {exc}")
+                sweep(self.marker)
+        self.r["wall_s"] = time.monotonic() - t_start
+        return self.r
+
+
 def _syscall(pid: int) -> str | None:
     """The number of the system call pid is blocked in (/proc/PID/syscall), or None."""
     try:
@@ -652,6 +743,11 @@ def main() -> None:
                     help="Seconds over which the clients' fault-free rate is taken [3]: 3 s "
                          "shows differences of about 20%%, not 1%%.")
     ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
+    ap.add_argument("--cost-rounds", type=int, default=0, metavar="R",
+                    help="No faults: R rounds of the fault-free cost of standbys per standby mode "
+                         "and N (module doc) [0: off].")
+    ap.add_argument("--cost-window", type=float, default=5.0, metavar="S",
+                    help="Seconds of each window of --cost-rounds [5].")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--update-readme", action="store_true", help="Rewrite README.md's table.")
     ap.add_argument("--readme-from", metavar="JSON",
@@ -691,6 +787,27 @@ def main() -> None:
             pass
     ran_failed = False
     tmp = Path(tempfile.mkdtemp(prefix="gmb-", dir="/tmp"))  # short: MPS socket paths are limited
+    if a.cost_rounds:
+        try:
+            result.setdefault("cost", {})
+            if path.exists():
+                result["cost"] = json.loads(path.read_text()).get("cost", {})
+            for i, (n, mode) in enumerate((n, m) for n in ns for m in modes if m in STANDBYS):
+                left = budget_end - time.monotonic()
+                log(f"cost {mode} N={n}: starting ({left:.0f} s of budget left)")
+                c = CostRun(mode, n, a.cost_rounds, a.cost_window, left, tmp / f"c{i}", result,
+                            a.size).run()
+                result["cost"][f"{mode}/{n}"] = c
+                ran_failed |= "error" in c
+                if "error" not in c and "overhead_pct" in c:
+                    log(f"cost {mode} N={n}: {c['overhead_pct']:+.2f} ± {c['ci95_pct']:.2f}% "
+                        f"over {c['rounds']} rounds")
+                path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        finally:
+            if not ran_failed:
+                shutil.rmtree(tmp, ignore_errors=True)
+        log(f"wrote {path}")
+        return
     try:
         i = 0
         for n in ns:

@@ -152,3 +152,16 @@ def test_merged_parts_keep_what_only_an_earlier_part_measured():
     assert merged["device"] == "X" and merged["notes"] == ["n"]
     assert merged["workloads"]["w"]["reps"] == 3
     assert icpt.in_one_run(merged["workloads"]["w"]) == "+0.8 ± 0.4%"
+
+
+def test_mps_standby_cost_pairs_rounds_and_cancels_drift():
+    """--cost-rounds: the cost of standbys from paired windows.  A 1% slower rate with
+    standbys is +1% however much the machine drifts from round to round (±20%), and no
+    cost is 0 within its interval."""
+    drift = [100, 80, 120, 90, 110, 95]
+    est = mps_faults.cost_estimate(drift, [r / 1.01 for r in drift])
+    assert est["rounds"] == 6 and est["overhead_pct"] == pytest.approx(1.0, abs=1e-9)
+    assert 0 < est["ci95_pct"] < 0.5  # drift widens it a little: differences are absolute
+    noisy = mps_faults.cost_estimate(drift, [r * (1 + e) for r, e in zip(drift, [.004, -.003, .002, -.004, .003, -.002])])
+    assert abs(noisy["overhead_pct"]) < noisy["ci95_pct"]
+    assert mps_faults.cost_estimate([100], [99]) == {"rounds": 1}  # no interval from one round
