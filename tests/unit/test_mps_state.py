@@ -1022,6 +1022,20 @@ def test_a_long_incidents_late_xid_reports_are_echoes_after_it_closes():
     assert r.m.state is S.RUNNING and r.last("fault")["echo"] and not of(acts, SignalClient)
 
 
+def test_spare_server_releases_without_waiting_for_unmanaged_victims_seen_gone_by_pid():
+    r = with_spare(1)
+    r.feed(UnmanagedClients((7777,)))  # a client gpuos did not start, on the active server
+    r.fault(pid=7777)
+    assert r.m.watched_unmanaged() == [7777]
+    # c1 is released once it has gone, not waiting for the client gpuos did not start
+    acts = r.feed(ClientExited("c1", 3, 2001))
+    assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88)]
+    # the new active server's list does not have it: that says nothing of the faulted one's
+    assert r.feed(UnmanagedClients(())) == [] and r.m.state is S.DRAINING
+    # the faulted server is restarted once that one has gone too
+    assert r.feed(UnmanagedGone(7777)) == [RestartServer(1000, SERVER, 0)]
+
+
 def test_spare_server_that_will_not_restart_is_lost_not_the_supervisor():
     r = with_spare(1)
     r.fault(pid=2001)

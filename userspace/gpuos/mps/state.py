@@ -571,7 +571,8 @@ class Machine:
         return [c for c in self.clients.values() if c.state in ("running", "starting") and c.pid]
 
     def watched_unmanaged(self) -> list[int]:
-        """Pids of clients gpuos did not start that an incident waits for."""
+        """Pids of clients gpuos did not start that an incident waits for (the runtime says
+        when each is gone: UnmanagedGone)."""
         inc = self.incident
         if inc is None or self.state is not State.DRAINING:
             return []
@@ -751,8 +752,8 @@ class Machine:
     def _swap(self) -> None:
         """The spare server becomes the active one, now; the faulted one is drained and
         restarted as the spare (_on_spare_restart).  The victims are recovered on the new
-        active server as soon as the last has exited (_check_drained): a warm standby
-        released, or the command started again.
+        active server as soon as the last of those gpuos started has exited
+        (_check_drained): a warm standby released, or the command started again.
 
         Not sooner: the faulted server's context keeps the GPU until its clients are gone,
         and work started on the other server meanwhile only competes with its teardown
@@ -796,13 +797,18 @@ class Machine:
         return [v for v in self.incident.victims if not v.exited]
 
     def _check_drained(self) -> None:
-        if self.state is State.DRAINING and not self._undrained():
-            inc = self.incident
+        if self.state is not State.DRAINING:
+            return
+        inc = self.incident
+        if inc.swapped and all(v.exited for v in inc.victims if v.client is not None):
+            # The victims gpuos started are gone: recover them on the new active server now
+            # (not waiting for clients it did not start: seen on an H200, a stuck injector
+            # did not keep the other server from working once the others had exited).
+            for v in inc.victims:
+                if v.recovery == "pending" and v.client is not None:
+                    self._recover(v)
+        if not self._undrained():
             self._emit("drained", victims=len(inc.victims))
-            if inc.swapped:  # the new active server is free: recover there now
-                for v in inc.victims:
-                    if v.recovery == "pending":
-                        self._recover(v)
             self._begin_restart()
 
     def _drain_tick(self) -> None:
@@ -1367,7 +1373,9 @@ class Machine:
         if pids != self.unmanaged:
             self._emit("unmanaged-clients", pids=pids, previous=self.unmanaged)
             self.unmanaged = pids
-        if self.state is State.DRAINING:
+        # After a swap the list is the other server's: the faulted one's clients that gpuos
+        # did not start are seen to exit by their pids (UnmanagedGone).
+        if self.state is State.DRAINING and not self.incident.swapped:
             for v in self.incident.victims:
                 if v.client is None and not v.exited and v.pid not in pids:
                     v.exited = True

@@ -53,7 +53,7 @@ from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFa
                     RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
                     SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
                     StandbyStarted, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
-                    TerminateMpsClient, Tick, UnmanagedClients)
+                    TerminateMpsClient, Tick, UnmanagedClients, UnmanagedGone)
 from .standby import Releases, fifo_path, start_standby
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
@@ -613,6 +613,9 @@ class Supervisor:
     # -- watching ------------------------------------------------------------------------------
     def _reap(self) -> None:
         self.releases.expire()
+        for pid in self.machine.watched_unmanaged():
+            if not procs.alive(pid):
+                self.inbox.append(UnmanagedGone(pid))
         for pid, (kind, cid, p) in list(self.children.items()):
             rc = p.poll()
             if rc is None:
