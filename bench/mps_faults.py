@@ -521,17 +521,21 @@ class Scenario:
         self.r["downtime_median_s"] = statistics.median(rec) if rec else None
         self.r["downtime_max_s"] = max(rec) if rec and len(rec) == len(downs) else None
 
+    def steps(self) -> None:
+        self.start_stock() if self.mode == "stock" else self.start_supervised()
+        self.start_clients()
+        if self.mode in STANDBYS:
+            self.wait_standbys()
+        self.sample_rates()
+        self.fault()
+        self.observe()
+        self.summarize()
+
     def run(self) -> dict[str, Any]:
+        """steps(), its failure recorded and everything it started cleaned up whatever happens."""
         t_start = time.monotonic()
         try:
-            self.start_stock() if self.mode == "stock" else self.start_supervised()
-            self.start_clients()
-            if self.mode in STANDBYS:
-                self.wait_standbys()
-            self.sample_rates()
-            self.fault()
-            self.observe()
-            self.summarize()
+            self.steps()
         except ScenarioFailed as exc:
             self.r["error"] = str(exc)
             log(f"{self.mode} N={self.n} {self.kind}: FAILED: {exc}")
@@ -595,37 +599,21 @@ class CostRun(Scenario):
             raise ScenarioFailed(f"a client restarted or stalled during a window: {rates}")
         return sum(rates)
 
-    def run(self) -> dict[str, Any]:
-        t_start = time.monotonic()
+    def steps(self) -> None:
         without: list[float] = []
         with_: list[float] = []
-        try:
-            self.start_supervised()
-            self.start_clients()
-            for i in range(self.rounds):
-                if self.left() < 4 * self.sample_s + 60:
-                    self.note(f"stopped after {i} rounds: the time limit")
-                    break
-                for standbys in ((False, True) if i % 2 == 0 else (True, False)):
-                    (with_ if standbys else without).append(self.window(standbys))
-            self.r.update({"window_s": self.sample_s, "without": without, "with": with_,
-                           **cost_estimate(without, with_)})
-            self.r.pop("rates", None)
-            self.r.pop("rate_median", None)
-        except ScenarioFailed as exc:
-            self.r["error"] = str(exc)
-            log(f"cost {self.mode} N={self.n}: FAILED: {exc}")
-        except Exception as exc:  # noqa: BLE001 - record, clean up, go on with the next
-            self.r["error"] = f"{type(exc).__name__}: {exc}"
-            log(f"cost {self.mode} N={self.n}: FAILED: {self.r['error']}")
-        finally:
-            try:
-                self.stop()
-            except Exception as exc:  # noqa: BLE001
-                self.note(f"cleanup: {type(exc).__name__}: {exc}")
-                sweep(self.marker)
-        self.r["wall_s"] = time.monotonic() - t_start
-        return self.r
+        self.start_supervised()
+        self.start_clients()
+        for i in range(self.rounds):
+            if self.left() < 4 * self.sample_s + 60:
+                self.note(f"stopped after {i} rounds: the time limit")
+                break
+            for standbys in ((False, True) if i % 2 == 0 else (True, False)):
+                (with_ if standbys else without).append(self.window(standbys))
+        self.r.update({"window_s": self.sample_s, "without": without, "with": with_,
+                       **cost_estimate(without, with_)})
+        self.r.pop("rates", None)
+        self.r.pop("rate_median", None)
 
 
 def _syscall(pid: int) -> str | None:

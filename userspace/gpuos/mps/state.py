@@ -751,7 +751,7 @@ class Machine:
 
     def _swap(self) -> None:
         """The spare server becomes the active one, now; the faulted one is drained and
-        restarted as the spare (_on_spare_restart).  The victims are recovered on the new
+        restarted as the spare (_on_restart_result).  The victims are recovered on the new
         active server as soon as the last of those gpuos started has exited
         (_check_drained): a warm standby released, or the command started again.
 
@@ -852,22 +852,37 @@ class Machine:
         self._out.append(RestartServer(self._victim_uid(), inc.server_pid, inc.slot))
 
     def _on_restart_result(self, r: ServerRestarted) -> None:
+        """The faulted server back, or not.  In a swapped incident it is restarted to be the
+        spare: if it will not come back the clients run on without one (cold standbys until
+        a spare is started again), where otherwise the supervisor fails."""
         inc = self.incident
-        if inc.swapped:
-            self._on_spare_restart(r)
-            return
+        spare = inc.swapped
         if r.daemon_pid:
-            self.daemon_pid = r.daemon_pid
+            if spare:
+                self.spare_daemon_pid = r.daemon_pid
+            else:
+                self.daemon_pid = r.daemon_pid
         if r.ok:
-            self.server_pid = r.server_pid
-            self.server_status = "ACTIVE"
             inc.server_ready_at = self._now
-            self._emit("server-ready", server_pid=r.server_pid, attempts=inc.restart_attempts + 1,
-                       detail=r.detail)
+            if spare:
+                self.spare_server_pid, self.spare = r.server_pid, "ready"
+                self._emit("spare-ready", slot=inc.slot, server_pid=r.server_pid,
+                           attempts=inc.restart_attempts + 1, detail=r.detail)
+            else:
+                self.server_pid = r.server_pid
+                self.server_status = "ACTIVE"
+                self._emit("server-ready", server_pid=r.server_pid,
+                           attempts=inc.restart_attempts + 1, detail=r.detail)
             self._begin_recovery()
             return
         inc.restart_attempts += 1
         inc.restart_detail = r.detail
+        if inc.restart_attempts >= self.settings.restart_attempts and spare:
+            self._spare_lost()
+            self._emit("spare-lost", slot=inc.slot, attempts=inc.restart_attempts, detail=r.detail,
+                       retry_in=round(self.spare_retry_at - self._now, 3))
+            self._begin_recovery()
+            return
         if inc.restart_attempts >= self.settings.restart_attempts:
             self.failure = (f"incident {inc.id}: no MPS server accepted clients after "
                             f"{inc.restart_attempts} attempts ({r.detail})"
@@ -880,33 +895,7 @@ class Machine:
         delay = self.settings.backoff(inc.restart_attempts)
         inc.next_attempt_at = self._now + delay
         self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
-                   retry_in=delay, final=False)
-
-    def _on_spare_restart(self, r: ServerRestarted) -> None:
-        """The faulted server of a swapped incident, restarted to be the spare.  If it will
-        not come back the clients run on without a spare (cold standbys from then on)."""
-        inc = self.incident
-        if r.daemon_pid:
-            self.spare_daemon_pid = r.daemon_pid
-        if r.ok:
-            self.spare_server_pid, self.spare = r.server_pid, "ready"
-            inc.server_ready_at = self._now
-            self._emit("spare-ready", slot=inc.slot, server_pid=r.server_pid,
-                       attempts=inc.restart_attempts + 1, detail=r.detail)
-            self._begin_recovery()
-            return
-        inc.restart_attempts += 1
-        inc.restart_detail = r.detail
-        if inc.restart_attempts >= self.settings.restart_attempts:
-            self._spare_lost()
-            self._emit("spare-lost", slot=inc.slot, attempts=inc.restart_attempts, detail=r.detail,
-                       retry_in=round(self.spare_retry_at - self._now, 3))
-            self._begin_recovery()
-            return
-        delay = self.settings.backoff(inc.restart_attempts)
-        inc.next_attempt_at = self._now + delay
-        self._emit("server-restart-failed", attempt=inc.restart_attempts, detail=r.detail,
-                   retry_in=delay, final=False, spare=True)
+                   retry_in=delay, final=False, **({"spare": True} if spare else {}))
 
     def _begin_recovery(self) -> None:
         self._goto(State.RECOVERING, f"incident {self.incident.id}: recovering the victims")

@@ -167,6 +167,7 @@ class Supervisor:
         self.releases = Releases()
         self.inbox: collections.deque = collections.deque()
         self.daemon_start: dict[int | None, int | None] = {}  # by slot
+        self._pointed: int | None = None  # the slot `pipe` links to (spare server)
         self.feeds: FeedFiles | None = None
         self.sources: list = []
         self._last_saved: str | None = None
@@ -189,10 +190,13 @@ class Supervisor:
                                self.binaries)
 
     def _point_pipe(self) -> None:
-        """With a spare server, `pipe` and `log` follow the active slot."""
-        if self.machine.slot is not None:
+        """With a spare server, `pipe` and `log` follow the active slot (looked at again only
+        when the slot changes: this runs after every input)."""
+        slot = self.machine.slot
+        if slot is not None and slot != self._pointed:
             try:
-                self.dirs.point_at(self.machine.slot)
+                self.dirs.point_at(slot)
+                self._pointed = slot
             except OSError as exc:
                 self._note("point pipe", f"cannot link {self.dirs.pipe} to the active slot: {exc}")
 
