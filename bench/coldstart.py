@@ -14,8 +14,12 @@ For each model (gpuos.workloads.serve: `gpt2-large` 774M parameters, `resnet50`,
                 with a request already waiting, timed until the answer: stop-the-world
                 (`--eager`: the process goes on once all its GPU memory is back), on
                 demand (the default: it goes on at once, each launch waiting for what it
-                touches), and on demand with host memory too (`--host-memory lazy`); with the store in the page cache (warm), in the hot tier
-                (`gpuos images warm`), and out of memory (`gpuos images cool`: cold)
+                touches), on demand without the prefill (`--no-prefill`: all GPU memory
+                streamed through the process after CRIU, the baseline of the prefill,
+                which puts it on the GPU while CRIU restores), and on demand with host
+                memory too (`--host-memory lazy`); with the store in the page cache
+                (warm), in the hot tier (`gpuos images warm`), and out of memory (`gpuos
+                images cool`: cold)
 
 Reported per restore: time to the first answer from the start of `gpuos restore`, the
 restore overhead (that minus the request's own time), gpuos's phases and the command's time
@@ -29,7 +33,7 @@ the image, timed until all N replicas answered a waiting request correctly; and 
 store's bytes against one image's.
 
     python3 bench/coldstart.py [--models gpt2-large,resnet50] [--replicas 4] [--scale 1,2,4,8]
-                               [--home /var/tmp]
+                               [--cases eager-warm,on-demand-warm,...] [--home /var/tmp]
 
 Writes bench/results/coldstart-<gpu>-<date>.json after every model, prints a Markdown table.
 """
@@ -55,9 +59,10 @@ from gpuos.store import ImageStore
 from gpuos.workloads.run import served, start_served, wait_file
 
 GPUOS = [sys.executable, "-m", "gpuos.cli"]
-CASES = [("eager", "warm"), ("on-demand", "warm"), ("lazy-host", "warm"), ("on-demand", "hot"), ("eager", "cold"),
-         ("on-demand", "cold"), ("lazy-host", "cold")]
-MODE_ARGS = {"eager": ["--eager"], "on-demand": [], "lazy-host": ["--host-memory", "lazy"]}
+CASES = [("eager", "warm"), ("on-demand", "warm"), ("no-prefill", "warm"), ("lazy-host", "warm"), ("on-demand", "hot"),
+         ("eager", "cold"), ("on-demand", "cold"), ("no-prefill", "cold"), ("lazy-host", "cold")]
+MODE_ARGS = {"eager": ["--eager"], "on-demand": [], "no-prefill": ["--no-prefill"],
+             "lazy-host": ["--host-memory", "lazy"]}
 SERVE = [sys.executable, "-m", "gpuos.workloads.serve"]
 READY_TIMEOUT = 900.0
 
@@ -213,7 +218,7 @@ def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
     return out
 
 
-def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
+def run_model(model: str, home: Path, replicas: int, scale: list[int], cases: list[tuple[str, str]]) -> dict:
     work = home / "work"
     work.mkdir(exist_ok=True)
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot-tier"))
@@ -241,7 +246,7 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int]) -> dict:
     # Every restore answers the request the cold-started server answered second (its
     # reference): request 1, dropped in before each restore and removed after.
     restores = {}
-    for mode, cache in CASES:
+    for mode, cache in cases:
         case = f"{mode} {cache}"
         if cache == "hot":
             cli(env, "images", "warm", image)
@@ -326,13 +331,14 @@ def own_bytes_by_kind(store_root: Path, names: list[str]) -> list[dict[str, int]
 
 def markdown(results: list[dict]) -> str:
     """One row per model: seconds from the command to the first correct answer."""
-    lines = ["| model | image | cold start | restore, stop-the-world, warm | on demand, warm "
-             "| on demand + lazy host memory, warm | on demand, hot tier "
-             "| stop-the-world, cold | on demand, cold | on demand + lazy host memory, cold "
+    lines = ["| model | image | cold start | on demand, warm | on demand without prefill, warm "
+             "| stop-the-world, warm | on demand + lazy host memory, warm | on demand, hot tier "
+             "| on demand, cold | on demand without prefill, cold | stop-the-world, cold "
+             "| on demand + lazy host memory, cold "
              "| restore overhead (best warm) | read from disk by the restore (on demand, cold) "
              "| disk rate: that read alone | answers identical "
              "| N replicas' store / one image's store |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for result in results:
         for r in result["rows"]:
             x = r["restore"]
@@ -340,13 +346,14 @@ def markdown(results: list[dict]) -> str:
             cell = lambda k: f"{x[k]['first_answer_s']:.2f} s" if k in x else "-"  # noqa: E731
             lines.append(
                 f"| {r['model']} ({result['device'].replace('NVIDIA ', '')}) | {r['checkpoint']['image_bytes'] / 1e9:.1f} GB "
-                f"| {r['cold_start']['first_answer_s']:.1f} s | {cell('eager warm')} | {cell('on-demand warm')} "
-                f"| {cell('lazy-host warm')} | {cell('on-demand hot')} | {cell('eager cold')} | {cell('on-demand cold')} "
-                f"| {cell('lazy-host cold')} "
-                f"| {min(v['overhead_s'] for k, v in x.items() if k.endswith('warm')):.2f} s "
-                f"| {x['on-demand cold']['disk_read_bytes'] / 1e9:.2f} GB "
+                f"| {r['cold_start']['first_answer_s']:.1f} s | {cell('on-demand warm')} | {cell('no-prefill warm')} "
+                f"| {cell('eager warm')} | {cell('lazy-host warm')} | {cell('on-demand hot')} | {cell('on-demand cold')} "
+                f"| {cell('no-prefill cold')} | {cell('eager cold')} | {cell('lazy-host cold')} "
+                f"| {min((v['overhead_s'] for k, v in x.items() if k.endswith('warm')), default=float('nan')):.2f} s "
+                + (f"| {x['on-demand cold']['disk_read_bytes'] / 1e9:.2f} GB "
+                   if 'on-demand cold' in x else "| - ")
                 + (f"| {r['disk']['bytes_per_s'] / 1e9:.2f} GB/s: {x['on-demand cold']['disk_floor_s']:.2f} s "
-                   if "disk" in r else "| - ")
+                   if "disk" in r and 'on-demand cold' in x else "| - ")
                 + f"| {all(v['correct'] for v in x.values())} | "
                 + (f"{rep['ratio_to_one_stored']:.2f} (N = {rep['n']})" if rep else "-") + " |")
     return "\n".join(lines)
@@ -378,10 +385,17 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--scale", default="1,2,4,8",
                     help="Replica counts for `gpuos restore --replicas N` (empty: none)")
+    ap.add_argument("--cases", default=",".join(f"{m}-{c}" for m, c in CASES),
+                    help="Restores to time, MODE-CACHE each (modes: " + ", ".join(MODE_ARGS)
+                    + "; caches: warm, hot, cold) [all]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--home", default="/var/tmp", help="Where the store goes: a disk, not a tmpfs")
     args = ap.parse_args()
     scale = [int(x) for x in args.scale.split(",") if x]
+    cases = [tuple(c.rsplit("-", 1)) for c in args.cases.split(",") if c]
+    bad = [c for c in cases if len(c) != 2 or c[0] not in MODE_ARGS or c[1] not in ("warm", "hot", "cold")]
+    if bad:
+        ap.error(f"--cases: unknown {', '.join('-'.join(c) for c in bad)}")
     PR_SET_CHILD_SUBREAPER = 36
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _, home, result = open_bench("coldstart", args.home)
@@ -391,7 +405,7 @@ def main() -> None:
     path = outdir / f"coldstart-{tag}-{result['date'][:10]}.json"
     try:
         for model in args.models.split(","):
-            result["rows"].append(run_model(model, home, args.replicas, scale))
+            result["rows"].append(run_model(model, home, args.replicas, scale, cases))
             path.write_text(json.dumps(result, indent=2) + "\n")
             print(f"{model} done; wrote {path}", flush=True)
     finally:

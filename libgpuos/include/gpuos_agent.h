@@ -35,7 +35,10 @@
  *            only descriptors held elsewhere (EXPORT) keep it.
  *   MAP      (held, released) one fd per allocation in LIST order with the request (in as
  *            many requests as needed, arg = index of the first): imported, mapped at the
- *            same address, made read-write.
+ *            same address, made read-write.  With arg | GPUOS_AGENT_SHADOWS: imported as
+ *            the shadows (addresses of the agent's own), a snapshot handed out coming back
+ *            or (held, no snapshot) memory filled outside the process, from which
+ *            FILL_PARTS copies on the device (a restore's prefill); DROP lets them go.
  *   FILL     (held, released, prepared) new physical memory for every allocation, mapped
  *            at the same address, filled from the staging area (laid out as CAPTURE writes
  *            it); with arg = GPUOS_AGENT_SHADOWS (held, released, snapshot mapped) filled
@@ -50,7 +53,9 @@
  *            staging area at `stage` to allocation `index` (LIST order) at `offset`, on
  *            the agent's streams; the reply comes once they are done.  An allocation all of
  *            whose bytes have come is filled, once the reply is sent (what waited for it
- *            may end the process); the last one filled opens the gate.  Parts
+ *            may end the process); the last one filled opens the gate.  A part with
+ *            flags GPUOS_AGENT_PART_SHADOW copies from its allocation's shadow at the
+ *            same offset (mapped; stage 0), device to device.  Parts
  *            must not overlap (a part longer than what is left of its allocation is
  *            refused).  Reply: bytes; arg = an allocation a thread of the application
  *            waits for (UINT64_MAX: none), to fill next; count = calls that had to wait
@@ -93,6 +98,7 @@
 #define GPUOS_AGENT_SHADOWS (1ull << 63) /* EXPORT's, MAP's and FILL's arg: the snapshot's memory */
 #define GPUOS_AGENT_FILL_LATER (1ull << 62) /* FILL's arg: new memory, contents by FILL_PARTS */
 #define GPUOS_AGENT_RESUME_FILLING 1u /* RESUME's arg: go on while the memory is filled */
+#define GPUOS_AGENT_PART_SHADOW 1u /* a part's flags: its bytes are the shadow's, on the device */
 #define GPUOS_AGENT_PARTS_MAX 4096
 
 enum gpuos_agent_cmd {
@@ -141,7 +147,7 @@ struct gpuos_agent_alloc {
 
 struct gpuos_agent_part {
 	uint32_t index;  /* the allocation, in LIST order */
-	uint32_t pad;
+	uint32_t flags;  /* GPUOS_AGENT_PART_SHADOW or 0 (from the staging area) */
 	uint64_t offset; /* bytes into the allocation */
 	uint64_t length;
 	uint64_t stage;  /* where the bytes are in the staging area */

@@ -247,7 +247,7 @@ static void drop_shadows(void)
 {
 	for (size_t i = 0; SH && i < H.n; i++) {
 		size_t size = gpuos_movable_reserved(&H.v[i]);
-		if (SH[i].va && !sh_released && SH[i].h) {
+		if (SH[i].va && SH[i].h) { /* mapped: also what a MAP cut short mapped */
 			gpuos_drv.mem_unmap(SH[i].va, size);
 			gpuos_drv.mem_release(SH[i].h);
 		}
@@ -699,8 +699,31 @@ static CUresult import_at(uint64_t va, size_t size, int device, int fd, CUmemGen
 	return CUDA_SUCCESS;
 }
 
+/* No snapshot (a restore): shadows' address ranges for memory filled outside the process. */
+static int shadows_reserve(struct gpuos_agent_reply *r)
+{
+	if (!H.depth)
+		return say(r, EINVAL, "not held"), -1;
+	if (H.n && !(SH = calloc(H.n, sizeof *SH)))
+		return say(r, ENOMEM, "out of host memory"), -1;
+	sh_released = 1;
+	sh_map_next = 0;
+	for (size_t i = 0; i < H.n; i++) {
+		CUdeviceptr va;
+		CUresult c = gpuos_drv.mem_address_reserve(&va, gpuos_movable_reserved(&H.v[i]), 0, 0, 0);
+		if (c != CUDA_SUCCESS) {
+			drop_shadows();
+			return say(r, EIO, "address range for shadow %zu: %s", i, cuerr(c)), -1;
+		}
+		SH[i].va = va;
+	}
+	return 0;
+}
+
 static void do_map_shadows(const int *fds, size_t nfds, uint64_t first, struct gpuos_agent_reply *r)
 {
+	if (!SH && first == 0 && shadows_reserve(r))
+		return;
 	if (!SH || !sh_released)
 		return say(r, EINVAL, SH ? "the snapshot is mapped" : "no snapshot");
 	if (first != sh_map_next || first + nfds > H.n)
@@ -956,13 +979,19 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 {
 	if (!fill_left)
 		return say(r, EINVAL, "nothing is being filled (FILL with GPUOS_AGENT_FILL_LATER first)");
-	if (!stage.p)
-		return say(r, EINVAL, "not prepared");
 	for (size_t k = 0; k < n; k++) {
+		int shadow = p[k].flags == GPUOS_AGENT_PART_SHADOW;
+		if (p[k].flags & ~GPUOS_AGENT_PART_SHADOW)
+			return say(r, EINVAL, "part %zu: unknown flags %#x", k, p[k].flags);
+		if (shadow && (!SH || sh_released))
+			return say(r, EINVAL, "part %zu is from a shadow, and none is mapped", k);
+		if (!shadow && !stage.p)
+			return say(r, EINVAL, "not prepared");
+		uint64_t room = shadow ? 0 : stage.size; /* a shadow part's stage must be 0 */
 		if (p[k].index >= H.n || p[k].offset > gpuos_movable_reserved(&H.v[p[k].index]) ||
 		    p[k].length > gpuos_movable_reserved(&H.v[p[k].index]) - p[k].offset ||
-		    p[k].length > fill_left[p[k].index] || p[k].stage > stage.size ||
-		    p[k].length > stage.size - p[k].stage)
+		    p[k].length > fill_left[p[k].index] || p[k].stage > room ||
+		    (!shadow && p[k].length > stage.size - p[k].stage))
 			return say(r, EINVAL, "part %zu (allocation %u, bytes %llu+%llu, staged at %llu) is out of bounds",
 				   k, p[k].index, (unsigned long long)p[k].offset, (unsigned long long)p[k].length,
 				   (unsigned long long)p[k].stage);
@@ -983,6 +1012,12 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 		uint64_t q = 0;
 		for (; k < end && res == CUDA_SUCCESS; k++) {
 			uint64_t dev = H.v[p[k].index].base + p[k].offset;
+			if (p[k].flags == GPUOS_AGENT_PART_SHADOW) { /* device to device: one copy */
+				res = gpuos_drv.memcpy_dtod_async(dev, SH[p[k].index].va + p[k].offset, p[k].length,
+								  st[q++ % NSTREAMS]);
+				bytes += p[k].length;
+				continue;
+			}
 			for (uint64_t o = 0, m; o < p[k].length && res == CUDA_SUCCESS; o += m, q++) {
 				m = in_window(p[k].stage + o, p[k].length - o);
 				res = gpuos_drv.memcpy_htod_async(dev + o, stage.p + p[k].stage + o, m, st[q % NSTREAMS]);
@@ -992,7 +1027,7 @@ static void do_fill_parts(const struct gpuos_agent_part *p, size_t n, struct gpu
 		res = streams_finish(st, res);
 	}
 	if (res != CUDA_SUCCESS)
-		return say(r, EIO, "copy from the host: %s", cuerr(res));
+		return say(r, EIO, "copy into the allocations: %s", cuerr(res));
 	pthread_mutex_lock(&fill_mu);
 	/* the allocation a thread waits for, unless these parts complete it */
 	uint64_t wanted = fill_wanted;

@@ -128,14 +128,20 @@ def restored_answer(env, d: Path, image: str, *flags: str) -> tuple[str, dict]:
         (d / "resp-1").unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("flags", [(), ("--eager",), ("--host-memory", "lazy")],
-                         ids=["on-demand", "eager", "lazy-host-memory"])
+@pytest.mark.parametrize("flags", [(), ("--no-prefill",), ("--eager",), ("--host-memory", "lazy")],
+                         ids=["on-demand", "no-prefill", "eager", "lazy-host-memory"])
 def test_a_restored_server_answers_as_one_that_never_stopped(served, flags):
+    """The answer is the reference's whichever way the GPU memory came back: some of it
+    put on the GPU by gpuos while CRIU restored (the prefill) unless --no-prefill."""
     env, d, image, reference = served
     got, res = restored_answer(env, d, image, *flags)
     assert got == reference
     (fill,) = res["fills"].values()
     assert fill["on_demand"] == ("--eager" not in flags) and fill["bytes"] > 0
+    if "--no-prefill" in flags:
+        assert fill["prefilled"] == 0 and fill["prefill_why_not"] is None, fill
+    else:
+        assert 0 < fill["prefilled"] <= fill["bytes"] and fill["prefill_why_not"] is None, fill
     if "--eager" not in flags:
         assert fill["resumed_after"] < fill["seconds"]  # it went on before its memory was back
     host = res["host_memory"]
@@ -167,6 +173,9 @@ def test_replicas_each_answer_as_one_that_never_stopped(served):
         assert len(got) == 3 and len({a["token"] for a in got}) == 3, got
         assert all(a["output"] == reference for a in got)
         assert len(res["fills"]) == 3 and all(f["bytes"] > 0 for f in res["fills"].values())
+        # one prefill for the three: each took it (the same bytes)
+        assert len({f["prefilled"] for f in res["fills"].values()}) == 1, res["fills"]
+        assert all(f["prefilled"] > 0 for f in res["fills"].values()), res["fills"]
     finally:
         for r in res["replicas"]:
             end(r["init"])  # the replica's pid 1: the whole replica ends with it

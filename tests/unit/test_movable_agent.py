@@ -87,17 +87,17 @@ def test_the_header_and_the_mirror_agree(tmp_path):
         pytest.skip("no C compiler")
     src = tmp_path / "l.c"
     src.write_text('#include <stdio.h>\n#include "gpuos_agent.h"\nint main(void){printf("%zu %zu %zu %zu %u %d %s '
-                   '%d %llu %u %d %d %zu\\n", sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), '
+                   '%d %llu %u %d %d %zu %u\\n", sizeof(struct gpuos_agent_req), sizeof(struct gpuos_agent_reply), '
                    'sizeof(struct gpuos_agent_alloc), sizeof(struct gpuos_agent_part), GPUOS_AGENT_MAGIC, '
                    'GPUOS_AGENT_FDS_PER_MSG, GPUOS_AGENT_NAME, GPUOS_AGENT_FILL_PARTS, GPUOS_AGENT_FILL_LATER, '
                    'GPUOS_AGENT_RESUME_FILLING, GPUOS_AGENT_PARTS_MAX, GPUOS_AGENT_MEM_STATS, '
-                   'sizeof(struct gpuos_res_stats)); return 0;}\n')
+                   'sizeof(struct gpuos_res_stats), GPUOS_AGENT_PART_SHADOW); return 0;}\n')
     subprocess.run([cc, "-Wall", "-Werror", f"-I{REPO / 'libgpuos' / 'include'}", "-o", str(tmp_path / "l"), str(src)],
                    check=True)
     out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(A.REQ.size), str(A.REPLY.size), str(A.ALLOC.size), str(A.PART.size), str(A.MAGIC),
                    str(A.FDS_PER_MSG), A.NAME, str(A.FILL_PARTS), str(A.FILL_LATER), str(A.RESUME_FILLING),
-                   str(A.PARTS_MAX), str(A.MEM_STATS), str(A.MEM_STATS_STRUCT.size)]
+                   str(A.PARTS_MAX), str(A.MEM_STATS), str(A.MEM_STATS_STRUCT.size), str(A.PART_SHADOW)]
 
 
 def test_capture_hand_out_and_map_back_while_the_application_runs(app):
@@ -438,3 +438,166 @@ def test_the_fill_order_puts_allocations_never_used_last():
     ranges = [MovableRange(base=i << 30, size=1, reserved=GRAN, device=0, last_use=u)
               for i, u in enumerate([7, 0, 3, 0, 9])]
     assert order(MovableMemory(1, "f", 5 * GRAN, ranges)) == [2, 0, 4, 1, 3]
+
+
+# -- a restore's prefill: memory filled elsewhere, taken by device copies ---------------------
+
+class _Content:
+    """An image's movable-memory file as ImageContent serves it to the filler: its bytes in
+    pieces of 1 MiB (formats 1-4 style, split at the allocations' starts)."""
+
+    def __init__(self, data: bytes):
+        from gpuos.manifest import FileEntry
+
+        self.data, self.file = data, FileEntry(path="gpu-memory.bin", size=len(data))
+        self.read: list[int] = []  # offsets the filler read
+
+    def entry(self, rel: str):
+        return self.file
+
+    def pieces(self, entry):
+        from gpuos.store.content import Piece
+
+        return [Piece(off, min(1 << 20, len(self.data) - off), None) for off in range(0, len(self.data), 1 << 20)]
+
+    def read_piece(self, entry, piece, buf) -> None:
+        self.read.append(piece.offset)
+        buf[:] = self.data[piece.offset:piece.offset + piece.size]
+
+
+class _Prefilled:
+    """A prefill whose first `n` parts are done: one memfd per allocation (the fake
+    driver's exported memory) with those parts' bytes, and 0xEE everywhere else, which
+    t_agent would see if the filler took anything else from there."""
+
+    def __init__(self, content: _Content, mem, n: int, error: Exception | None = None):
+        from gpuos.movable.filler import parts
+
+        self.why_not, self.error = None, error
+        self.done = parts(content, mem)[:n]
+        starts = mem.offsets()
+        self.fds = []
+        for i, r in enumerate(mem.ranges):
+            buf = bytearray(b"\xee" * r.reserved)
+            for p in self.done:
+                if p.index == i:
+                    buf[p.offset:p.offset + p.piece.size] = content.data[starts[i] + p.offset:
+                                                                         starts[i] + p.offset + p.piece.size]
+            fd = memfd(r.reserved)
+            os.pwrite(fd, bytes(buf), 0)
+            self.fds.append(fd)
+
+    def take(self):
+        from gpuos.movable.prefill import Taken
+
+        if self.error:
+            raise self.error
+        return Taken(self.done, self.fds, 0.5)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def _held_and_released(app):
+    """t_agent held, its memory captured (the image's file) and released, as after CRIU
+    and the driver brought it back: (MovableMemory, its bytes)."""
+    from gpuos.manifest import MovableMemory, MovableRange
+
+    with Agent(app.pid) as ag:
+        _, nbytes = ag.hold()
+        allocs = ag.list()
+        fd = memfd(nbytes)
+        ag.prepare(fd, nbytes)
+        ag.capture()
+        ag.unprepare()
+        ag.release()
+    data = os.pread(fd, nbytes, 0)
+    os.close(fd)
+    mem = MovableMemory(app.pid, "gpu-memory.bin", nbytes,
+                        [MovableRange(a.base, a.size, a.reserved, a.device, a.last_use) for a in allocs])
+    return mem, data
+
+
+@pytest.mark.parametrize("on_demand", [True, False])
+@pytest.mark.parametrize("done", [0, 5, "all"])
+def test_a_fill_takes_what_the_prefill_put_on_the_gpu_and_streams_the_rest(app, on_demand, done):
+    """The prefill's done parts come from its memory (MAPped as shadows without a snapshot,
+    FILL_PARTS from the shadows), only the others are read from the image, and t_agent,
+    checking every byte, finds its memory whole; the shadows are dropped after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuos.movable import filler
+
+    mem, data = _held_and_released(app)
+    content = _Content(data)
+    every = filler.parts(content, mem)
+    n = len(every) if done == "all" else done
+    pf = _Prefilled(content, mem, n)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            stats = filler.fill(app.pid, mem, content, pool, on_demand=on_demand, prefill=pf)
+    finally:
+        pf.close()
+    assert stats.bytes == len(data) and stats.prefilled == sum(p.piece.size for p in every[:n])
+    assert stats.prefill_why_not is None and stats.prefill_seconds == 0.5
+    assert sorted(content.read) == sorted(p.piece.offset for p in every[n:])  # mem.offsets() + offset
+    with Agent(app.pid) as ag:
+        ag.hold()
+        with pytest.raises(AgentError, match="no snapshot"):
+            ag.export(shadows=True)  # dropped
+        ag.resume()
+    rc, out, err = app.finish()
+    assert rc == 0 and out.split()[0] == "ok", err
+
+
+def test_a_bad_chunk_met_by_the_prefill_fails_the_fill_before_anything_moves(app):
+    """The prefill's error (a corrupt chunk) is the fill's: raised before the agent is
+    asked for anything, so t_agent stays held, its memory released (the restore kills it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuos.errors import ImageCorrupt
+    from gpuos.movable import filler
+
+    mem, data = _held_and_released(app)
+    content = _Content(data)
+    pf = _Prefilled(content, mem, 2, error=ImageCorrupt("chunk abc is corrupt"))
+    try:
+        with ThreadPoolExecutor(2) as pool, pytest.raises(ImageCorrupt, match="abc"):
+            filler.fill(app.pid, mem, content, pool, prefill=pf)
+    finally:
+        pf.close()
+    assert content.read == []
+    with Agent(app.pid) as ag:
+        with pytest.raises(AgentError, match="released"):
+            ag.resume()
+
+
+def test_shadows_mapped_without_a_snapshot_are_checked_and_let_go(app):
+    """MAP with shadows and no snapshot makes one (held): fds in order only; FILL_PARTS
+    from the shadows refuses a part past an allocation's end; a MAP cut short is undone by
+    DROP (nothing stays mapped), and a second MAP of all of them then works."""
+    mem, data = _held_and_released(app)
+    sizes = [r.reserved for r in mem.ranges]
+    fds = [memfd(n) for n in sizes]
+    try:
+        with Agent(app.pid) as ag:
+            with pytest.raises(AgentError, match="no snapshot"):  # not from its start
+                ag._request(A.MAP, 1 | A.SHADOWS, fds[1:2])
+            ag._request(A.MAP, 0 | A.SHADOWS, fds[:1])  # one of three
+            ag.drop()
+            ag.map(fds, shadows=True)
+            ag.fill_later()
+            with pytest.raises(AgentError, match="out of bounds"):
+                ag.send_parts([(0, 0, sizes[0] + GRAN, 0)], from_shadows=True)
+                ag.recv_parts()
+            ag.send_parts([(i, 0, n, 0) for i, n in enumerate(sizes)], from_shadows=True)
+            assert ag.recv_parts().bytes == sum(sizes)
+            ag.drop()
+            ag.hold()  # all filled (zeros): the gate is open
+            ag.resume()
+            ag.resume()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    app.kill()  # its memory is zeros now: t_agent would say so

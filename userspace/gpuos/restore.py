@@ -35,14 +35,15 @@ from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemor
                      RestoreFailed)
 from .hold import resume_gpu
 from .journal import Operation
-from .manifest import CRIU_DIR, GpuInfo, Manifest
+from .manifest import CRIU_DIR, GpuInfo, Manifest, MovableMemory
 from .movable import filler
+from .movable.prefill import Prefill
 from .observe import Observer, Silent
 from .replicas import Placement, restore_one
 from .hostmem import lazy
 from .store import ImageStore
 from .store.streamer import ImageStreamer
-from .store.content import workers
+from .store.content import ImageContent, workers
 
 
 MAX_REPLICAS = 256
@@ -223,12 +224,14 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             driver_factory: Callable[[], GpuDriver], criu: Criu, verify: bool = True,
             observer: Observer = Silent(), tty: str | None = None,
             gpus: list[str] | None = None, on_demand: bool = True,
-            replicas: int | None = None, lazy_host: bool = False) -> RestoreResult:
+            replicas: int | None = None, lazy_host: bool = False, prefill: bool = True) -> RestoreResult:
     """on_demand: a process under `gpuos run` goes on as soon as its context is back, its
     movable memory streamed in behind it; else (eager) once all of it is back.  replicas:
     that many copies, each in namespaces of its own (replicas.py), all or none; None: one
     copy in ours, with the image's own pids.  lazy_host: host memory on demand too (CRIU's
-    lazy pages, hostmem/), where it can be; else (or where not) restored before it runs."""
+    lazy pages, hostmem/), where it can be; else (or where not) restored before it runs.
+    prefill: movable memory filled on the GPU by gpuos while CRIU restores, where there is
+    room (movable/prefill.py); else all of it streamed through the process's agent."""
     if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
         raise RestoreFailed(f"--replicas {replicas}: between 1 and {MAX_REPLICAS}")
     t_open = time.monotonic()
@@ -247,11 +250,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             held.callback(ahead.join)  # a readahead of what the restore has read already stops
             held.callback(done.set)
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus, on_demand, replicas, lazy_host, time.monotonic() - t_open)
+                        observer, tty, gpus, on_demand, replicas, lazy_host, prefill, held,
+                        time.monotonic() - t_open)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus, on_demand, replicas, lazy_host, open_s) -> RestoreResult:
+             tty, gpus, on_demand, replicas, lazy_host, prefill, held, open_s) -> RestoreResult:
     timings: dict[str, float] = {"open": open_s}  # the manifest read, the store locked
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
@@ -286,6 +290,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         host["on_demand"] = host["why_not"] is None
     timings["checks"] = time.monotonic() - t0
 
+    prefills = {mem.pid: _prefill(mem, manifest, content, gpu_map, replicas or 1, held)
+                for mem in manifest.movable} if prefill else {}
     op = Operation(run_dir, "restore")
     op.record.gpu_pids = gpu_pids
     pairs = restore_pairs(gpu_map, devices)
@@ -398,7 +404,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
             if manifest.movable:  # they wait at their CUDA calls for their movable memory
                 with phase("movable-fill"), ThreadPoolExecutor(max_workers=workers()) as pool:
                     jobs = [(pl.pids[mem.pid], mem) for pl in placements for mem in manifest.movable]
-                    done = _all(each, [(filler.fill, pid, mem, content, pool, on_demand) for pid, mem in jobs])
+                    done = _all(each, [(filler.fill, pid, mem, content, pool, on_demand, prefills.get(mem.pid))
+                                       for pid, mem in jobs])
                     fills = {pid: f for (pid, _), f in zip(jobs, done)}
         for pl in placements:  # criu left every task stopped; the CUDA ones run already
             for p in manifest.processes:
@@ -424,6 +431,17 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
     op.finish()
     return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),
                          gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host)
+
+
+def _prefill(mem: MovableMemory, manifest: Manifest, content: ImageContent, gpu_map: dict[str, str],
+             copies: int, held: ExitStack) -> Prefill:
+    """The prefill of one image process's movable memory, started now on the GPU it is
+    restored onto, let go when the restore ends."""
+    uuids = next((p.gpu_uuids for p in manifest.processes if p.pid == mem.pid), [])
+    gpu = gpu_map.get(uuids[0], uuids[0]) if len(uuids) == 1 else None
+    pf = Prefill(mem, content, gpu, copies)
+    held.callback(pf.close)
+    return pf
 
 
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:

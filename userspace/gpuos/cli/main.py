@@ -151,6 +151,11 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
 @click.option("--eager", is_flag=True,
               help="A process under `gpuos run` goes on only once all its GPU memory is back "
                    "(default: at once, each launch waiting only for the memory it touches).")
+@click.option("--prefill/--no-prefill", default=True, show_default=True,
+              help="While criu restores, put the GPU memory of processes under `gpuos run` on the "
+                   "GPU from gpuos's own CUDA context, where the GPU has room for a second copy; "
+                   "the process takes it by device copies once back. --no-prefill: all of it "
+                   "streams through the process.")
 @click.option("--tty", metavar="PATH",
               help="The terminal to give processes that had one (their own is used if it is "
                    "still there; e.g. --tty $(tty) takes this one).")
@@ -166,7 +171,7 @@ def checkpoint_cmd(rt: Runtime, pid: int, image: str | None, leave_running: bool
                    "namespaces of its own (as in a container: loopback only), all or none.")
 @json_option
 @click.pass_obj
-def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str | None,
+def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, prefill: bool, tty: str | None,
                 gpus: tuple[str, ...], host_memory: str, replicas: int | None, as_json: bool) -> None:
     """Restore the processes of IMAGE (a name in the store, or a path).
 
@@ -202,7 +207,7 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
 
     res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
                   observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager, replicas=replicas,
-                  lazy_host=host_memory == "lazy")
+                  lazy_host=host_memory == "lazy", prefill=prefill)
     res.timings["startup"] = startup
     if as_json:
         out = {"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
@@ -230,7 +235,9 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, tty: str 
         click.echo(f"pid {pid}: {human_bytes(f.bytes)} of GPU memory back in {f.seconds:.3f} s, "
                    + (f"the process going on after {f.resumed_after:.3f} s" if f.on_demand else "then it went on")
                    + (f"; {f.waited_for_all} calls waited for all of it ({'; '.join(f.why)})"
-                      if f.waited_for_all else ""))
+                      if f.waited_for_all else "")
+                   + (f"; {human_bytes(f.prefilled)} of it put on the GPU while criu restored"
+                      if f.prefilled else f"; no prefill: {f.prefill_why_not}" if f.prefill_why_not else ""))
 
 
 @cli.command("recover")

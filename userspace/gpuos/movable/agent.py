@@ -25,12 +25,13 @@ COMMANDS = {HOLD: "HOLD", LIST: "LIST", CAPTURE: "CAPTURE", EXPORT: "EXPORT", RE
 SHADOWS = 1 << 63  # EXPORT's and MAP's arg: the snapshot's memory
 FILL_LATER = 1 << 62  # FILL's arg: new memory, its contents by FILL_PARTS
 RESUME_FILLING = 1  # RESUME's arg: the application goes on while its memory is filled
+PART_SHADOW = 1  # a FILL_PARTS part's flags: its bytes come from the shadow, on the device
 PARTS_MAX = 4096
 NONE_WANTED = (1 << 64) - 1
 REQ = struct.Struct("<IIQ")
 REPLY = struct.Struct("<IiIIQQQ200s")
 ALLOC = struct.Struct("<QQQQiIQ")
-PART = struct.Struct("<IIQQQ")  # index, pad, offset, length, stage
+PART = struct.Struct("<IIQQQ")  # index, flags, offset, length, stage
 MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", "evicted_bytes", "bytes_in",
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
@@ -310,6 +311,9 @@ class Agent:
         self._request(RELEASE)
 
     def map(self, fds: list[int], shadows: bool = False) -> None:
+        """One fd per allocation, in LIST order: mapped as its memory (held, released), or
+        with shadows=True as its shadow: the snapshot's, or (no snapshot) memory filled
+        elsewhere for FILL_PARTS from the shadows."""
         for first in range(0, max(len(fds), 1), FDS_PER_MSG):  # one MAP even for none
             self._request(MAP, first | (SHADOWS if shadows else 0), fds[first:first + FDS_PER_MSG])
 
@@ -323,11 +327,14 @@ class Agent:
         """New memory for every allocation, its contents to come by fill_parts."""
         return self._request(FILL, FILL_LATER)
 
-    def send_parts(self, parts: list[tuple[int, int, int, int]]) -> None:
+    def send_parts(self, parts: list[tuple[int, int, int, int]], from_shadows: bool = False) -> None:
         """FILL_PARTS of (allocation index, offset, length, staged at): sent; recv_parts
-        waits for the reply (so that the next slot can be read meanwhile)."""
+        waits for the reply (so that the next slot can be read meanwhile).  from_shadows:
+        the bytes are the shadows' at the same offset (MAPped with shadows=True; staged
+        at 0), copied on the device."""
+        flags = PART_SHADOW if from_shadows else 0
         self.sock.sendall(REQ.pack(MAGIC, FILL_PARTS, len(parts))
-                          + b"".join(PART.pack(i, 0, off, n, at) for i, off, n, at in parts))
+                          + b"".join(PART.pack(i, flags, off, n, at) for i, off, n, at in parts))
 
     def recv_parts(self) -> Reply:
         """The reply of the FILL_PARTS sent: arg = an allocation the application waits for

@@ -1,20 +1,24 @@
-"""gpuos's own copy of a snapshot into the image, in a CUDA context of gpuos's.
+"""gpuos's own CUDA context for moving memory between the store and a GPU.
 
-After a `--leave-running` stop the process runs again while its snapshot (device memory
-the agent filled in the stop, handed to gpuos as descriptors) still has to reach the
-image.  Copying it inside the process would pin host memory there, which holds up the
-process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).  The copier does it
-from gpuos instead: a context on the process's GPU (made before the stop), a few pinned
-bounce buffers, and a pipeline: each piece (PIECE) is copied from the GPU into a buffer
-on its own stream while earlier pieces go, in order, to the store, which cuts them into
-chunks as they come (store.content.StreamIn): the memory never becomes a file.  Each snapshot allocation is let go as soon
-as its last piece is on the host, so the GPU gets the memory back at the copy's pace.
+Out (checkpoint): after a `--leave-running` stop the process runs again while its
+snapshot (device memory the agent filled in the stop, handed to gpuos as descriptors)
+still has to reach the image.  Copying it inside the process would pin host memory there,
+which holds up the process's own CUDA calls (measured on H100: one 0.8 s gap at 16 GiB).
+The copier does it from gpuos instead: a context on the process's GPU (made before the
+stop), a few pinned bounce buffers, and a pipeline: each piece (PIECE) is copied from the
+GPU into a buffer on its own stream while earlier pieces go, in order, to the store, which
+cuts them into chunks as they come (store.content.StreamIn): the memory never becomes a
+file.  Each snapshot allocation is let go as soon as its last piece is on the host, so the
+GPU gets the memory back at the copy's pace.  The process only shares the copy engines.
 
-No staging file and no pinning of the whole size: the image is published about as soon
-as the store can write it.  The process only shares the copy engines.
+In (restore, prefill.py): while CRIU restores the process, memory of the copier's own
+(exportable, one allocation per movable allocation) is filled from the image's chunks,
+each read and checked straight into a pinned buffer and copied to the GPU while the next
+buffers are read.  The process, once back, takes it by device-to-device copies.
 
 Used only where it can be: cuda-python, the process on one GPU that gpuos finds by UUID.
-Otherwise the agent copies into a staging file (handout.capture_snapshot).
+Otherwise the agent copies into a staging file (handout.capture_snapshot), and a restore
+streams through the agent (filler.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..errors import GpuosError
 
@@ -42,6 +46,7 @@ class Copier:
         self.ctx = None
         self.buffers: list[int] = []
         self.streams: list = []
+        self.memory: list[tuple[int, int, object]] = []  # allocate(): (va, size, handle)
         try:
             self._open(gpu_uuid)
         except CopierError:
@@ -138,12 +143,8 @@ class Copier:
             cu.cuMemAddressFree(va, size)
             cu.cuMemRelease(h)
             raise
-        desc = cu.CUmemAccessDesc()
-        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = int(self.dev)
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         try:
-            self._ck(cu.cuMemSetAccess(va, size, [desc], 1))
+            self._ck(cu.cuMemSetAccess(va, size, [self._access()], 1))
         except CopierError:
             cu.cuMemUnmap(va, size)
             cu.cuMemAddressFree(va, size)
@@ -174,11 +175,108 @@ class Copier:
         self._ck(self.cu.cuStreamSynchronize(self.streams[b]))
         return bytes(self.views[b][:n])
 
+    def allocate(self, sizes: Sequence[int]) -> None:
+        """Device memory of the copier's own, exportable as POSIX fds, one allocation of
+        each size (multiples of the GPU's granularity), mapped at addresses of its own.
+        All or none: CopierError (out of memory among others), nothing kept."""
+        cu = self.cu
+        self._ck(cu.cuCtxSetCurrent(self.ctx))
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = int(self.dev)
+        prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        try:
+            for size in sizes:
+                h = self._ck(cu.cuMemCreate(size, prop, 0))
+                try:
+                    va = int(self._ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
+                except CopierError:
+                    cu.cuMemRelease(h)
+                    raise
+                self.memory.append((va, size, h))
+                self._ck(cu.cuMemMap(va, size, 0, h, 0))
+                self._ck(cu.cuMemSetAccess(va, size, [self._access()], 1))
+        except CopierError:
+            self.free()
+            raise
+
+    def _access(self):
+        cu = self.cu
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = int(self.dev)
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        return desc
+
+    def free_bytes(self) -> int:
+        """The GPU's free memory now."""
+        self._ck(self.cu.cuCtxSetCurrent(self.ctx))
+        return int(self._ck(self.cu.cuMemGetInfo())[0])
+
+    def load(self, parts: Sequence[tuple[int, int, int]], read: Callable[[int, memoryview], None],
+             pool: ThreadPoolExecutor, stop: Callable[[], bool]) -> int:
+        """parts[k] = (allocation, offset, length) of allocate()'s memory, filled in order:
+        as many parts as fit in a bounce buffer read into it at once (read(k, view), on the
+        pool), then copied to the GPU on the buffer's stream while the next buffers are
+        read.  Before each buffer, stop() may end it.  Returns how many parts (a prefix)
+        are on the GPU; a read's error is raised once the copies issued are done."""
+        cu = self.cu
+        self._ck(cu.cuCtxSetCurrent(self.ctx))
+        issued, b, k = 0, 0, 0
+        try:
+            while k < len(parts) and not stop():
+                self._ck(cu.cuStreamSynchronize(self.streams[b]))  # the buffer's last copies are done
+                batch, used = [], 0
+                while k < len(parts) and used + parts[k][2] <= PIECE:
+                    batch.append((k, used))
+                    used += parts[k][2]
+                    k += 1
+                if not batch:
+                    raise CopierError(f"a part of {parts[k][2]} bytes is larger than a buffer")
+                view = self.views[b]
+                list(pool.map(lambda e: read(e[0], view[e[1]:e[1] + parts[e[0]][2]]), batch))
+                for j, at in batch:
+                    i, off, n = parts[j]
+                    va = self.memory[i][0]
+                    self._ck(cu.cuMemcpyHtoDAsync(va + off, self.buffers[b] + at, n, self.streams[b]))
+                issued = k
+                b = (b + 1) % BUFFERS
+        finally:
+            for s in self.streams:
+                cu.cuStreamSynchronize(s)
+        return issued
+
+    def export(self) -> list[int]:
+        """allocate()'s memory as POSIX fds, in its order (the caller closes them)."""
+        cu = self.cu
+        self._ck(cu.cuCtxSetCurrent(self.ctx))
+        kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fds: list[int] = []
+        try:
+            for _, _, h in self.memory:
+                fds.append(int(self._ck(cu.cuMemExportToShareableHandle(h, kind, 0))))
+        except CopierError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def free(self) -> None:
+        """allocate()'s memory let go (what was exported lives on while imported elsewhere)."""
+        cu = self.cu
+        cu.cuCtxSetCurrent(self.ctx)
+        for va, size, h in self.memory:
+            cu.cuMemUnmap(va, size)
+            cu.cuMemRelease(h)
+            cu.cuMemAddressFree(va, size)
+        self.memory = []
+
     def close(self) -> None:
         if self.ctx is None:
             return
+        self.free()
         cu = self.cu
-        cu.cuCtxSetCurrent(self.ctx)
         self.views = []
         for s in self.streams:
             cu.cuStreamDestroy(s)

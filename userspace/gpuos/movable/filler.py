@@ -19,6 +19,10 @@ memory released (handout.py).  The filler
      allocation the process waits for, as the agent's reply says, goes next;
   5. eager (stop the world): the same stream, and RESUME once all is in.
 
+What gpuos put on the GPU while CRIU restored the process (prefill.py) is not read again:
+its memory is mapped into the agent as the shadows before step 2 and its parts copied on
+the device (FILL_PARTS from the shadows) before the stream of the rest.
+
 A chunk that is missing or corrupt stops the fill before any byte of it reaches the GPU:
 the restore fails and the process, which would wait for it for ever, is killed.
 """
@@ -31,10 +35,14 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..manifest import MovableMemory, MovableRange
 from ..store.content import ImageContent, Piece
-from .agent import NONE_WANTED, Agent, AgentError
+from .agent import NONE_WANTED, PARTS_MAX, Agent, AgentError
+
+if TYPE_CHECKING:
+    from .prefill import Prefill
 
 SLOT = 64 << 20
 SLOTS = 2
@@ -51,10 +59,13 @@ class FillStats:
     asked: int = 0                # times the process was waiting for an allocation not yet in
     waited_for_all: int = 0       # calls that had to wait for everything
     why: list[str] = field(default_factory=list)  # their reasons, each once
+    prefilled: int = 0            # bytes on the GPU already when the process was back (prefill.py)
+    prefill_seconds: float = 0.0  # the prefill's time, from the restore's start until it stopped
+    prefill_why_not: str | None = None  # why no prefill served (None: one did, or none was asked)
 
 
 @dataclass(frozen=True)
-class _Part:
+class Part:
     """A piece of the image's file, and where its bytes go: allocation, offset in it."""
 
     piece: Piece
@@ -69,7 +80,7 @@ def order(mem: MovableMemory) -> list[int]:
     return sorted(range(len(mem.ranges)), key=lambda i: (mem.ranges[i].last_use == 0, mem.ranges[i].last_use, i))
 
 
-def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
+def parts(content: ImageContent, mem: MovableMemory) -> list[Part]:
     """The file's pieces by allocation, in the order to fill them (a piece across an
     allocation's start, which the store never makes, is refused)."""
     starts = mem.offsets()
@@ -87,16 +98,20 @@ def _parts(content: ImageContent, mem: MovableMemory) -> list[_Part]:
             if q.offset + q.size > starts[i + 1] or q.size > SLOT:
                 raise AgentError(f"{mem.file}: a piece at byte {q.offset} ({q.size} bytes) crosses the start of "
                                  f"allocation {i + 1} or is larger than a slot")
-            out.append(_Part(q, i, q.offset - starts[i]))
+            out.append(Part(q, i, q.offset - starts[i]))
     rank = {i: k for k, i in enumerate(order(mem))}
     return sorted(out, key=lambda part: (rank[part.index], part.offset))
 
 
 def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolExecutor,
-         on_demand: bool = True) -> FillStats:
-    """Stream the image's movable memory of `pid` back (see the module comment)."""
+         on_demand: bool = True, prefill: "Prefill | None" = None) -> FillStats:
+    """Stream the image's movable memory of `pid` back (see the module comment); what
+    `prefill` has put on the GPU meanwhile is taken from there (prefill.py)."""
     t0 = time.monotonic()
     stats = FillStats(on_demand=on_demand)
+    taken = prefill.take() if prefill is not None else None  # a bad chunk it met: raised here
+    if prefill is not None:
+        stats.prefill_why_not = None if taken else prefill.why_not or "nothing was on the GPU in time"
     fd = os.memfd_create(f"gpuos-fill-{pid}", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, SLOT * SLOTS)
@@ -107,13 +122,25 @@ def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolEx
             if len(have) != len(mem.ranges) or not all(a.same_place(b) for a, b in zip(have, mem.ranges)):
                 raise AgentError(f"pid {pid}'s movable memory is not the image's: {len(have)} ranges, "
                                  f"the image has {len(mem.ranges)}")
+            if taken:
+                try:
+                    ag.map(taken.fds, shadows=True)
+                except AgentError as exc:  # the agent lets go of what it mapped: streamed instead
+                    ag.drop()
+                    stats.prefill_why_not, taken = f"pid {pid} could not map it: {exc}", None
             ag.prepare(fd, SLOT * SLOTS)
             ag.fill_later()
             if on_demand:
                 ag.resume(filling=True)
                 stats.resumed_after = time.monotonic() - t0
-            _stream(ag, content, mem, memoryview(ring), pool, stats)
+            if taken:
+                _from_shadows(ag, taken.done, stats)
+                stats.prefilled, stats.prefill_seconds = stats.bytes, taken.seconds
+            skip = {(p.index, p.offset) for p in taken.done} if taken else set()
+            _stream(ag, content, mem, memoryview(ring), pool, stats, skip)
             ag.unprepare()
+            if taken:
+                ag.drop()
             if not on_demand:
                 ag.resume()
                 stats.resumed_after = time.monotonic() - t0
@@ -123,11 +150,21 @@ def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolEx
     return stats
 
 
+def _from_shadows(ag: Agent, done: list[Part], stats: FillStats) -> None:
+    """The prefilled parts, in the fill order, by device-to-device copies."""
+    for k in range(0, len(done), PARTS_MAX):
+        batch = done[k:k + PARTS_MAX]
+        ag.send_parts([(p.index, p.offset, p.piece.size, 0) for p in batch], from_shadows=True)
+        stats.bytes += sum(p.piece.size for p in batch)
+        _reply(ag.recv_parts(), deque(), stats)
+
+
 def _stream(ag: Agent, content: ImageContent, mem: MovableMemory, ring: memoryview,
-            pool: ThreadPoolExecutor, stats: FillStats) -> None:
-    """Every part read into a slot (in parallel) while the agent copies the other slot."""
+            pool: ThreadPoolExecutor, stats: FillStats, skip: set[tuple[int, int]]) -> None:
+    """Every part not in `skip` (allocation, offset) read into a slot (in parallel) while
+    the agent copies the other slot."""
     entry = content.entry(mem.file)
-    todo = deque(_parts(content, mem))
+    todo = deque(p for p in parts(content, mem) if (p.index, p.offset) not in skip)
     slot, in_flight = 0, False
     while todo or in_flight:
         batch, used = [], 0
