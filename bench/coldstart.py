@@ -183,14 +183,14 @@ def disk_rate(store_root: Path, image: str, threads: int = 8) -> dict:
     return {"bytes": total, "seconds": seconds, "bytes_per_s": total / seconds, "threads": threads}
 
 
-def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
-    """`gpuos restore --replicas n` (on demand, warm store) with a request waiting: the time
+def scale_out(env: dict, image: str, d: Path, n: int, reference: str, mode: str = "on-demand") -> dict:
+    """`gpuos restore --replicas n` (warm store, `mode`) with a request waiting: the time
     until every replica answered it (each appends its answer to d/answers)."""
     request(d, 1)
     t0 = time.time()
-    print(f"{image}: {n} replicas", flush=True)
+    print(f"{image}: {n} replicas ({mode})", flush=True)
     try:
-        res = cli(env, "restore", image, "--replicas", str(n))
+        res = cli(env, "restore", image, "--replicas", str(n), *MODE_ARGS[mode])
     except RuntimeError as exc:  # e.g. not enough GPU memory for n copies: refused, said
         (d / "req-1").unlink()
         return {"n": n, "error": str(exc)[-500:]}
@@ -207,7 +207,7 @@ def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
         for r in res["replicas"]:
             kill(r["init"])  # a replica's pid 1: the whole replica ends with it
         (d / "req-1").unlink()
-    out = {"n": n, "answered": len(got), "restore_cmd_s": after_restore - t0,
+    out = {"n": n, "mode": mode, "answered": len(got), "restore_cmd_s": after_restore - t0,
            "first_answer_s": min(a["answered"] for a in got) - t0 if got else None,
            "all_answered_s": max(a["answered"] for a in got) - t0 if len(got) == n else None,
            "distinct_replicas": len({a["token"] for a in got}),
@@ -218,7 +218,8 @@ def scale_out(env: dict, image: str, d: Path, n: int, reference: str) -> dict:
     return out
 
 
-def run_model(model: str, home: Path, replicas: int, scale: list[int], cases: list[tuple[str, str]]) -> dict:
+def run_model(model: str, home: Path, replicas: int, scale: list[int], cases: list[tuple[str, str]],
+              repeat: int = 1, scale_modes: tuple[str, ...] = ("on-demand",)) -> dict:
     work = home / "work"
     work.mkdir(exist_ok=True)
     env = dict(os.environ, GPUOS_HOME=str(home), GPUOS_HOT=str(home / "hot-tier"))
@@ -245,26 +246,29 @@ def run_model(model: str, home: Path, replicas: int, scale: list[int], cases: li
     print(f"{model}: disk reads the image at {row['disk']['bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
     # Every restore answers the request the cold-started server answered second (its
     # reference): request 1, dropped in before each restore and removed after.
-    restores = {}
-    for mode, cache in cases:
+    runs: dict[str, list[dict]] = {}
+    for mode, cache in [c for _ in range(repeat) for c in cases]:  # interleaved: A B A B ...
         case = f"{mode} {cache}"
         if cache == "hot":
             cli(env, "images", "warm", image)
         if cache == "cold":
             cli(env, "images", "cool", image)
         print(f"{model}: restore ({case})", flush=True)
-        restores[case] = timed_restore(env, image, d, 1, cold["reference"], cold["request_s"], mode)
+        one = timed_restore(env, image, d, 1, cold["reference"], cold["request_s"], mode)
         (d / "req-1").unlink()
-        restores[case]["read_bytes"] = me["size"]  # everything is read before the command returns
-        restores[case]["disk_floor_s"] = restores[case]["disk_read_bytes"] / row["disk"]["bytes_per_s"]
-        print(f"{model}: {case}: {restores[case]['first_answer_s']:.2f} s, correct={restores[case]['correct']}, "
-              f"phases {json.dumps(restores[case]['timings'])}, fill {json.dumps(restores[case]['fills'])}",
-              flush=True)
+        one["read_bytes"] = me["size"]  # everything is read before the command returns
+        one["disk_floor_s"] = one["disk_read_bytes"] / row["disk"]["bytes_per_s"]
+        runs.setdefault(case, []).append(one)
+        print(f"{model}: {case}: {one['first_answer_s']:.2f} s, correct={one['correct']}, "
+              f"phases {json.dumps(one['timings'])}, fill {json.dumps(one['fills'])}", flush=True)
         if cache == "hot":
             cli(env, "images", "cool", image)
-    row["restore"] = restores
+    # each case: its median run (by time to the first answer), with every run's time and correctness
+    row["restore"] = {case: {**sorted(rs, key=lambda r: r["first_answer_s"])[(len(rs) - 1) // 2],
+                             "runs_first_answer_s": [r["first_answer_s"] for r in rs],
+                             "correct": all(r["correct"] for r in rs)} for case, rs in runs.items()}
     if scale:
-        row["scale_out"] = [scale_out(env, image, d, n, cold["reference"]) for n in scale]
+        row["scale_out"] = [scale_out(env, image, d, n, cold["reference"], m) for n in scale for m in scale_modes]
     cli(env, "images", "cool", image)
 
     if replicas > 1:
@@ -362,18 +366,21 @@ def markdown(results: list[dict]) -> str:
 def scale_markdown(results: list[dict]) -> str:
     """Scale-out: seconds from `gpuos restore --replicas N` to every replica's first correct
     answer, and that per replica."""
-    lines = ["| model | N | all N answered | first answer | restore command | per replica | vs N = 1 | answers identical |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | mode | N | all N answered | first answer | restore command | per replica | vs N = 1 | answers identical |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for result in results:
         for r in result["rows"]:
-            base = next((x["all_answered_s"] for x in r.get("scale_out", []) if x["n"] == 1 and x.get("all_answered_s")), None)
             for x in r.get("scale_out", []):
+                mode = x.get("mode", "on-demand")
+                base = next((y["all_answered_s"] for y in r["scale_out"] if y["n"] == 1 and y.get("all_answered_s")
+                             and y.get("mode", "on-demand") == mode), None)
                 name = f"{r['model']} ({result['device'].replace('NVIDIA ', '')})"
                 if x.get("all_answered_s") is None:
-                    lines.append(f"| {name} | {x['n']} | - | - | - | - | - | {x.get('error', 'not all answered')[:80]} |")
+                    lines.append(f"| {name} | {mode} | {x['n']} | - | - | - | - | - "
+                                 f"| {x.get('error', 'not all answered')[:80]} |")
                     continue
                 rel = f"{x['all_answered_s'] / base:.2f}x" if base else "-"
-                lines.append(f"| {name} | {x['n']} | {x['all_answered_s']:.2f} s | {x['first_answer_s']:.2f} s "
+                lines.append(f"| {name} | {mode} | {x['n']} | {x['all_answered_s']:.2f} s | {x['first_answer_s']:.2f} s "
                              f"| {x['restore_cmd_s']:.2f} s | {x['all_answered_s'] / x['n']:.2f} s "
                              f"| {rel} | {x['correct']} |")
     return "\n".join(lines)
@@ -388,11 +395,17 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(f"{m}-{c}" for m, c in CASES),
                     help="Restores to time, MODE-CACHE each (modes: " + ", ".join(MODE_ARGS)
                     + "; caches: warm, hot, cold) [all]")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="Runs of each case, interleaved; the table shows each case's median [1]")
+    ap.add_argument("--scale-modes", default="on-demand",
+                    help="Modes of the scale-out restores (e.g. on-demand,no-prefill) [on-demand]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--home", default="/var/tmp", help="Where the store goes: a disk, not a tmpfs")
     args = ap.parse_args()
     scale = [int(x) for x in args.scale.split(",") if x]
     cases = [tuple(c.rsplit("-", 1)) for c in args.cases.split(",") if c]
+    if any(m not in MODE_ARGS for m in args.scale_modes.split(",")):
+        ap.error(f"--scale-modes: one of {', '.join(MODE_ARGS)} each")
     bad = [c for c in cases if len(c) != 2 or c[0] not in MODE_ARGS or c[1] not in ("warm", "hot", "cold")]
     if bad:
         ap.error(f"--cases: unknown {', '.join('-'.join(c) for c in bad)}")
@@ -405,7 +418,8 @@ def main() -> None:
     path = outdir / f"coldstart-{tag}-{result['date'][:10]}.json"
     try:
         for model in args.models.split(","):
-            result["rows"].append(run_model(model, home, args.replicas, scale, cases))
+            result["rows"].append(run_model(model, home, args.replicas, scale, cases, args.repeat,
+                                            tuple(args.scale_modes.split(","))))
             path.write_text(json.dumps(result, indent=2) + "\n")
             print(f"{model} done; wrote {path}", flush=True)
     finally:

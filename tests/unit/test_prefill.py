@@ -151,3 +151,24 @@ def test_a_bad_chunk_is_raised_to_every_taker():
             pf.take()
     assert cp.closed and pf.why_not is None
     pf.close()
+
+
+def test_it_reads_only_once_told_to_go_and_stops_unstarted():
+    """Context and memory at once, reading from `go` on (CRIU has its pages); a take
+    before that stops it with nothing done: the filler streams all of it."""
+    mem = memory([8], [1])
+    go = threading.Event()
+    cp = Copier(free=64 << 30)
+    pf = Prefill(mem, Content(mem.bytes), None, go=go, open_copier=lambda uuid: cp)
+    time.sleep(0.2)
+    assert cp.sizes == [8 * MIB] and cp.loaded == []
+    go.set()
+    pf._thread.join()
+    assert len(pf.take().done) == 8
+    pf.close()
+    cp = Copier(free=64 << 30)
+    pf = Prefill(mem, Content(mem.bytes), None, go=threading.Event(), open_copier=lambda uuid: cp)
+    time.sleep(0.1)
+    assert pf.take() is None and pf.why_not is None and cp.loaded == []
+    pf.close()
+    assert cp.closed

@@ -19,11 +19,14 @@ from helpers import build_image
 CLIENT = str(Path(__file__).parent.parent / "streaming_criu.py")
 
 
-def stream(img: Path, out: Path, *names: str) -> subprocess.CompletedProcess:
+def stream(img: Path, out: Path, *names: str) -> tuple[subprocess.CompletedProcess, bool]:
+    """The reader's result, and whether the streamer said every pages image was sent."""
     s = ImageStreamer(ImageContent(img, ImageStore.load(img)), CRIU_DIR)
     try:
         out.mkdir()
-        return subprocess.run([sys.executable, CLIENT, str(s.directory), str(out), *names], timeout=60)
+        assert not s.pages_sent.is_set()
+        res = subprocess.run([sys.executable, CLIENT, str(s.directory), str(out), *names], timeout=60)
+        return res, s.pages_sent.is_set()
     finally:
         s.close()
         assert not s.directory.exists()
@@ -33,15 +36,16 @@ def test_files_come_through_whole(store, tmp_path):
     img = build_image(store, "job")
     m = ImageStore.load(img)
     names = [f.path.split("/", 1)[1] for f in m.files if f.path.startswith(CRIU_DIR + "/")]
-    res = stream(img, tmp_path / "got", *names)
-    assert res.returncode == 0
+    assert stream(img, tmp_path / "got2", *[n for n in names if not n.startswith("pages-")])[1] is False
+    res, pages_sent = stream(img, tmp_path / "got", *names)
+    assert res.returncode == 0 and pages_sent  # what a restore's prefill waits for
     whole = ImageContent(img, m).materialize((CRIU_DIR,), tmp_path / "whole") / CRIU_DIR
     for n in names:
         assert (tmp_path / "got" / n).read_bytes() == (whole / n).read_bytes(), n
 
 
 def test_a_file_it_lacks_is_said_not_to_exist(store, tmp_path):
-    assert stream(build_image(store, "job"), tmp_path / "got", "no-such.img").returncode == 3
+    assert stream(build_image(store, "job"), tmp_path / "got", "no-such.img")[0].returncode == 3
 
 
 def test_a_corrupt_chunk_kills_the_reader_before_its_file_ends(store, tmp_path):

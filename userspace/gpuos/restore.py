@@ -290,7 +290,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         host["on_demand"] = host["why_not"] is None
     timings["checks"] = time.monotonic() - t0
 
-    prefills = {mem.pid: _prefill(mem, manifest, content, gpu_map, replicas or 1, held)
+    criu_has_pages = threading.Event()  # the prefills read once CRIU no longer does
+    prefills = {mem.pid: _prefill(mem, manifest, content, gpu_map, replicas or 1, criu_has_pages, held)
                 for mem in manifest.movable} if prefill else {}
     op = Operation(run_dir, "restore")
     op.record.gpu_pids = gpu_pids
@@ -359,9 +360,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 options = list(manifest.criu_options)
                 images = base / CRIU_DIR
                 if stream:
-                    streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes))
+                    streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes),
+                                             pages_sent=criu_has_pages)
                     images = streamer.directory
                     options.append("--stream")
+                else:
+                    criu_has_pages.set()  # read out already
                 if host["on_demand"]:
                     helpers = lazy.LazyHost(criu, image, base / CRIU_DIR, workdir, store.hot_base, verify)
                     op.record.lazy_helpers = [[pid, procs.stat(pid).starttime] for pid in helpers.pids]
@@ -370,6 +374,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 root, _ = criu.restore(images, workdir, options, terminal_fds, job_tty)
                 placements.append(Placement(root=root, pids={p.pid: p.pid for p in manifest.processes}))
             else:
+                criu_has_pages.set()  # read out already
                 placements.extend(_restore_replicas(replicas, criu, base / CRIU_DIR, workdir, manifest, op))
     except GpuosError as exc:
         for pl in placements:
@@ -387,6 +392,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
             raise ImageCorrupt(f"{streamer.errors[0]}; nothing was restored") from None
         raise RestoreFailed(f"{exc.message}; nothing was restored (log: {workdir})") from None
     finally:
+        criu_has_pages.set()
         if streamer:
             streamer.close()
         for fd in [*terminal_fds.values(), *([job_tty] if job_tty is not None else [])]:
@@ -434,12 +440,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
 
 
 def _prefill(mem: MovableMemory, manifest: Manifest, content: ImageContent, gpu_map: dict[str, str],
-             copies: int, held: ExitStack) -> Prefill:
+             copies: int, go: threading.Event, held: ExitStack) -> Prefill:
     """The prefill of one image process's movable memory, started now on the GPU it is
-    restored onto, let go when the restore ends."""
+    restored onto (reading from `go` on), let go when the restore ends."""
     uuids = next((p.gpu_uuids for p in manifest.processes if p.pid == mem.pid), [])
     gpu = gpu_map.get(uuids[0], uuids[0]) if len(uuids) == 1 else None
-    pf = Prefill(mem, content, gpu, copies)
+    pf = Prefill(mem, content, gpu, copies, go)
     held.callback(pf.close)
     return pf
 

@@ -83,10 +83,17 @@ class ImageStreamer:
     ``directory``/streamer-serve.sock, until closed. ``directory`` (CRIU's -D) is a new one
     of its own, with a short name: a socket's path has at most 107 bytes."""
 
-    def __init__(self, content: ImageContent, prefix: str, progress: Progress | None = None):
+    def __init__(self, content: ImageContent, prefix: str, progress: Progress | None = None,
+                 pages_sent: threading.Event | None = None):
         self.content, self.prefix, self.progress = content, prefix, progress
         self.files: dict[str, FileEntry] = {f.path.split("/", 1)[1]: f for f in content.manifest.files
                                             if f.path.startswith(prefix + "/")}
+        # set once every pages image (most of what CRIU reads) has gone into its pipe whole
+        self.pages_sent = pages_sent or threading.Event()
+        self._pages_left = {n for n in self.files if n.startswith("pages-")}
+        self._pages_lock = threading.Lock()
+        if not self._pages_left:
+            self.pages_sent.set()
         self.errors: list[str] = []
         try:
             self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
@@ -160,6 +167,10 @@ class ImageStreamer:
                     view = view[os.write(fd, view):]
                 if self.progress:
                     self.progress(sent)
+            with self._pages_lock:
+                self._pages_left.discard(entry.path.split("/", 1)[1])
+                if not self._pages_left:
+                    self.pages_sent.set()
         except GpuosError as exc:
             self.errors.append(exc.message)
             _kill_tree(criu_pid)  # before the pipe closes: nothing reads it short
