@@ -761,3 +761,21 @@ def test_cuda_ipc_of_movable_memory_fails_with_a_hint(build, env, memory):
         assert big != 0 and res.stderr.count(hint) == 1
     else:
         assert big == 0 and hint not in res.stderr
+
+
+def test_managed_ahead_without_gpuos_ko_runs_the_program_and_says_why(build, env, tmp_path):
+    """`gpuos run --managed-ahead` on a host without gpuos.ko (this one): the program runs and
+    ends as without the option, its launches that touch managed memory are still learnt from
+    libgpuos's records, no address space is ever known, and the summary says why nothing
+    was asked of the driver."""
+    report = tmp_path / "report.json"
+    res = subprocess.run([*GPUOS, "run", "--managed-ahead", "--report", str(report), "--",
+                          str(build / "tests" / "t_direct")], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert prog_json(res.stdout)[0]["ok"] is True
+    ahead = json.loads(report.read_text())["managed_ahead"]
+    assert "gpuos" in ahead["why_not"], ahead
+    (st,) = ahead["processes"].values()
+    assert st["managed_launches"] >= 1 and st["launches"] > st["managed_launches"] and st["as_id"] is None
+    assert st["steps"] == 0 and st["batches"] == 0
+    assert f"managed memory ahead: off: {ahead['why_not']}" in res.stderr

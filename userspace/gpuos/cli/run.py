@@ -43,6 +43,18 @@ def _summary(res: RunResult) -> list[str]:
             lines.append(table(["KERNEL WITH MISSES", "VALIDATED", "WITH MISSES", "MISSED"],
                                [[k.name[:80], k.validated, k.with_misses, human_bytes(k.missed_bytes)]
                                 for k in sorted(missed, key=lambda k: -k.missed_bytes)]))
+    if res.managed_ahead is not None:
+        a = res.managed_ahead
+        if a["why_not"]:
+            lines.append(f"managed memory ahead: off: {a['why_not']}")
+        for pid, st in a["processes"].items():
+            lines.append(f"managed memory ahead, pid {pid}: {st['managed_launches']} of {st['launches']} launches "
+                         f"touched managed memory; period {st['period'] or 'none (the last launch)'}; "
+                         + (f"address space {st['as_id']:#x}: {st['steps']} steps, "
+                            f"{human_bytes(st['bytes_migrated'])} asked to move in {st['batches']} batches, "
+                            f"{st['ranges_hinted']} ranges hinted evict-first, {st['dropped']} steps dropped"
+                            if st["as_id"] is not None else "its address space never showed in a fault event")
+                         + (f"; {'; '.join(st['errors'])}" if st["errors"] else ""))
     if res.log_lost:
         lines.append(f"launch log: {res.log_records} records written, {res.log_lost} ring slots "
                      "lost (the ring lapped the reader; raise --ring-slots)")
@@ -154,10 +166,17 @@ def _check_cpu_list(text: str) -> None:
 @click.option("--slice", "slice_ms", type=click.IntRange(1, 3_600_000), metavar="MS",
               help="With --share, for a new group: how long a process keeps the GPU's turn while "
                    "others wait for it, in milliseconds [default: 200].")
+@click.option("--managed-ahead", is_flag=True,
+              help="For CUDA managed memory: learn the repeating sequence of the launches' "
+                   "predicted working sets and have the patched driver (through gpuos.ko) migrate "
+                   "the next launches' ranges to the GPU in batches, hint what leaves them as first "
+                   "to evict, and prefetch the rest of their ranges with any fault in them. Needs "
+                   "root, gpuos.ko and the patched nvidia-uvm (GPU 0 of its numbering); without them "
+                   "the command runs as without it and the summary says why.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, memory, gpu_memory, evict, share, slice_ms, quiet, cmd) -> None:
+            paused, memory, gpu_memory, evict, share, slice_ms, managed_ahead, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -201,7 +220,8 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
                                 paused=paused, memory=memory, gpu_memory=gpu_memory,
-                                evict=evict, share=share, slice_ms=slice_ms)).run()
+                                evict=evict, share=share, slice_ms=slice_ms,
+                                managed_ahead=managed_ahead)).run()
     doc = res.to_json()
     if report:
         report.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import GpuosError, LibgpuosMissing
 from . import ring as R
+from ..managed import AheadFeeder
 from .log import LaunchLogWriter
 from .report import ProcessReport, ValidationSummary
 
@@ -66,6 +67,7 @@ class RunOptions:
     evict: str = "future"  # GPUOS_GPU_MEMORY_EVICT: "future" (learned sequence) or "lru"
     share: str | None = None  # GPUOS_SHARE: the group sharing the pool (share.c)
     slice_ms: int | None = None  # GPUOS_SHARE_SLICE_MS: a new group's time slice
+    managed_ahead: bool = False  # feed managed memory's working sets to the patched driver (managed/)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Tracked:
     reader: R.RingReader | None
     logged_funcs: set[int] = field(default_factory=set)
     ended: bool = False
+    feeder: AheadFeeder | None = None
 
 
 @dataclass
@@ -91,12 +94,15 @@ class RunResult:
     validation: ValidationSummary | None
     log_records: int
     log_lost: int  # records the log could not get (the ring lapped us, or torn copies)
+    # --managed-ahead: {"why_not": str | None, "processes": {pid: {"as_id", **Stats}}}
+    managed_ahead: dict | None = None
 
     def to_json(self) -> dict:
         return {"cmd": self.cmd, "returncode": self.returncode, "wall_s": round(self.wall_s, 3),
                 "processes": [asdict(p) for p in self.processes],
                 "validation": self.validation.to_json() if self.validation else None,
-                "log_records": self.log_records, "log_lost": self.log_lost}
+                "log_records": self.log_records, "log_lost": self.log_lost,
+                "managed_ahead": self.managed_ahead}
 
 
 def _check_cmd(cmd: list[str]) -> None:
@@ -113,7 +119,10 @@ class Supervisor:
         self.lib = opts.lib or libgpuos_path()
         if any(c in str(self.lib) for c in " :"):
             raise GpuosError(f"libgpuos path {self.lib} has a space or colon; LD_PRELOAD cannot name it")
-        self.drain = opts.log is not None or opts.validate
+        self.drain = opts.log is not None or opts.validate or opts.managed_ahead
+        self.kernel = None  # --managed-ahead: gpuos.ko's netlink client, and its events
+        self.events = None
+        self.ahead_why_not: str | None = None
         self.procs: dict[int, Tracked] = {}
         self.summary = ValidationSummary() if opts.validate else None
         self.log: LaunchLogWriter | None = None
@@ -168,6 +177,8 @@ class Supervisor:
                     self.log = LaunchLogWriter(self.opts.log, self.opts.cmd, self.opts.validate)
                 except OSError as exc:
                     raise GpuosError(f"cannot write the log {self.opts.log}: {exc.strerror}") from exc
+            if self.opts.managed_ahead:
+                self._open_kernel()
             start = time.monotonic()
             try:
                 child = subprocess.Popen(self.opts.cmd, env=self._env(ctl))
@@ -187,6 +198,10 @@ class Supervisor:
                 t.conn.close()
             listener.close()
             self.sel.close()
+            if self.events:
+                self.events.close()
+            if self.kernel:
+                self.kernel.close()
             if self.log:
                 self.log.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -199,6 +214,8 @@ class Supervisor:
                 for key, _ in self.sel.select(DRAIN_INTERVAL_S if self.drain else None):
                     if key.data == "listen":
                         self._accept(key.fileobj)
+                    elif key.data == "events":
+                        self._events()
                     elif key.data == "child":
                         rc = child.wait()
                         self._drain_all()
@@ -210,6 +227,28 @@ class Supervisor:
         finally:
             self.sel.unregister(pidfd)
             os.close(pidfd)
+
+    def _open_kernel(self) -> None:
+        """gpuos.ko for --managed-ahead: its events (a fault names a process's address space)
+        and its requests.  Without it the command runs as without the option, and says why."""
+        from ..kernel.netlink import GpuosNetlink
+
+        try:
+            self.kernel = GpuosNetlink()
+            self.events = self.kernel.subscribe()
+        except GpuosError as exc:
+            self.ahead_why_not = exc.message
+            if self.kernel:
+                self.kernel.close()
+            self.kernel = None
+            return
+        self.sel.register(self.events, selectors.EVENT_READ, "events")
+
+    def _events(self) -> None:
+        while (ev := self.events.next(timeout=0)) is not None:
+            for t in self.procs.values():
+                if t.feeder:
+                    t.feeder.event(ev)
 
     def _accept(self, listener: socket.socket) -> None:
         try:
@@ -244,6 +283,8 @@ class Supervisor:
         conn.setblocking(False)
         t = Tracked(pid, ppid, exe.split(b"\0", 1)[0].decode("utf-8", "replace"), conn, ring,
                     R.RingReader(ring, from_start=True) if self.drain else None)
+        if self.opts.managed_ahead:  # GPU 0 of nvidia-uvm's numbering: one GPU per process for now
+            t.feeder = AheadFeeder(pid, 0, self.kernel, why_not=self.ahead_why_not)
         self.procs[pid] = t
         self.sel.register(conn, selectors.EVENT_READ, t)
         if self.log:
@@ -296,8 +337,11 @@ class Supervisor:
     def _drain(self, t: Tracked) -> None:
         if t.reader is None:
             return
+        launches = []
         for rtype, flags, ts, tid, body in t.reader.poll():
             rec = R.decode(rtype, flags, ts, tid, body)
+            if t.feeder and rtype == R.LAUNCH:
+                launches.append(rec)
             func = rec.get("func")
             if self.summary is not None:
                 if rtype == R.LAUNCH:
@@ -315,6 +359,9 @@ class Supervisor:
                                         "nparams": fn.nparams, "params_bytes": fn.params_bytes})
                 rec["pid"] = t.pid
                 self.log.write(rec)
+        if t.feeder and launches:
+            t.feeder.records(launches)
+            t.feeder.step()
 
     def _finish(self, rc: int, wall: float) -> RunResult:
         procs = []
@@ -326,6 +373,12 @@ class Supervisor:
             procs.append(ProcessReport(t.pid, t.ppid, t.exe, state, h.reason or None, counters,
                                        incomplete, h.memory_mode))
         readers = [t.reader for t in self.procs.values() if t.reader]
+        ahead = None
+        if self.opts.managed_ahead:
+            feeders = [t.feeder for t in self.procs.values() if t.feeder]
+            ahead = {"why_not": self.ahead_why_not or next((f.why_not for f in feeders if f.why_not), None),
+                     "processes": {str(f.pid): {"as_id": f.as_id, **asdict(f.stats)} for f in feeders}}
         return RunResult(self.opts.cmd, rc, wall, procs, self.summary,
                          log_records=sum(r.stats.records for r in readers),
-                         log_lost=sum(r.stats.skipped_slots + r.stats.torn for r in readers))
+                         log_lost=sum(r.stats.skipped_slots + r.stats.torn for r in readers),
+                         managed_ahead=ahead)
