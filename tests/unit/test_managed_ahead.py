@@ -129,6 +129,9 @@ def test_the_feeder_waits_for_its_address_space_then_asks_for_the_window():
     assert k.batches[0][2] == st.migrate and [r.base for r in st.migrate] == [1 << 30, 2 << 30]
     assert k.prefetch == [(0x77, st.prefetch)]
     assert f.stats.steps == 1 and f.stats.bytes_migrated == 8 * MIB and f.stats.prefetch_sets == 1
+    f.close()
+    f.close()
+    assert k.prefetch[1:] == [(0x77, [])]  # cleared once
 
 
 @pytest.mark.parametrize("kernel,why", [(Kernel(name=None), "no GPU driver"),

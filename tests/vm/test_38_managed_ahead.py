@@ -33,35 +33,46 @@ def test_a_repeating_launch_sequence_reaches_the_driver_ahead(testdrv, nl, sleep
     from gpuos.managed import AheadFeeder
 
     p = sleepers()
+    objects = nl.get_info().counters["objects"]
     feeder = AheadFeeder(pid=p.pid, gpu=0, kernel=nl, window=2)
-    assert feeder.why_not is None
-    # launches: [0, 1], [2], [3], [0, 1], [2], [3]: period 3
-    feeder.records([launch(BASES[0], BASES[1]), launch(BASES[2]), launch(BASES[3])] * 2)
-    assert feeder.stats.period == 3
-    assert feeder.step() is None and vmlib.pending() == []  # its address space is not known yet
-    with nl.subscribe() as sub:
-        assert inject_batch(p.pid + 100000, as_id=0x51) == 0  # not this process's
-        assert inject_batch(p.pid, as_id=0x52) == 0
-        for _ in range(2):
-            ev = sub.next(timeout=10)
-            assert ev is not None and ev.type == EventType.FAULT_BATCH
-            feeder.event(ev)
-    assert feeder.as_id == 0x52
-    st = feeder.step()  # the next two launches: [0, 1] then [2]
-    assert [(r.base, r.prio) for r in st.migrate] == [(BASES[0], 0), (BASES[1], 0), (BASES[2], 1)]
-    assert [(as_id, op, n) for _, as_id, op, n in vmlib.pending()] == [(0x52, int(Op.MIGRATE), 3)]
-    # what the fault path finds: the window's ranges, clipped to the 2 MiB block of the fault
-    assert lookup(0x52, BASES[2] + 4096) == [(BASES[2], 2 * MIB)]
-    assert lookup(0x52, BASES[2] + 3 * MIB) == [(BASES[2] + 2 * MIB, 2 * MIB)]
-    assert lookup(0x52, BASES[3]) == []  # not in the window
-    assert feeder.step() is None  # nothing changed
-    feeder.records([launch(BASES[0], BASES[1])])  # the window moves on: [2], [3]
-    st = feeder.step()
-    assert [r.base for r in st.migrate] == [BASES[3]] and [r.base for r in st.evict_first] == BASES[:2]
-    assert [(op, n) for _, as_id, op, n in vmlib.pending()] == [(int(Op.MIGRATE), 3), (int(Op.MIGRATE), 1),
-                                                                (int(Op.HINT), 2)]
-    assert lookup(0x52, BASES[3]) == [(BASES[3], 2 * MIB)] and lookup(0x52, BASES[0]) == []
-    assert feeder.stats.steps == 2 and feeder.stats.batches == 3 and feeder.stats.errors == []
+    try:
+        assert feeder.why_not is None
+        # launches: [0, 1], [2], [3], [0, 1], [2], [3]: period 3
+        feeder.records([launch(BASES[0], BASES[1]), launch(BASES[2]), launch(BASES[3])] * 2)
+        assert feeder.stats.period == 3
+        assert feeder.step() is None and vmlib.pending() == []  # its address space is not known yet
+        with nl.subscribe() as sub:
+            assert inject_batch(p.pid + 100000, as_id=0x51) == 0  # not this process's
+            assert inject_batch(p.pid, as_id=0x52) == 0
+            for _ in range(2):
+                ev = sub.next(timeout=10)
+                assert ev is not None and ev.type == EventType.FAULT_BATCH
+                feeder.event(ev)
+        assert feeder.as_id == 0x52
+        st = feeder.step()  # the next two launches: [0, 1] then [2]
+        assert [(r.base, r.prio) for r in st.migrate] == [(BASES[0], 0), (BASES[1], 0), (BASES[2], 1)]
+        assert [(as_id, op, n) for _, as_id, op, n in vmlib.pending()] == [(0x52, int(Op.MIGRATE), 3)]
+        # what the fault path finds: the window's ranges, clipped to the 2 MiB block of the fault
+        assert lookup(0x52, BASES[2] + 4096) == [(BASES[2], 2 * MIB)]
+        assert lookup(0x52, BASES[2] + 3 * MIB) == [(BASES[2] + 2 * MIB, 2 * MIB)]
+        assert lookup(0x52, BASES[3]) == []  # not in the window
+        assert feeder.step() is None  # nothing changed
+        feeder.records([launch(BASES[0], BASES[1])])  # the window moves on: [2], [3]
+        st = feeder.step()
+        assert [r.base for r in st.migrate] == [BASES[3]] and [r.base for r in st.evict_first] == BASES[:2]
+        assert [(op, n) for _, as_id, op, n in vmlib.pending()] == [(int(Op.MIGRATE), 3), (int(Op.MIGRATE), 1),
+                                                                    (int(Op.HINT), 2)]
+        assert lookup(0x52, BASES[3]) == [(BASES[3], 2 * MIB)] and lookup(0x52, BASES[0]) == []
+        assert feeder.stats.steps == 2 and feeder.stats.batches == 3 and feeder.stats.errors == []
+        assert nl.get_info().counters["objects"] == objects + 3 + 1  # the batches pending, its prefetch ranges
+        for batch_id, *_ in vmlib.pending():  # the driver completes them
+            assert vmlib.dbg_write("complete", f"{batch_id} 0\n") == 0
+        feeder.close()  # the process ended: its prefetch ranges leave gpuos.ko
+        assert lookup(0x52, BASES[3]) == [] and nl.get_info().counters["objects"] == objects
+    finally:  # nothing left behind for the next tests, passed or not
+        for batch_id, *_ in vmlib.pending():
+            vmlib.dbg_write("complete", f"{batch_id} 0\n")
+        nl.set_prefetch(0x52, [])
 
 
 def test_without_a_driver_the_feeder_asks_nothing(no_driver, nl, sleepers):

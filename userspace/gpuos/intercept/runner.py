@@ -306,6 +306,8 @@ class Supervisor:
         if t.ended:
             return
         t.ended = True
+        if t.feeder:
+            t.feeder.close()
         if self.log:
             h = t.ring.header()
             state, incomplete = self._state(t, h)

@@ -196,6 +196,7 @@ class AheadFeeder:
         self.seq = LaunchSequence()
         self.planner = Planner(gpu, window)
         self.stats = Stats()
+        self.prefetch_set = False  # ranges stored in gpuos.ko, cleared by close()
         self.why_not = why_not or (None if kernel else "no connection to gpuos.ko")
         if kernel is not None and not self.why_not:
             try:
@@ -245,8 +246,19 @@ class AheadFeeder:
             self.planner.in_window = {}
             return None
         self.stats.steps += 1
+        self.prefetch_set = True
         self.stats.ranges_migrated += len(st.migrate)
         self.stats.bytes_migrated += sum(r.len for r in st.migrate)
         self.stats.ranges_hinted += len(st.evict_first)
         self.stats.prefetch_sets += 1
         return st
+
+    def close(self) -> None:
+        """The process ended: its prefetch ranges leave gpuos.ko (which also drops them when
+        the driver reports its address space gone, but a driver may be slow to)."""
+        if self.prefetch_set and self.kernel is not None and self.as_id is not None:
+            try:
+                self.kernel.set_prefetch(self.as_id, [])
+            except GpuosError:
+                pass  # gpuos.ko went away: nothing is left there
+            self.prefetch_set = False
