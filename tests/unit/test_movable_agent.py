@@ -601,3 +601,28 @@ def test_shadows_mapped_without_a_snapshot_are_checked_and_let_go(app):
         for fd in fds:
             os.close(fd)
     app.kill()  # its memory is zeros now: t_agent would say so
+
+
+def test_a_prefill_that_takes_the_room_is_let_go_and_the_fill_streams_it_all(app):
+    """The prefill's memory, mapped as the shadows, leaves no room for the process's own
+    (here one shadow is made to fill the fake driver's 16 GiB but 3 MiB): FILL_LATER
+    fails for lack of memory, the shadows are dropped, and the fill streams everything
+    from the image instead; t_agent finds its memory whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuos.movable import filler
+
+    mem, data = _held_and_released(app)
+    content = _Content(data)
+    pf = _Prefilled(content, mem, 3)
+    others = sum(r.reserved for r in mem.ranges[1:])  # the other shadows' imports count too
+    os.ftruncate(pf.fds[0], (16 << 30) - others - (3 << 20))  # sparse: no host memory behind it
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            stats = filler.fill(app.pid, mem, content, pool, prefill=pf)
+    finally:
+        pf.close()
+    assert stats.prefilled == 0 and "no room for pid" in stats.prefill_why_not and "OUT_OF_MEMORY" in stats.prefill_why_not
+    assert stats.bytes == len(data) and len(content.read) == len(filler.parts(content, mem))
+    rc, out, err = app.finish()
+    assert rc == 0 and out.split()[0] == "ok", err

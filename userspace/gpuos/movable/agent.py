@@ -49,6 +49,11 @@ class AgentError(GpuosError):
     """The agent refused or failed a command (the application is not harmed)."""
 
 
+def out_of_memory(exc: AgentError) -> bool:
+    """The agent had no device memory for it (its ENOMEM, or the driver's own words)."""
+    return "ENOMEM" in exc.message or "OUT_OF_MEMORY" in exc.message
+
+
 @dataclass(frozen=True)
 class MovableAlloc:
     base: int

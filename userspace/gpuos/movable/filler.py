@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..manifest import MovableMemory, MovableRange
 from ..store.content import ImageContent, Piece
-from .agent import NONE_WANTED, PARTS_MAX, Agent, AgentError
+from .agent import NONE_WANTED, PARTS_MAX, Agent, AgentError, out_of_memory
 
 if TYPE_CHECKING:
     from .prefill import Prefill
@@ -129,7 +129,14 @@ def fill(pid: int, mem: MovableMemory, content: ImageContent, pool: ThreadPoolEx
                     ag.drop()
                     stats.prefill_why_not, taken = f"pid {pid} could not map it: {exc}", None
             ag.prepare(fd, SLOT * SLOTS)
-            ag.fill_later()
+            try:
+                ag.fill_later()
+            except AgentError as exc:  # the prefill's memory took the room: let it go, stream it all
+                if not taken or not out_of_memory(exc):
+                    raise
+                ag.drop()
+                stats.prefill_why_not, taken = f"no room for pid {pid}'s memory beside it: {exc}", None
+                ag.fill_later()  # goes on from the allocation that had no room
             if on_demand:
                 ag.resume(filling=True)
                 stats.resumed_after = time.monotonic() - t0

@@ -39,7 +39,7 @@ from ..store.chunks import ChunkStore
 from ..store.content import Source, StreamIn
 from . import keeper
 from .copier import Copier, CopierError
-from .agent import Agent, AgentError, agent_available
+from .agent import Agent, AgentError, agent_available, out_of_memory
 
 STAGING_DIR = Path("/dev/shm")
 MARGIN = 256 << 20  # room for allocations made between stage() and hand_out()
@@ -143,7 +143,7 @@ def hand_out(h: Handout, snapshot: bool) -> None:
                     ag.snapshot()
                     h.snapshot = True
                 except AgentError as exc:
-                    if not _out_of_memory(exc):
+                    if not out_of_memory(exc):
                         raise
             if h.snapshot and h.copier is None and nbytes > h.size:
                 os.close(_staging_file(h, nbytes))  # it grew past the margin since stage()
@@ -172,11 +172,6 @@ def hand_out(h: Handout, snapshot: bool) -> None:
             os.close(fd)
 
 
-def _out_of_memory(exc: AgentError) -> bool:
-    """The agent had no device memory for it (its ENOMEM, or the driver's own words)."""
-    return "ENOMEM" in exc.message or "OUT_OF_MEMORY" in exc.message
-
-
 class SnapshotLost(GpuosError):
     """The process runs on its snapshot's memory: there was no room to copy it back."""
 
@@ -198,7 +193,7 @@ def give_back(h: Handout) -> None:
                 try:
                     ag.fill(from_shadows=True)
                 except AgentError as exc:
-                    if not _out_of_memory(exc):
+                    if not out_of_memory(exc):
                         raise
                     ag.map(h.shadow_fds)  # the process goes on, on the snapshot's memory
                     lost = True
