@@ -15,7 +15,7 @@ from gpuos.errors import ImageCorrupt
 from gpuos.manifest import FileEntry, MovableMemory, MovableRange
 from gpuos.movable.copier import CopierError
 from gpuos.movable.filler import parts
-from gpuos.movable.prefill import CONTEXT_ROOM, Prefill
+from gpuos.movable.prefill import CONTEXT_ROOM, Prefill, room_beside
 from gpuos.store.content import Piece
 
 MIB = 1 << 20
@@ -116,14 +116,18 @@ def test_take_stops_it_at_a_buffers_end_and_only_that_is_done():
 
 
 @pytest.mark.parametrize("copies", [1, 3])
-def test_it_starts_only_with_room_for_the_copies_the_restore_makes(copies):
-    mem = memory([64], [1])
-    need = mem.bytes + copies * (mem.bytes + CONTEXT_ROOM)
+def test_it_starts_only_with_room_for_what_the_restore_makes_beside_it(copies):
+    """Room for its own memory, each restored copy's memory and context, and the image's
+    other prefill (two processes with movable memory)."""
+    mem, other = memory([64], [1]), memory([16], [1])
+    beside = room_beside([mem, other], mem, copies)
+    assert beside == copies * (mem.bytes + other.bytes + 2 * CONTEXT_ROOM) + other.bytes
+    need = mem.bytes + beside
     cp = Copier(free=need - 1)
-    pf = Prefill(mem, Content(mem.bytes), None, copies=copies, open_copier=lambda uuid: cp)
+    pf = Prefill(mem, Content(mem.bytes), None, beside, open_copier=lambda uuid: cp)
     assert pf.take() is None and "no room on the GPU" in pf.why_not and cp.closed and not cp.sizes
     cp = Copier(free=need)
-    pf = Prefill(mem, Content(mem.bytes), None, copies=copies, open_copier=lambda uuid: cp)
+    pf = Prefill(mem, Content(mem.bytes), None, beside, open_copier=lambda uuid: cp)
     assert pf.take() is not None
     pf.close()
 

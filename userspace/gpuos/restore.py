@@ -37,7 +37,7 @@ from .hold import resume_gpu
 from .journal import Operation
 from .manifest import CRIU_DIR, GpuInfo, Manifest, MovableMemory
 from .movable import filler
-from .movable.prefill import Prefill
+from .movable.prefill import Prefill, room_beside
 from .observe import Observer, Silent
 from .replicas import Placement, restore_one
 from .hostmem import lazy
@@ -445,7 +445,7 @@ def _prefill(mem: MovableMemory, manifest: Manifest, content: ImageContent, gpu_
     restored onto (reading from `go` on), let go when the restore ends."""
     uuids = next((p.gpu_uuids for p in manifest.processes if p.pid == mem.pid), [])
     gpu = gpu_map.get(uuids[0], uuids[0]) if len(uuids) == 1 else None
-    pf = Prefill(mem, content, gpu, copies, go)
+    pf = Prefill(mem, content, gpu, room_beside(manifest.movable, mem, copies), go)
     held.callback(pf.close)
     return pf
 

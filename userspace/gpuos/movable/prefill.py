@@ -36,8 +36,16 @@ from ..store.content import ImageContent
 from .copier import Copier, CopierError
 from .filler import Part, parts
 
-# GPU memory left for each restored copy's context and what its driver restore brings back
+# GPU memory left for each restored process's context and what its driver restore brings back
 CONTEXT_ROOM = 1 << 30
+
+
+def room_beside(movable: list[MovableMemory], mem: MovableMemory, copies: int) -> int:
+    """What the GPU must keep free beside the prefill of `mem`, one of an image's `movable`
+    memories restored `copies` times: every restored process's new memory and context, and
+    the image's other prefills."""
+    total = sum(m.bytes for m in movable)
+    return copies * (total + CONTEXT_ROOM * len(movable)) + total - mem.bytes
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,11 @@ class Taken:
 
 class Prefill:
     """The movable memory of one image process, filled on GPU `gpu_uuid` in the background
-    from now until take().  `copies`: how many restored processes will each make new
-    memory of its size (replicas), which the GPU must still have room for."""
+    from now until take().  `beside`: the bytes the GPU must still have free beside it
+    (restore.room_beside: what the restored processes will make, and the image's other
+    prefills)."""
 
-    def __init__(self, mem: MovableMemory, content: ImageContent, gpu_uuid: str | None, copies: int = 1,
+    def __init__(self, mem: MovableMemory, content: ImageContent, gpu_uuid: str | None, beside: int = 0,
                  go: threading.Event | None = None, threads: int | None = None,
                  open_copier: Callable[[str | None], Copier] = Copier):
         self.mem, self.content = mem, content
@@ -70,16 +79,16 @@ class Prefill:
         self._taken: Taken | None = None
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, args=(gpu_uuid, copies, open_copier,
+        self._thread = threading.Thread(target=self._run, args=(gpu_uuid, beside, open_copier,
                                                                 threads or max(2, (os.cpu_count() or 2) - 2)),
                                         name="gpuos-prefill", daemon=True)
         self._thread.start()
 
-    def _run(self, gpu_uuid: str | None, copies: int, open_copier, threads: int) -> None:
+    def _run(self, gpu_uuid: str | None, beside: int, open_copier, threads: int) -> None:
         sizes = [r.reserved for r in self.mem.ranges]
         try:
             self._copier = open_copier(gpu_uuid)
-            need = sum(sizes) + copies * (self.mem.bytes + CONTEXT_ROOM)
+            need = sum(sizes) + beside
             free = self._copier.free_bytes()
             if free < need:
                 self.why_not = (f"no room on the GPU for a second copy: {free >> 20} MiB free, "
