@@ -68,13 +68,13 @@ def test_the_planner_asks_only_for_what_enters_and_leaves_the_window():
     for ws in [A, B, C, D] * 2:
         seq.add(ws)
     assert seq.period == 4 and seq.ahead(2) == [A, B]
-    st = plan.step(seq)
-    assert st.migrate == [Range(1 << 30, 4 * MIB, DEST_GPU(1), 0), Range(2 << 30, 4 * MIB, DEST_GPU(1), 1)]
+    st = plan.step(seq)  # priorities by the window's eighths: the second of two launches, 4
+    assert st.migrate == [Range(1 << 30, 4 * MIB, DEST_GPU(1), 0), Range(2 << 30, 4 * MIB, DEST_GPU(1), 4)]
     assert st.evict_first == [] and st.prefetch == [(1 << 30, 4 * MIB), (2 << 30, 4 * MIB)]
     assert plan.step(seq) is None  # nothing changed
     seq.add(A)  # the window moves on: B, C
     st = plan.step(seq)
-    assert st.migrate == [Range(3 << 30, 4 * MIB, DEST_GPU(1), 1)]
+    assert st.migrate == [Range(3 << 30, 4 * MIB, DEST_GPU(1), 4)]
     assert st.evict_first == [Range(1 << 30, 4 * MIB, DEST_GPU(1), MAX_PRIO, RANGE_EVICT_FIRST)]
     assert st.prefetch == [(2 << 30, 4 * MIB), (3 << 30, 4 * MIB)]
 
@@ -124,11 +124,12 @@ def test_the_feeder_waits_for_its_address_space_then_asks_for_the_window():
     f.event(fault_of(41, 0x66))  # another process's
     f.event(fault_of(42, 0x77, batch=True))
     f.event(fault_of(42, 0x88))  # the first one stays
-    st = f.step()
-    assert f.as_id == 0x77 and [b[:2] for b in k.batches] == [(0x77, Op.MIGRATE)]
-    assert k.batches[0][2] == st.migrate and [r.base for r in st.migrate] == [1 << 30, 2 << 30]
+    st = f.step()  # six launches since the last step: twice that, within one period of three
+    assert f.as_id == 0x77 and [b[:2] for b in k.batches] == [(0x77, Op.MIGRATE)] and f.stats.window == 3
+    assert k.batches[0][2] == st.migrate
+    assert [(r.base, r.prio) for r in st.migrate] == [(1 << 30, 0), (2 << 30, 2), (3 << 30, 5)]
     assert k.prefetch == [(0x77, st.prefetch)]
-    assert f.stats.steps == 1 and f.stats.bytes_migrated == 8 * MIB and f.stats.prefetch_sets == 1
+    assert f.stats.steps == 1 and f.stats.bytes_migrated == 12 * MIB and f.stats.prefetch_sets == 1
     f.close()
     f.close()
     assert k.prefetch[1:] == [(0x77, [])]  # cleared once
@@ -151,7 +152,7 @@ def test_a_busy_module_drops_a_step_and_the_next_asks_again_in_full():
     f.records(periodic(A, B, C))
     assert f.step() is None and f.stats.dropped == 1
     st = f.step()
-    assert len(st.migrate) == 2 and k.batches and f.stats.steps == 1
+    assert len(st.migrate) == 3 and k.batches and f.stats.steps == 1
 
 
 def test_an_error_is_said_once_and_many_ranges_go_in_batches_of_the_netlink_limit():
@@ -167,3 +168,20 @@ def test_an_error_is_said_once_and_many_ranges_go_in_batches_of_the_netlink_limi
     f.records([launch(*[buf((i + 1) << 22, 4096, "managed") for i in range(MAX_NL_RANGES + 5)])])
     f.step()
     assert [len(b[2]) for b in k.batches] == [MAX_NL_RANGES, 5] and len(k.prefetch[0][1]) == MAX_NL_RANGES
+
+
+def test_the_window_reaches_as_far_as_the_program_ran_between_steps():
+    """Launches come faster than steps: the window covers twice the launches since the
+    last step (at least the planner's), within one period; prefetch and migration follow."""
+    k = Kernel()
+    f = AheadFeeder(pid=42, gpu=0, kernel=k, window=2)
+    f.event(fault_of(42, 0x77))
+    sets = [frozenset({((i + 1) << 30, 4 * MIB)}) for i in range(20)]
+    f.records(periodic(*sets, times=2))  # period 20, 40 launches
+    f.step()
+    assert f.stats.window == 20 and len(k.batches[0][2]) == 20  # the whole period
+    f.records(periodic(*sets[:3], times=1))  # three more launches: a window of six, 3 to 8
+    st = f.step()
+    assert f.stats.window == 6 and st.migrate == [] and len(st.evict_first) == 14
+    assert [b for b, _ in st.prefetch] == [(i + 1) << 30 for i in range(3, 9)]
+    assert [op for _, op, _ in k.batches] == [Op.MIGRATE, Op.HINT]  # no empty batch

@@ -6,11 +6,12 @@ on the GPU faults, and fault-driven migration runs at a small fraction of PCIe s
 libgpuos records, for every launch, the buffers it may touch (gpuos_ring.h: LAUNCH
 records, managed buffers flagged); launches repeat (training iterations, decode steps).
 So gpuos learns the repeating sequence of the launches' managed working sets and, for the
-next `window` launches, asks the driver through gpuos.ko (kmod/uapi/gpuos.h), one step
-at a time with only what changed:
+next launches (at least `window`, and twice as many as it launched since the last step:
+the program runs on while a step is made and served), asks the driver through gpuos.ko
+(kmod/uapi/gpuos.h), one step at a time with only what changed:
 
   - MIGRATE to the GPU: ranges entering the window, the soonest needed most urgent
-    (prio = how many launches ahead, capped at GPUOS_MAX_PRIO), one batch;
+    (the window's eighths: GPUOS_MAX_PRIO + 1 priorities), one batch;
   - HINT EVICT_FIRST: ranges leaving the window: their next use is the farthest known
     (Belady), so the driver evicts them first under pressure;
   - SET_PREFETCH: the window's ranges, which a patched nvidia-uvm services with any
@@ -34,7 +35,7 @@ from ..errors import GpuosError, LimitReached
 from ..kernel.model import Event, KmodInfo, Range
 from ..kernel.uapi import DEST_GPU, MAX_NL_RANGES, MAX_PRIO, PAGE_SIZE, RANGE_EVICT_FIRST, DriverCaps, Op
 
-WINDOW = 8  # launches ahead
+WINDOW = 8  # launches ahead, at least: more when more launched between two steps
 MAX_PERIOD = 1024  # launches in the longest repeating sequence looked for
 HISTORY = 2 * MAX_PERIOD
 
@@ -136,12 +137,14 @@ class Planner:
         self.dest, self.window = DEST_GPU(gpu), window
         self.in_window: dict[Span, int] = {}
 
-    def step(self, seq: LaunchSequence) -> Step | None:
-        """None when the window holds what it held."""
+    def step(self, seq: LaunchSequence, window: int | None = None) -> Step | None:
+        """None when the window (`window` launches, else the planner's) holds what it held.
+        Priorities spread over the window: its first eighth most urgent."""
+        n = max(window or self.window, 1)
         want: dict[Span, int] = {}
-        for i, ws in enumerate(seq.ahead(self.window)):
+        for i, ws in enumerate(seq.ahead(n)):
             for span in ws:
-                want.setdefault(span, min(i, MAX_PRIO))
+                want.setdefault(span, min(i * (MAX_PRIO + 1) // n, MAX_PRIO))
         if want.keys() == self.in_window.keys():
             return None
         entering = sorted((p, span) for span, p in want.items() if span not in self.in_window)
@@ -163,6 +166,7 @@ class Kernel(Protocol):
 @dataclass
 class Stats:
     launches: int = 0          # LAUNCH records seen
+    window: int = 0            # launches ahead at the last step
     managed_launches: int = 0  # of them, touching managed memory
     period: int = 0            # the learned period; 0: none (the window is the last launch's set)
     steps: int = 0             # steps that asked the driver for something
@@ -197,6 +201,7 @@ class AheadFeeder:
         self.planner = Planner(gpu, window)
         self.stats = Stats()
         self.prefetch_set = False  # ranges stored in gpuos.ko, cleared by close()
+        self._since_step = 0  # managed launches since the last step: the window covers twice as many
         self.why_not = why_not or (None if kernel else "no connection to gpuos.ko")
         if kernel is not None and not self.why_not:
             try:
@@ -219,6 +224,7 @@ class AheadFeeder:
             ws = working_set(rec)
             if ws:
                 self.stats.managed_launches += 1
+                self._since_step += 1
                 self.seq.add(ws)
         self.stats.period = self.seq.period
 
@@ -227,8 +233,17 @@ class AheadFeeder:
         asked (nothing changed, no address space known yet, or the driver path is off)."""
         if self.why_not or self.as_id is None or self.kernel is None:
             return None
-        st = self.planner.step(self.seq)
+        if not self._since_step and self.planner.in_window:
+            return None  # the program has not moved
+        # the program runs on while a step is made and served: the window reaches as far
+        # ahead as twice what it launched since the last one (within one period)
+        window = max(self.planner.window, 2 * self._since_step)
+        if self.seq.period:
+            window = min(window, max(self.seq.period, self.planner.window))
+        self.stats.window = window
+        st = self.planner.step(self.seq, window)
         if st is None:
+            self._since_step = 0
             return None
         try:
             for op, ranges in ((Op.MIGRATE, st.migrate), (Op.HINT, st.evict_first)):
@@ -245,6 +260,7 @@ class AheadFeeder:
                 self.stats.errors.append(exc.message)
             self.planner.in_window = {}
             return None
+        self._since_step = 0  # (a step refused keeps it: the next one reaches as far)
         self.stats.steps += 1
         self.prefetch_set = True
         self.stats.ranges_migrated += len(st.migrate)
