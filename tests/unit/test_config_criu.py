@@ -87,3 +87,25 @@ def test_real_criu_version_and_a_failing_dump(criu_bin, tmp_path):
         criu.dump(999999 if not Path("/proc/999999").exists() else 2**22 + 1, images, False, [])
     assert not dump_completed(images)
     assert (tmp_path / "plugins").is_dir() and list((tmp_path / "plugins").iterdir()) == []
+
+
+def test_restore_marks_are_read_from_criu_s_own_log(tmp_path):
+    """Where a restore's time went, from CRIU's -v4 stamps: the first fork, the first task in
+    the restorer, the last page read there, done; the last stamp as the end; nothing from a
+    missing log or unstamped lines."""
+    from gpuos.criu import restore_marks
+
+    log = tmp_path / "restore.log"
+    log.write_text("(00.000000) CRIU run id = x\n"
+                   "(00.042282) Forking task with 17 pid (flags 0x0)\n"
+                   "(00.043000) Forking task with 18 pid (flags 0x0)\n"
+                   "task_args->pid: 17\n"
+                   "(00.044276) pie: 17: Switched to the restorer 17\n"
+                   "(00.100000) pie: 17: `- returned 4096\n"
+                   "(00.044300) pie: 18: Switched to the restorer 18\n"
+                   "(01.188831) pie: 18: `- returned 275509248\n"
+                   "(01.190018) Restore finished successfully. Tasks resumed.\n"
+                   "(01.190114) Running post-resume scripts\n")
+    assert restore_marks(log) == {"fork": 0.042282, "restorer": 0.044276, "pages_read": 1.188831,
+                                  "finished": 1.190018, "end": 1.190114}
+    assert restore_marks(tmp_path / "none.log") == {}

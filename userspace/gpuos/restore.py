@@ -24,12 +24,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import links, procs
-from .criu import Criu
+from .criu import RESTORE_LOG, Criu, restore_marks
 from .cudadrv import GpuDevice, GpuDriver
 from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemory, NoSuchProcess, PidTaken,
                      RestoreFailed)
@@ -59,6 +59,7 @@ class RestoreResult:
     fills: dict[int, filler.FillStats]  # per process with movable memory, by our pid
     placements: list[Placement]  # one per copy: where the image's pids landed
     host_memory: dict  # {"on_demand": bool, "why_not": reason it was not, "served": page server's counts}
+    criu_marks: dict[str, float] = field(default_factory=dict)  # criu.restore_marks (one restore, not replicas)
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -433,10 +434,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         failed = ImageCorrupt if isinstance(exc, ImageCorrupt) else RestoreFailed  # a chunk: exit 10
         raise failed(f"{exc.message}; the restored processes were killed, the image is intact "
                      f"(log: {workdir})") from None
+    marks = restore_marks(workdir / RESTORE_LOG) if replicas is None else {}
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
     return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),
-                         gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host)
+                         gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host,
+                         criu_marks=marks)
 
 
 def _prefill(mem: MovableMemory, manifest: Manifest, content: ImageContent, gpu_map: dict[str, str],
