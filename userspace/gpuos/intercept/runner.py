@@ -245,10 +245,14 @@ class Supervisor:
         self.sel.register(self.events, selectors.EVENT_READ, "events")
 
     def _events(self) -> None:
-        while (ev := self.events.next(timeout=0)) is not None:
-            for t in self.procs.values():
-                if t.feeder:
-                    t.feeder.event(ev)
+        try:
+            while (ev := self.events.next(timeout=0)) is not None:
+                for t in self.procs.values():
+                    if t.feeder:
+                        t.feeder.event(ev)
+        except GpuosError as exc:  # gpuos.ko unloaded, say: no more address spaces learnt
+            self.sel.unregister(self.events)
+            self.ahead_why_not = self.ahead_why_not or exc.message
 
     def _accept(self, listener: socket.socket) -> None:
         try:
