@@ -174,5 +174,5 @@ def test_it_reads_only_once_told_to_go_and_stops_unstarted():
     pf = Prefill(mem, Content(mem.bytes), None, go=threading.Event(), open_copier=lambda uuid: cp)
     time.sleep(0.1)
     assert pf.take() is None and pf.why_not is None and cp.loaded == []
+    assert cp.closed  # at once: its memory is the restored processes' room
     pf.close()
-    assert cp.closed

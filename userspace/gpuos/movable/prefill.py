@@ -62,7 +62,7 @@ class Taken:
 class Prefill:
     """The movable memory of one image process, filled on GPU `gpu_uuid` in the background
     from now until take().  `beside`: the bytes the GPU must still have free beside it
-    (restore.room_beside: what the restored processes will make, and the image's other
+    (room_beside: what the restored processes will make, and the image's other
     prefills)."""
 
     def __init__(self, mem: MovableMemory, content: ImageContent, gpu_uuid: str | None, beside: int = 0,
@@ -124,6 +124,9 @@ class Prefill:
                 self._thread.join()
                 if self._error is not None:
                     raise self._error
+                if self._copier is not None and not self._done:  # its memory is room for the processes
+                    self._copier.close()
+                    self._copier = None
                 if self._copier is not None and not self.why_not and self._done:
                     try:
                         self._taken = Taken(self.parts[:self._done], self._copier.export(),
