@@ -291,17 +291,39 @@ def _parts_of(allocs, index: int) -> list[tuple[int, int, int, int]]:
     return [(index, 0, allocs[index].reserved, sum(a.reserved for a in allocs[:index]))]
 
 
-def _captured_then_emptied(ag: Agent) -> tuple[list, int, int]:
-    """HOLD, CAPTURE into a staging memfd (left prepared), RELEASE, FILL_LATER: new memory
-    whose contents are to come.  (allocations, the memfd, bytes)."""
+def _held_and_captured(ag: Agent) -> tuple[list, int, int]:
+    """HOLD, CAPTURE into a staging memfd (left prepared): (allocations, the memfd, bytes)."""
     _, nbytes = ag.hold()
     allocs = ag.list()
     fd = memfd(nbytes)
     ag.prepare(fd, nbytes)
     ag.capture()
+    return allocs, fd, nbytes
+
+
+def _captured_then_emptied(ag: Agent) -> tuple[list, int, int]:
+    """_held_and_captured, then RELEASE, FILL_LATER: new memory whose contents are to
+    come.  (allocations, the memfd, bytes)."""
+    allocs, fd, nbytes = _held_and_captured(ag)
     ag.release()
     assert ag.fill_later().bytes == nbytes
     return allocs, fd, nbytes
+
+
+def _held_and_released(app):
+    """t_agent held, its memory captured (the image's file) and released, as after CRIU
+    and the driver brought it back: (MovableMemory, its bytes)."""
+    from gpuos.manifest import MovableMemory, MovableRange
+
+    with Agent(app.pid) as ag:
+        allocs, fd, nbytes = _held_and_captured(ag)
+        ag.unprepare()
+        ag.release()
+    data = os.pread(fd, nbytes, 0)
+    os.close(fd)
+    mem = MovableMemory(app.pid, "gpu-memory.bin", nbytes,
+                        [MovableRange(a.base, a.size, a.reserved, a.device, a.last_use) for a in allocs])
+    return mem, data
 
 
 def _wanted(ag: Agent, timeout: float = 10.0) -> int:
@@ -348,22 +370,14 @@ def test_filling_lets_the_application_go_on_waiting_only_for_what_it_touches(app
 def test_filled_in_small_parts_from_a_small_staging_area(app):
     """Parts of 1 MiB through a staging area of 2 MiB (reused), any order: the contents
     come out whole."""
+    mem, captured = _held_and_released(app)
+    starts = mem.offsets()
     with Agent(app.pid) as ag:
-        _, nbytes = ag.hold()
-        allocs = ag.list()
-        cap = memfd(nbytes)
-        ag.prepare(cap, nbytes)
-        ag.capture()
-        ag.unprepare()
-        ag.release()
-        captured = os.pread(cap, nbytes, 0)
-        os.close(cap)
         stage = memfd(2 << 20)
         ag.prepare(stage, 2 << 20)
         ag.fill_later()
         ag.resume(filling=True)
-        pieces = [(i, off) for i, a in enumerate(allocs) for off in range(0, a.reserved, 1 << 20)]
-        starts = [sum(a.reserved for a in allocs[:i]) for i in range(len(allocs))]
+        pieces = [(i, off) for i, r in enumerate(mem.ranges) for off in range(0, r.reserved, 1 << 20)]
         for k, (i, off) in enumerate(reversed(pieces)):
             at = (k % 2) << 20
             os.pwrite(stage, captured[starts[i] + off:starts[i] + off + (1 << 20)], at)
@@ -497,26 +511,6 @@ class _Prefilled:
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
-
-
-def _held_and_released(app):
-    """t_agent held, its memory captured (the image's file) and released, as after CRIU
-    and the driver brought it back: (MovableMemory, its bytes)."""
-    from gpuos.manifest import MovableMemory, MovableRange
-
-    with Agent(app.pid) as ag:
-        _, nbytes = ag.hold()
-        allocs = ag.list()
-        fd = memfd(nbytes)
-        ag.prepare(fd, nbytes)
-        ag.capture()
-        ag.unprepare()
-        ag.release()
-    data = os.pread(fd, nbytes, 0)
-    os.close(fd)
-    mem = MovableMemory(app.pid, "gpu-memory.bin", nbytes,
-                        [MovableRange(a.base, a.size, a.reserved, a.device, a.last_use) for a in allocs])
-    return mem, data
 
 
 @pytest.mark.parametrize("on_demand", [True, False])

@@ -555,3 +555,45 @@ def test_an_image_of_format_4_with_gpu_memory_still_restores(app, criu_bin, home
     stop.touch()
     wait_for(lambda: "ok" in out.read_text(), "the restored t_agent to finish", timeout=60)
     assert "differs" not in err.read_text() and " is " not in err.read_text(), err.read_text()
+
+
+COPY_IN_SCRIPT = """
+import json, os
+from concurrent.futures import ThreadPoolExecutor
+from gpuos.movable.copier import Copier
+MiB = 1 << 20
+sizes = [40 * MiB, 70 * MiB, 2 * MiB]
+data = [os.urandom(n) for n in sizes]
+# parts in a fill order of its own, of uneven lengths: (allocation, offset, length)
+parts = [(2, 0, 2 * MiB)] + [(1, o, min(24 * MiB, sizes[1] - o)) for o in range(0, sizes[1], 24 * MiB)] \\
+    + [(0, o, 8 * MiB) for o in range(0, sizes[0], 8 * MiB)]
+c = Copier(None)
+c.allocate(sizes)
+with ThreadPoolExecutor(4) as pool:
+    done = c.load(parts, lambda k, view: view.__setitem__(slice(None), data[parts[k][0]][parts[k][1]:parts[k][1] + parts[k][2]]),
+                  pool, lambda: False)
+fds = c.export()
+c.close()  # what the fds hold lives on
+same = [os.pread(fd, n, 0) == d for fd, n, d in zip(fds, sizes, data)]
+stopped = Copier(None)
+stopped.allocate(sizes)
+with ThreadPoolExecutor(4) as pool:
+    calls = []
+    none = stopped.load(parts, lambda k, view: None, pool, lambda: calls.append(1) or len(calls) > 1)
+stopped.close()
+print(json.dumps({"done": done, "parts": len(parts), "same": same, "stopped_after_one_buffer": none}))
+"""
+
+
+def test_copier_fills_memory_of_its_own_that_it_exports(libgpuos_build):
+    """The copier's way in (a restore's prefill) on the fake driver: memory of its own,
+    parts of uneven sizes in any order read into its buffers and copied to the GPU, every
+    byte where it belongs once exported (the fake driver's memory is the memfd behind the
+    fd); a stop before the second buffer leaves the first one's parts done."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    env.pop("LD_PRELOAD", None)
+    res = subprocess.run([sys.executable, "-c", COPY_IN_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = __import__("json").loads(res.stdout.splitlines()[-1])
+    assert got == {"done": 9, "parts": 9, "same": [True] * 3, "stopped_after_one_buffer": 3}

@@ -169,12 +169,11 @@ class Stats:
     window: int = 0            # launches ahead at the last step
     managed_launches: int = 0  # of them, touching managed memory
     period: int = 0            # the learned period; 0: none (the window is the last launch's set)
-    steps: int = 0             # steps that asked the driver for something
+    steps: int = 0             # steps that asked the driver for something (each sets the prefetch ranges)
     batches: int = 0           # MIGRATE and HINT batches accepted by gpuos.ko
     ranges_migrated: int = 0
     bytes_migrated: int = 0
     ranges_hinted: int = 0
-    prefetch_sets: int = 0
     dropped: int = 0           # steps refused while gpuos.ko had too many batches pending
     errors: list[str] = field(default_factory=list)  # each once
 
@@ -266,7 +265,6 @@ class AheadFeeder:
         self.stats.ranges_migrated += len(st.migrate)
         self.stats.bytes_migrated += sum(r.len for r in st.migrate)
         self.stats.ranges_hinted += len(st.evict_first)
-        self.stats.prefetch_sets += 1
         return st
 
     def close(self) -> None:

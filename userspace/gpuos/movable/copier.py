@@ -129,9 +129,15 @@ class Copier:
         return total
 
     def _map(self, fd: int, size: int) -> tuple[int, int, object]:
+        """fd's memory (a snapshot allocation), imported and mapped here."""
         cu = self.cu
         prop = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        h = self._ck(cu.cuMemImportFromShareableHandle(fd, prop))
+        return self._map_handle(self._ck(cu.cuMemImportFromShareableHandle(fd, prop)), size)
+
+    def _map_handle(self, h, size: int) -> tuple[int, int, object]:
+        """Physical memory h mapped read-write at an address range of the copier's own:
+        (va, size, h); on failure every step undone, h released."""
+        cu = self.cu
         try:
             va = int(self._ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
         except CopierError:
@@ -146,11 +152,16 @@ class Copier:
         try:
             self._ck(cu.cuMemSetAccess(va, size, [self._access()], 1))
         except CopierError:
-            cu.cuMemUnmap(va, size)
-            cu.cuMemAddressFree(va, size)
-            cu.cuMemRelease(h)
+            self._unmap((va, size, h))
             raise
         return va, size, h
+
+    def _unmap(self, mapped: tuple[int, int, object]) -> None:
+        """Undo _map_handle."""
+        va, size, h = mapped
+        self.cu.cuMemUnmap(va, size)
+        self.cu.cuMemRelease(h)
+        self.cu.cuMemAddressFree(va, size)
 
     def _let_go(self, done: int, last: list[int], mapped: list, fds: list[int]) -> None:
         """Unmap and close every allocation whose last piece is at most `done` (copied)."""
@@ -159,10 +170,7 @@ class Copier:
             if lp > done:
                 continue
             if mapped[i] is not None:
-                va, size, h = mapped[i]
-                cu.cuMemUnmap(va, size)
-                cu.cuMemRelease(h)
-                cu.cuMemAddressFree(va, size)
+                self._unmap(mapped[i])
                 mapped[i] = None
             if fds[i] >= 0:
                 os.close(fds[i])
@@ -188,15 +196,7 @@ class Copier:
         prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         try:
             for size in sizes:
-                h = self._ck(cu.cuMemCreate(size, prop, 0))
-                try:
-                    va = int(self._ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
-                except CopierError:
-                    cu.cuMemRelease(h)
-                    raise
-                self.memory.append((va, size, h))
-                self._ck(cu.cuMemMap(va, size, 0, h, 0))
-                self._ck(cu.cuMemSetAccess(va, size, [self._access()], 1))
+                self.memory.append(self._map_handle(self._ck(cu.cuMemCreate(size, prop, 0)), size))
         except CopierError:
             self.free()
             raise
@@ -264,12 +264,9 @@ class Copier:
 
     def free(self) -> None:
         """allocate()'s memory let go (what was exported lives on while imported elsewhere)."""
-        cu = self.cu
-        cu.cuCtxSetCurrent(self.ctx)
-        for va, size, h in self.memory:
-            cu.cuMemUnmap(va, size)
-            cu.cuMemRelease(h)
-            cu.cuMemAddressFree(va, size)
+        self.cu.cuCtxSetCurrent(self.ctx)
+        for mapped in self.memory:
+            self._unmap(mapped)
         self.memory = []
 
     def close(self) -> None:

@@ -121,13 +121,11 @@ class Prefill:
         with self._lock:
             if self._taken is None and not self.why_not:
                 self._stop.set()
-                self._thread.join()
-                if self._error is not None:
-                    raise self._error
+                self._thread.join()  # a bad chunk: raised below, its copier let go by _run
                 if self._copier is not None and not self._done:  # its memory is room for the processes
                     self._copier.close()
                     self._copier = None
-                if self._copier is not None and not self.why_not and self._done:
+                elif self._copier is not None:  # (_run let it go with a why_not)
                     try:
                         self._taken = Taken(self.parts[:self._done], self._copier.export(),
                                             time.monotonic() - self._t0)
