@@ -148,6 +148,7 @@ def timed_restore(env: dict, image: str, d: Path, n: int, reference: str, reques
     return {"first_answer_s": first, "overhead_s": first - request_s, "restore_cmd_s": after_restore - t0,
             "outside_phases_s": after_restore - t0 - sum(timings.values()),
             "timings": timings, "fills": res.get("fills", {}), "criu_marks": res.get("criu_marks", {}),
+            "criu_gaps": res.get("criu_gaps", []),
             "host_memory": res.get("host_memory", {}),
             "correct": got["output"] == reference,
             "disk_read_bytes": (used.ru_inblock - before.ru_inblock) * 512}

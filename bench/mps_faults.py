@@ -768,18 +768,19 @@ def main() -> None:
     }
     path = Path(a.out).resolve() / f"mps-faults-{short_name(result['device'])}-{result['date'][:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():  # an earlier part of today's run: keep its scenarios
+    if path.exists():  # an earlier part of today's run: keep its scenarios and costs
         try:
-            result["scenarios"] = json.loads(path.read_text()).get("scenarios", {})
+            earlier = json.loads(path.read_text())
         except ValueError:
-            pass
+            earlier = {}
+        result["scenarios"] = earlier.get("scenarios", {})
+        if "cost" in earlier:
+            result["cost"] = earlier["cost"]
     ran_failed = False
     tmp = Path(tempfile.mkdtemp(prefix="gmb-", dir="/tmp"))  # short: MPS socket paths are limited
     if a.cost_rounds:
         try:
             result.setdefault("cost", {})
-            if path.exists():
-                result["cost"] = json.loads(path.read_text()).get("cost", {})
             for i, (n, mode) in enumerate((n, m) for n in ns for m in modes if m in STANDBYS):
                 left = budget_end - time.monotonic()
                 log(f"cost {mode} N={n}: starting ({left:.0f} s of budget left)")

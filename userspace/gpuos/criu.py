@@ -152,5 +152,27 @@ def restore_marks(log: Path) -> dict[str, float]:
     return out
 
 
+def restore_gaps(log: Path, n: int = 8) -> list[dict]:
+    """The n longest silences in CRIU's restore log, longest first: where the silence began
+    (`at`, seconds into the restore), how long it lasted, and the line before it (what CRIU
+    had begun, cut to 120 characters); [] without a log. Marks say which stage took the
+    time, gaps what in it did."""
+    stamped: list[tuple[float, str]] = []
+    try:
+        lines = log.read_bytes().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        m = STAMP.match(line)
+        if m:
+            stamped.append((int(m.group(1)) + int(m.group(2)) / 1e6,
+                            line[m.end():].decode(errors="replace").strip()[:120]))
+    # lines of several tasks interleave out of order: a line's gap runs to the next line's
+    # stamp (none where that one is earlier)
+    gaps = [{"at": t, "seconds": round(max(0.0, nt - t), 6), "after": text}
+            for (t, text), (nt, _) in zip(stamped, stamped[1:])]
+    return sorted(gaps, key=lambda g: -g["seconds"])[:n]
+
+
 def restored_root(workdir: Path) -> int:
     return int((workdir / PIDFILE).read_text().strip())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import links, procs
-from .criu import RESTORE_LOG, Criu, restore_marks
+from .criu import RESTORE_LOG, Criu, restore_gaps, restore_marks
 from .cudadrv import GpuDevice, GpuDriver
 from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemory, NoSuchProcess, PidTaken,
                      RestoreFailed)
@@ -43,6 +43,7 @@ from .replicas import Placement, restore_one
 from .hostmem import lazy
 from .store import ImageStore
 from .store.streamer import ImageStreamer
+from .store.decoders import Decoders
 from .store.content import ImageContent, workers
 
 
@@ -60,6 +61,7 @@ class RestoreResult:
     placements: list[Placement]  # one per copy: where the image's pids landed
     host_memory: dict  # {"on_demand": bool, "why_not": reason it was not, "served": page server's counts}
     criu_marks: dict[str, float] = field(default_factory=dict)  # criu.restore_marks (one restore, not replicas)
+    criu_gaps: list[dict] = field(default_factory=list)  # criu.restore_gaps (one restore, not replicas)
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -250,13 +252,21 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
             ahead.start()
             held.callback(ahead.join)  # a readahead of what the restore has read already stops
             held.callback(done.set)
+        decoders = None
+        if content.chunks is not None and replicas is None and not lazy_host:  # CRIU's files will stream:
+            try:  # decoded in processes, started now (0.1 s) to be up when CRIU asks
+                decoders = Decoders(content.chunks.root, store.hot_base)
+                held.callback(decoders.close)
+            except GpuosError:
+                pass  # in our own threads, slower
         return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
                         observer, tty, gpus, on_demand, replicas, lazy_host, prefill, held,
-                        time.monotonic() - t_open)
+                        time.monotonic() - t_open, decoders)
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
-             tty, gpus, on_demand, replicas, lazy_host, prefill, held, open_s) -> RestoreResult:
+             tty, gpus, on_demand, replicas, lazy_host, prefill, held, open_s,
+             decoders: Decoders | None) -> RestoreResult:
     timings: dict[str, float] = {"open": open_s}  # the manifest read, the store locked
     t0 = time.monotonic()
     if verify and not manifest.chunked:  # older formats: the whole image first
@@ -362,7 +372,7 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 images = base / CRIU_DIR
                 if stream:
                     streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes),
-                                             pages_sent=criu_has_pages)
+                                             pages_sent=criu_has_pages, decoders=decoders)
                     images = streamer.directory
                     options.append("--stream")
                 else:
@@ -435,11 +445,12 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         raise failed(f"{exc.message}; the restored processes were killed, the image is intact "
                      f"(log: {workdir})") from None
     marks = restore_marks(workdir / RESTORE_LOG) if replicas is None else {}
+    gaps = restore_gaps(workdir / RESTORE_LOG) if replicas is None else []
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
     return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),
                          gpu_map=gpu_map, fills=fills, placements=placements, host_memory=host,
-                         criu_marks=marks)
+                         criu_marks=marks, criu_gaps=gaps)
 
 
 def _prefill(mem: MovableMemory, manifest: Manifest, content: ImageContent, gpu_map: dict[str, str],

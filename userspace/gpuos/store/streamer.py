@@ -34,6 +34,7 @@ from ..errors import GpuosError
 from ..manifest import FileEntry
 from ..observe import Progress
 from .content import ImageContent, workers
+from .decoders import Decoders
 
 SOCKET = "streamer-serve.sock"
 F_SETPIPE_SZ = 1031
@@ -84,8 +85,9 @@ class ImageStreamer:
     of its own, with a short name: a socket's path has at most 107 bytes."""
 
     def __init__(self, content: ImageContent, prefix: str, progress: Progress | None = None,
-                 pages_sent: threading.Event | None = None):
+                 pages_sent: threading.Event | None = None, decoders: Decoders | None = None):
         self.content, self.prefix, self.progress = content, prefix, progress
+        self.decoders = decoders  # chunks decoded by these processes where they can (decoders.py)
         self.files: dict[str, FileEntry] = {f.path.split("/", 1)[1]: f for f in content.manifest.files
                                             if f.path.startswith(prefix + "/")}
         # set once every pages image (most of what CRIU reads) has gone into its pipe whole
@@ -159,12 +161,17 @@ class ImageStreamer:
             k = 0
             for piece in pieces:
                 while k < len(pieces) and len(ahead) < AHEAD:
-                    ahead.append(self.pool.submit(self._read, entry, pieces[k]))
+                    ahead.append(self._submit(entry, pieces[k]))
                     k += 1
-                view = memoryview(ahead.pop(0).result())
+                slot, view = ahead.pop(0).result()
                 sent = len(view)
-                while view:
-                    view = view[os.write(fd, view):]
+                try:
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    del view
+                    if slot is not None:
+                        self.decoders.release(slot)
                 if self.progress:
                     self.progress(sent)
             with self._pages_lock:
@@ -180,10 +187,18 @@ class ImageStreamer:
         finally:
             os.close(fd)
 
-    def _read(self, entry: FileEntry, piece) -> bytearray:
+    def _submit(self, entry: FileEntry, piece) -> Future:
+        """A future of (decoder slot or None, the piece's content)."""
+        if self.decoders is not None and piece.chunk is not None:
+            fut = self.decoders.submit(piece.chunk, self.content.verify, f"{entry.path} at byte {piece.offset}")
+            if fut is not None:
+                return fut
+        return self.pool.submit(self._read, entry, piece)
+
+    def _read(self, entry: FileEntry, piece) -> tuple[None, memoryview]:
         buf = bytearray(piece.size)
         self.content.read_piece(entry, piece, memoryview(buf))
-        return buf
+        return None, memoryview(buf)
 
     def close(self) -> None:
         self.closed = True

@@ -1,0 +1,98 @@
+"""Chunks decoded by worker processes (store/decoders.py): the same content and the same
+checks as the chunk store's own read, slots given back, the caller told to decode itself
+where the workers cannot, and nothing left running."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from gpuos.errors import GpuosError, ImageCorrupt
+from gpuos.manifest import Chunk
+from gpuos.store.chunks import ChunkStore, digest
+from gpuos.store.decoders import SLOT, Decoders
+
+
+@pytest.fixture
+def chunks(tmp_path):
+    cs = ChunkStore(tmp_path / "chunks")
+    out = []
+    for i in range(12):  # compressible ones are stored as zstd, random ones raw
+        data = (b"weights %d " % i) * 30000 if i % 2 else os.urandom(200_000 + i)
+        cid = digest(data)
+        cs.put(cid, data, compress=True)
+        out.append((Chunk(cid, len(data)), data))
+    return cs, out
+
+
+@pytest.fixture
+def pool(chunks):
+    d = Decoders(chunks[0].root, None, workers=2, slots_per_worker=2)
+    assert d.up.wait(30)
+    yield d
+    d.close()
+    assert all(p.poll() is not None for p in d.procs)
+
+
+def test_chunks_come_back_whole_and_slots_are_given_back(chunks, pool):
+    cs, items = chunks
+    assert any(cs.stored(c.id).name.endswith(".zst") for c, _ in items)
+    got = 0
+    for c, data in items:
+        fut = pool.submit(c, True, "test")
+        assert fut is not None
+        slot, view = fut.result(timeout=30)
+        assert bytes(view) == data
+        del view
+        pool.release(slot)
+        got += 1
+    assert got == len(items) and sorted(pool.free) == list(range(pool.slots))
+
+
+def test_corrupt_and_missing_chunks_say_what_the_chunk_store_says(chunks, pool, tmp_path):
+    cs, items = chunks
+    c, data = items[0]
+    path = cs.stored(c.id)
+    path.chmod(0o644)
+    path.write_bytes(b"x" * len(data))
+    with pytest.raises(ImageCorrupt) as in_process:
+        cs.read_into(c, memoryview(bytearray(c.size)), True, "pages-1.img at byte 0")
+    with pytest.raises(ImageCorrupt) as decoded:
+        pool.submit(c, True, "pages-1.img at byte 0").result(timeout=30)
+    assert decoded.value.message == in_process.value.message and "is corrupt" in decoded.value.message
+    missing = Chunk("ab" * 32, 4096)
+    with pytest.raises(ImageCorrupt, match="is missing"):
+        pool.submit(missing, True, "x").result(timeout=30)
+    # unchecked, the corrupt content comes through: verify is the caller's choice
+    slot, view = pool.submit(c, False, "x").result(timeout=30)
+    assert bytes(view) == b"x" * len(data)
+    del view
+    pool.release(slot)
+    assert sorted(pool.free) == list(range(pool.slots))  # failures give their slots back too
+
+
+def test_the_caller_decodes_what_the_workers_cannot(chunks, pool):
+    cs, items = chunks
+    assert pool.submit(Chunk("cd" * 32, SLOT + 1), True, "x") is None  # larger than a slot
+    held = [pool.submit(c, True, "x") for c, _ in items[:pool.slots]]
+    assert all(f is not None for f in held)
+    assert pool.submit(items[-1][0], True, "x") is None  # every slot taken
+    for f in held:
+        slot, view = f.result(timeout=30)
+        del view
+        pool.release(slot)
+
+
+def test_workers_gone_fail_what_was_asked_and_no_more_is_asked(chunks, pool):
+    cs, items = chunks
+    for p in pool.procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    fut = pool.submit(items[0][0], True, "x")
+    if fut is not None:  # asked before the pool saw them go
+        with pytest.raises(GpuosError):
+            fut.result(timeout=30)
+    pool.reader.join(timeout=30)
+    assert pool.submit(items[0][0], True, "x") is None
