@@ -119,6 +119,17 @@ def test_no_libcuda_or_no_device_is_no_gpu(monkeypatch):
     assert exc.value.exit_code == 16
 
 
+def test_without_waiting_for_cuinit_only_the_calls_that_need_it_say_no_gpu(monkeypatch):
+    """A restore's driver: its checks (NVML) go on while cuInit runs; a call that needs
+    the driver initialised raises what cuInit raised."""
+    fake_cuda(monkeypatch, answers={"cuInit": CUresult.CUDA_ERROR_NO_DEVICE})
+    d = CudaDriver(wait_for_init=False)
+    assert d.driver_info().version == "580.159.04"
+    with pytest.raises(NoGpu) as exc:
+        d.restore_thread(123)
+    assert exc.value.exit_code == 16
+
+
 def test_without_cuda_python_the_driver_is_unsupported(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # import fails
     with pytest.raises(DriverUnsupported):

@@ -24,9 +24,10 @@ class Runtime:
     def criu(self) -> Criu:
         return Criu(binary=find_criu(self.criu_path), plugin_dir=self.paths.run / "criu-plugins")
 
-    def driver(self) -> GpuDriver:
+    def driver(self, wait_for_init: bool = True) -> GpuDriver:
+        """The driver (one per runtime); wait_for_init: CudaDriver's."""
         if self._driver is None:
-            self._driver = CudaDriver()
+            self._driver = CudaDriver(wait_for_init)
         return self._driver
 
     def recover(self) -> list[RecoveryAction]:

@@ -205,7 +205,9 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, prefill: 
     rt.store.load(rt.store.resolve(image))  # say "no such image" before anything about criu
     from ..restore import restore
 
-    res = restore(image, rt.paths.run, rt.store, rt.driver, rt.criu(), verify=not no_verify,
+    # cuInit goes on beside the checks and CRIU: only the GPU restore needs it
+    res = restore(image, rt.paths.run, rt.store, lambda: rt.driver(wait_for_init=False), rt.criu(),
+                  verify=not no_verify,
                   observer=rep, tty=tty, gpus=list(gpus), on_demand=not eager, replicas=replicas,
                   lazy_host=host_memory == "lazy", prefill=prefill)
     res.timings["startup"] = startup
