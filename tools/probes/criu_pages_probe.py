@@ -77,7 +77,8 @@ def main() -> None:
                 got = json.loads(r.stdout or "{}")
                 one = {"way": way, "ok": got.get("ok"), "restore_cmd_s": time.time() - t0,
                        "timings": got.get("timings"), "criu_marks": got.get("criu_marks"),
-                       "criu_gaps": (got.get("criu_gaps") or [])[:3], "error": got.get("message")}
+                       "criu_gaps": (got.get("criu_gaps") or [])[:3], "fills": got.get("fills"),
+                       "error": got.get("message")}
                 try:
                     wait_file(d / "resp-1", 60)
                     one["first_answer_s"] = json.loads((d / "resp-1").read_text())["answered"] - t0
