@@ -43,8 +43,8 @@ faults right after, --delay 0):
 With --cost-rounds R, no fault: the fault-free cost of keeping standbys, per standby mode
 and N.  The clients run under that mode's `gpuos mps start`; R rounds, each one window of
 --cost-window seconds with every client's standby waiting (`gpuos mps policy set --client
-ID standby`, measured once all of them wait) and one without (`restart`: the standbys
-stopped), the order alternating between rounds.  The cost is the mean difference of the
+ID standby`, measured from 2 s after all of them wait) and one without (`restart`: from 2 s
+after the standbys stopped), the order alternating between rounds.  The cost is the mean difference of the
 clients' time per iteration (all of them together) over the mean without, with its 95%
 interval over the rounds (bench/paired.py's rounds_overhead): the 3 s rate of a fault
 scenario cannot show 1%.  Into the same JSON, under "cost".
@@ -559,6 +559,9 @@ def cost_estimate(without: list[float], with_: list[float]) -> dict[str, Any]:
     return rounds_overhead([1 / r for r in without], [1 / r for r in with_])
 
 
+COST_SETTLE_S = 2.0  # before each window: 8 rounds without it ran at -2.5 ± 9.9% (H100)
+
+
 class CostRun(Scenario):
     """Rounds of windows with and without every client's standby waiting (module doc)."""
 
@@ -593,6 +596,7 @@ class CostRun(Scenario):
         else:
             self.set_policy("restart")
             self.standbys_gone()
+        time.sleep(COST_SETTLE_S)  # a standby's start (or teardown) is not its waiting
         self.sample_rates()
         rates = self.r["rates"]
         if any(r is None for r in rates):
@@ -711,7 +715,12 @@ def markdown(r: dict[str, Any]) -> str:
         back = fmt_s(s.get("server_back_s")) if died else "never down"
         lines.append(f"| {s['mode']} | {s['n']} | {s['kind']} | {died}/{s['n']} | {det} | "
                      f"{back} | {down} | {rate} | {notes} |")
-    return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])])
+    costs = [f"\nFault-free cost of the standbys, {k.replace('/', ' N = ')}: "
+             + (f"failed: {' '.join(c['error'].split())[:160]}" if "error" in c else
+                f"{c['overhead_pct']:+.2f} ± {c['ci95_pct']:.2f}% in time per iteration over {c['rounds']} "
+                f"rounds of {c['window_s']:g} s windows")
+             for k, c in sorted(r.get("cost", {}).items()) if "error" in c or "overhead_pct" in c]
+    return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])] + costs)
 
 
 def update_readme(table: str, source: Path) -> None:

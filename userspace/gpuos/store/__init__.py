@@ -4,6 +4,8 @@
     content.py  ingest (a staged image's files into chunks), ImageContent (files back out)
     chunks.py   ChunkStore: the chunks on disk and in memory, their lock
     chunker.py  where files are cut: page-aligned, content-defined
+    streamer.py CRIU's image streamer: a restore's CRIU files from the chunks into its pipes
+    decoders.py worker processes that read, decompress and check chunks into shared memory
 """
 
 from .chunks import ChunkStore
