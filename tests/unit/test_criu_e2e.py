@@ -87,6 +87,7 @@ def test_checkpoint_kill_restore_continues_counting(cr: CR):
     cr.processes.adopt(res["pid"], cmdline[1])
     assert res["pid"] == pid
     assert {"checks", "read", "criu-restore"} <= set(res["timings"])  # chunks checked as read
+    assert res["decoders"]["workers"] >= 1 and res["decoders"]["chunks"] > 0  # by the decoder processes
     assert procs.cmdline(pid) == cmdline
     after = keeps_counting(log)
     assert after[: len(at_dump)] == at_dump

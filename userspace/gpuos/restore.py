@@ -62,6 +62,7 @@ class RestoreResult:
     host_memory: dict  # {"on_demand": bool, "why_not": reason it was not, "served": page server's counts}
     criu_marks: dict[str, float] = field(default_factory=dict)  # criu.restore_marks (one restore, not replicas)
     criu_gaps: list[dict] = field(default_factory=list)  # criu.restore_gaps (one restore, not replicas)
+    decoders: dict | None = None  # {workers, chunks}: CRIU's files' chunks decoded by store/decoders.py
 
 
 def _device(spec: str, devices: list[GpuDevice]) -> GpuDevice:
@@ -259,9 +260,12 @@ def restore(image_ref: str, run_dir: Path, store: ImageStore,
                 held.callback(decoders.close)
             except GpuosError:
                 pass  # in our own threads, slower
-        return _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
-                        observer, tty, gpus, on_demand, replicas, lazy_host, prefill, held,
-                        time.monotonic() - t_open, decoders)
+        res = _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify,
+                       observer, tty, gpus, on_demand, replicas, lazy_host, prefill, held,
+                       time.monotonic() - t_open, decoders)
+        if decoders is not None:
+            res.decoders = {"workers": len(decoders.procs), "chunks": decoders.answered}
+        return res
 
 
 def _restore(image, manifest, content, run_dir, store, driver_factory, criu, verify, observer,
@@ -371,6 +375,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
                 options = list(manifest.criu_options)
                 images = base / CRIU_DIR
                 if stream:
+                    if decoders is not None:  # up 0.1 s after the restore began: normally already
+                        decoders.up.wait(1.0)
                     streamer = ImageStreamer(content, CRIU_DIR, observer.bytes_progress("criu-restore", criu_bytes),
                                              pages_sent=criu_has_pages, decoders=decoders)
                     images = streamer.directory

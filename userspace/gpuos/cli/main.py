@@ -214,7 +214,7 @@ def restore_cmd(rt: Runtime, image: str, no_verify: bool, eager: bool, prefill: 
     if as_json:
         out = {"ok": True, "pid": res.pid, "timings": res.timings, "gpu_map": res.gpu_map,
                "fills": {str(p): f for p, f in res.fills.items()}, "host_memory": res.host_memory,
-               "criu_marks": res.criu_marks, "criu_gaps": res.criu_gaps}
+               "criu_marks": res.criu_marks, "criu_gaps": res.criu_gaps, "decoders": res.decoders}
         if replicas is not None:
             out["replicas"] = [{"pid": pl.root, "init": pl.init, "pids": {str(k): v for k, v in pl.pids.items()}}
                                for pl in res.placements]
