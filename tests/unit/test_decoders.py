@@ -96,3 +96,16 @@ def test_workers_gone_fail_what_was_asked_and_no_more_is_asked(chunks, pool):
             fut.result(timeout=30)
     pool.reader.join(timeout=30)
     assert pool.submit(items[0][0], True, "x") is None
+
+
+def test_workers_that_never_come_up_keep_nobody_waiting(chunks, monkeypatch):
+    """Workers that cannot start (here: a Python that exits at once) end the pool's wait
+    for them at once, and every chunk is left to the caller."""
+    cs, items = chunks
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    d = Decoders(cs.root, None, workers=2)
+    try:
+        assert d.up.wait(10) and d.closed
+        assert not any(d.ready) and d.submit(items[0][0], True, "x") is None
+    finally:
+        d.close()

@@ -58,18 +58,21 @@ class Decoders:
         self.waiting: dict[int, tuple[Future, int]] = {}  # slot -> (future, worker)
         self.load = [0] * n
         self.ready = [False] * n
-        self.up = threading.Event()  # set once a worker is ready
+        self.up = threading.Event()  # set once a worker is ready, or all are gone
         self.answered = 0  # chunks the workers answered for
         self.closed = False
         answers_r, answers_w = os.pipe2(os.O_CLOEXEC)
         self.procs: list[subprocess.Popen] = []
+        # the workers import the gpuos this is, wherever it was found
+        here = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
         try:
             for i in range(n):
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "gpuos.store.decoders", str(root), str(hot_base or ""),
                      str(self.memfd), str(self.slots * SLOT), str(answers_w), str(i)],
                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(self.memfd, answers_w),
-                    close_fds=True))
+                    close_fds=True, env=env))
         except OSError as exc:
             os.close(answers_r)
             os.close(answers_w)
@@ -151,6 +154,7 @@ class Decoders:
             self.closed = True
             left = list(self.waiting.items())
             self.waiting.clear()
+        self.up.set()  # nobody waits for workers that will never be up
         for slot, (fut, _) in left:
             fut.set_exception(GpuosError("the chunk decoders ended"))
 
