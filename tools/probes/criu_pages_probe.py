@@ -16,7 +16,7 @@ store, then, page cache warm, in the same run:
   buffers only (the chunks' decode rate).
 
     python3 tools/probes/criu_pages_probe.py [--model gpt2-large] [--home /var/tmp] [--repeat 3 (0: no restores)]
-        [--compare-site PYTHONPATH (streamed restores by another gpuos instead of read-out ones)]
+        [--compare-site PYTHONPATH (restores by another gpuos instead of read-out ones) [--replicas N]]
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def main() -> None:
     ap.add_argument("--model", default="gpt2-large")
     ap.add_argument("--home", default="/var/tmp")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="With --compare-site: both restore `--replicas N` (read out, not streamed)")
     ap.add_argument("--compare-site", default=None,
-                    help="Another gpuos (a PYTHONPATH): its streamed restores interleaved with this one's, "
+                    help="Another gpuos (a PYTHONPATH): its restores interleaved with this one's, "
                          "instead of the read-out ones")
     args = ap.parse_args()
 
@@ -67,8 +69,9 @@ def main() -> None:
         out["criu_bytes"] = sum(f.size for f in entries)
         out["pages_bytes"] = sum(f.size for f in entries if "/pages-" in f.path)
         for i in range(args.repeat):
+            n = ["--replicas", str(args.replicas)] if args.replicas else []
             ways = ((("stream", [], env), ("read-out", ["--replicas", "1"], env)) if not args.compare_site else
-                    (("stream", [], env), ("stream, other gpuos", [], dict(env, PYTHONPATH=args.compare_site))))
+                    (("this gpuos", n, env), ("other gpuos", n, dict(env, PYTHONPATH=args.compare_site))))
             for way, extra, way_env in ways:
                 (d / "req-1").write_text("")
                 t0 = time.time()
