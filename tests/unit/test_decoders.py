@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -109,3 +110,27 @@ def test_workers_that_never_come_up_keep_nobody_waiting(chunks, monkeypatch):
         assert not any(d.ready) and d.submit(items[0][0], True, "x") is None
     finally:
         d.close()
+
+
+def test_a_worker_that_dies_on_a_chunk_fails_it_and_the_others_go_on(chunks, pool):
+    """A worker killed while it reads (here: a chunk that is a FIFO nobody writes) fails
+    what it was asked within a second, and the pool goes on with the other worker."""
+    cs, items = chunks
+    stuck = Chunk("ef" * 32, 4096)
+    fifo = cs.path(stuck.id)
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    fut = pool.submit(stuck, True, "x")
+    assert fut is not None
+    w = pool.waiting[next(s for s, (f, _) in pool.waiting.items() if f is fut)][1]
+    time.sleep(0.5)
+    assert not fut.done()  # blocked in the FIFO's open
+    os.kill(pool.procs[w].pid, signal.SIGKILL)
+    with pytest.raises(GpuosError, match="died"):
+        fut.result(timeout=10)
+    for c, data in items[:3]:  # the survivor does the rest
+        slot, view = pool.submit(c, True, "x").result(timeout=30)
+        assert bytes(view) == data
+        del view
+        pool.release(slot)
+    assert sorted(pool.free) == list(range(pool.slots))

@@ -15,12 +15,15 @@ status, message) on the pipe all workers share (each answer one atomic write). A
 says it is ready with an answer for slot -1; until then, and whenever no slot is free or
 a chunk is larger than a slot, the caller reads in its own threads instead (``submit``
 returns None). Workers end when their stdin closes: with the pool, or with a killed gpuos.
+A worker that dies fails what it was asked (found within REAP_EVERY of silence) and is
+asked no more; nothing waits on an answer that cannot come.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import select
 import struct
 import subprocess
 import sys
@@ -37,6 +40,7 @@ WHERE = 448
 ANSWER = struct.Struct("=ii")  # slot (-1: ready), status (0 ok, 1 corrupt, 2 other error); then MESSAGE
 MESSAGE = 500
 STATUS_OK, STATUS_CORRUPT, STATUS_ERROR = 0, 1, 2
+REAP_EVERY = 0.25  # seconds without answers after which dead workers are looked for
 
 
 def default_workers() -> int:
@@ -121,10 +125,29 @@ class Decoders:
         if fut is not None and not fut.done():
             fut.set_exception(GpuosError(message))
 
+    def _reap(self) -> None:
+        """A worker that died (killed, out of memory) fails what it was asked and is asked
+        no more: its answers would never come."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is None:
+                continue
+            with self.lock:
+                self.ready[i] = False
+                lost = [(slot, fut) for slot, (fut, w) in self.waiting.items() if w == i]
+                for slot, _ in lost:
+                    del self.waiting[slot]
+                    self.free.append(slot)
+                self.load[i] = 0
+            for _, fut in lost:
+                fut.set_exception(GpuosError(f"chunk decoder {p.pid} died (exit {p.returncode})"))
+
     def _answers(self) -> None:
         size = ANSWER.size + MESSAGE
         while True:
             try:
+                if not select.select([self.answers], [], [], REAP_EVERY)[0]:
+                    self._reap()
+                    continue
                 data = _read_exact(self.answers, size)
             except OSError:
                 data = b""
