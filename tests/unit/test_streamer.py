@@ -86,3 +86,33 @@ def test_a_corrupt_chunk_kills_the_reader_before_its_file_ends(store, tmp_path, 
         assert decoders is None or decoders.answered > 0
     finally:
         s.close()
+
+
+def test_a_chunk_its_decoder_died_on_is_read_by_the_streamer_itself(store, tmp_path, monkeypatch):
+    """A decoder that dies fails its chunk with an error that is not the image's fault:
+    the streamer reads that chunk itself, and CRIU gets every file whole."""
+    from concurrent.futures import Future
+
+    from gpuos.errors import GpuosError
+
+    img = build_image(store, "job")
+    m = ImageStore.load(img)
+    names = [f.path.split("/", 1)[1] for f in m.files if f.path.startswith(CRIU_DIR + "/")]
+    d = Decoders(store.chunks().root, None, workers=1)
+    failed = []
+
+    def dying(chunk, verify, where):
+        fut: Future = Future()
+        fut.set_exception(GpuosError("chunk decoder 1 died (exit -9)"))
+        failed.append(chunk.id)
+        return fut
+
+    monkeypatch.setattr(d, "submit", dying)
+    try:
+        res, pages_sent = stream(img, tmp_path / "got", *names, decoders=d)
+    finally:
+        d.close()
+    assert res.returncode == 0 and pages_sent and failed
+    whole = ImageContent(img, m).materialize((CRIU_DIR,), tmp_path / "whole") / CRIU_DIR
+    for n in names:
+        assert (tmp_path / "got" / n).read_bytes() == (whole / n).read_bytes(), n

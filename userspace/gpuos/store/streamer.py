@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .. import procs
-from ..errors import GpuosError
+from ..errors import GpuosError, ImageCorrupt
 from ..manifest import FileEntry
 from ..observe import Progress
 from .content import ImageContent, workers
@@ -97,6 +97,7 @@ class ImageStreamer:
         if not self._pages_left:
             self.pages_sent.set()
         self.errors: list[str] = []
+        self._decoded: set[Future] = set()  # futures of the decoders' (not of our own threads)
         try:
             self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
             self.path = self.directory / SOCKET
@@ -163,7 +164,16 @@ class ImageStreamer:
                 while k < len(pieces) and len(ahead) < AHEAD:
                     ahead.append(self._submit(entry, pieces[k]))
                     k += 1
-                slot, view = ahead.pop(0).result()
+                fut = ahead.pop(0)
+                try:
+                    slot, view = fut.result()
+                except ImageCorrupt:
+                    raise
+                except GpuosError:  # a decoder died under it: the chunk is read here instead
+                    if fut not in self._decoded:
+                        raise
+                    slot, view = self._read(entry, piece)
+                self._decoded.discard(fut)
                 sent = len(view)
                 try:
                     while view:
@@ -192,6 +202,7 @@ class ImageStreamer:
         if self.decoders is not None and piece.chunk is not None:
             fut = self.decoders.submit(piece.chunk, self.content.verify, f"{entry.path} at byte {piece.offset}")
             if fut is not None:
+                self._decoded.add(fut)
                 return fut
         return self.pool.submit(self._read, entry, piece)
 
