@@ -74,6 +74,7 @@
 
 #include "core.h"
 #include "gpuos_agent.h"
+#include "usdt.h"
 
 #define MAX_CTX 16
 #define USES 64          /* recent use ticks kept per allocation */
@@ -574,11 +575,11 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 	CUstream s = swap_stream(sc);
 	uint64_t t0 = gpuos_now_ns(), copied = 0;
 	const uint64_t *hashes = ok ? hash_victims(sc, victims, nv) : NULL;
+	uint64_t out[EVICT_BATCH] = {0};
 	for (size_t k = 0, first = 0; ok && k < nv; first += chunks(victims[k]->size), k++) {
 		struct res *r = victims[k];
-		uint64_t c = 0;
-		ok = !host_for(r) && copy_out(r, hashes ? hashes + first : NULL, s, &c) == CUDA_SUCCESS;
-		copied += c;
+		ok = !host_for(r) && copy_out(r, hashes ? hashes + first : NULL, s, &out[k]) == CUDA_SUCCESS;
+		copied += out[k];
 	}
 	ok = ok && gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
 	for (size_t k = 0, first = 0; k < nv; first += chunks(victims[k]->size), k++) {
@@ -593,6 +594,7 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 		gpuos_drv.mem_release(r->h);
 		r->h = 0;
 		r->has_content = 1;
+		GPUOS_USDT3(evict, r->base, r->size, out[k]);
 		R.st.evicted_bytes += r->size;
 		R.st.evictions_future += !!R.period;
 		R.st.resident_bytes -= r->size;
@@ -649,6 +651,7 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied)
 	*copied = r->size;
 	R.st.evicted_bytes -= r->size;
 	R.st.swap_ins++;
+	GPUOS_USDT2(swap_in, r->base, r->size);
 	return CUDA_SUCCESS;
 }
 
@@ -664,6 +667,7 @@ static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 	r->in_flight = copied > 0;
 	r->ahead_ev = sc->ahead;
 	*bytes += copied;
+	GPUOS_USDT2(swap_ahead, r->base, r->size);
 	return CUDA_SUCCESS;
 }
 
@@ -823,6 +827,7 @@ static CUresult bring_in(int *need_turn)
 		R.st.bytes_in += copied;
 		R.st.in_ns += gpuos_now_ns() - t0;
 	}
+	GPUOS_USDT3(call_in, want, copied, gpuos_now_ns() - t0);
 	uint64_t ahead = 0, t1 = gpuos_now_ns();
 	for (size_t i = 0; i < R.n; i++) { /* the turn's batch, after this call's own */
 		struct res *r = &R.v[i];

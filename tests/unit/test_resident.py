@@ -182,3 +182,25 @@ def test_mem_stats_errors(libgpuos_env):
     res = subprocess.run([*GPUOS, "mem", "stats", str(os.getpid()), "--json"], env=libgpuos_env, capture_output=True,
                          text=True)
     assert res.returncode == 29 and json.loads(res.stdout)["error"] == "not-tracked"
+
+
+def test_swaps_have_usdt_probes_a_tracer_can_find(libgpuos_build):
+    """libgpuos/src/usdt.h: the built library carries a SystemTap note per probe (provider
+    gpuos), each argument a register, each location a nop in the code: what bpftrace's
+    usdt: probes and bcc's trace attach to."""
+    lib = libgpuos_build / "libgpuos.so"
+    notes = subprocess.run(["readelf", "-n", str(lib)], capture_output=True, text=True, check=True).stdout
+    probes = {}
+    for block in notes.split("Provider: ")[1:]:
+        provider = block.split()[0]
+        name = block.split("Name: ")[1].split()[0]
+        location = int(block.split("Location: ")[1].split(",")[0], 16)
+        args = block.split("Arguments: ")[1].splitlines()[0].split()
+        probes[name] = (provider, location, args)
+    assert {n: (p, len(a)) for n, (p, _, a) in probes.items()} == {
+        "evict": ("gpuos", 3), "swap_in": ("gpuos", 2), "swap_ahead": ("gpuos", 2), "call_in": ("gpuos", 3)}
+    for name, (_, location, args) in probes.items():
+        assert all(a.startswith("8@%r") for a in args), (name, args)
+        code = subprocess.run(["objdump", "-d", f"--start-address={location}", f"--stop-address={location + 1}",
+                               str(lib)], capture_output=True, text=True, check=True).stdout
+        assert code.rstrip().splitlines()[-1].split("\t")[-1].strip() == "nop", (name, code[-200:])
