@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_a_worker_that_dies_on_a_chunk_fails_it_and_the_others_go_on(chunks, poo
         del view
         pool.release(slot)
     assert sorted(pool.free) == list(range(pool.slots))
+
+
+def test_a_chunk_failed_twice_gives_its_slot_back_once(chunks, pool):
+    """A request whose worker was found dead, and whose write then fails too, frees its
+    slot once: a slot in the free list twice would be handed to two chunks at once."""
+    cs, items = chunks
+    fut = pool.submit(items[0][0], True, "x")
+    slot, view = fut.result(timeout=30)
+    del view
+    pool.release(slot)
+    with pool.lock:  # a request in flight, as submit leaves it
+        slot = pool.free.pop()
+        pending: Future = Future()
+        pool.waiting[slot] = (pending, 0)
+        pool.load[0] += 1
+    pool._fail(slot, "a chunk decoder is gone")
+    pool._fail(slot, "a chunk decoder is gone")
+    assert pool.free.count(slot) == 1 and sorted(pool.free) == list(range(pool.slots))
+    with pytest.raises(GpuosError):
+        pending.result(timeout=1)

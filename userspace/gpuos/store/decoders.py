@@ -119,10 +119,11 @@ class Decoders:
     def _fail(self, slot: int, message: str) -> None:
         with self.lock:
             fut, w = self.waiting.pop(slot, (None, 0))
-            if fut is not None:
-                self.load[w] -= 1
+            if fut is None:
+                return  # failed already (_reap, or all workers gone), its slot given back there
+            self.load[w] -= 1
             self.free.append(slot)
-        if fut is not None and not fut.done():
+        if not fut.done():
             fut.set_exception(GpuosError(message))
 
     def _reap(self) -> None:
