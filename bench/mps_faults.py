@@ -44,10 +44,10 @@ With --cost-rounds R, no fault: the fault-free cost of keeping standbys, per sta
 and N.  The clients run under that mode's `gpuos mps start`; R rounds, each one window of
 --cost-window seconds with every client's standby waiting (`gpuos mps policy set --client
 ID standby`, measured from 2 s after all of them wait) and one without (`restart`: from 2 s
-after the standbys stopped), the order alternating between rounds.  The cost is the mean difference of the
-clients' time per iteration (all of them together) over the mean without, with its 95%
-interval over the rounds (bench/paired.py's rounds_overhead): the 3 s rate of a fault
-scenario cannot show 1%.  Into the same JSON, under "cost".
+after the standbys stopped), the order alternating between rounds.  The cost is the mean
+difference of the clients' time per iteration (all of them together) over the mean
+without, with its 95% interval over the rounds (bench/paired.py's rounds_overhead): the
+3 s rate of a fault scenario cannot show 1%.  Into the same JSON, under "cost".
 
 Writes bench/results/mps-faults-<gpu>-<date>.json after every scenario (scenarios of an
 earlier run of the same day and GPU are kept, the ones run again replaced), prints a

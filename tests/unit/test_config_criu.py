@@ -93,7 +93,7 @@ def test_restore_marks_are_read_from_criu_s_own_log(tmp_path):
     """Where a restore's time went, from CRIU's -v4 stamps: the first fork, the first task in
     the restorer, the last page read there, done; the last stamp as the end; nothing from a
     missing log or unstamped lines."""
-    from gpuos.criu import restore_gaps, restore_marks
+    from gpuos.criu import restore_gaps, restore_marks, stamped_lines
 
     log = tmp_path / "restore.log"
     log.write_text("(00.000000) CRIU run id = x\n"
@@ -106,11 +106,11 @@ def test_restore_marks_are_read_from_criu_s_own_log(tmp_path):
                    "(01.188831) pie: 18: `- returned 275509248\n"
                    "(01.190018) Restore finished successfully. Tasks resumed.\n"
                    "(01.190114) Running post-resume scripts\n")
-    assert restore_marks(log) == {"fork": 0.042282, "restorer": 0.044276, "pages_read": 1.188831,
-                                  "finished": 1.190018, "end": 1.190114}
-    assert restore_marks(tmp_path / "none.log") == {}
-    gaps = restore_gaps(log, 2)
+    assert restore_marks(stamped_lines(log)) == {"fork": 0.042282, "restorer": 0.044276,
+                                                 "pages_read": 1.188831, "finished": 1.190018, "end": 1.190114}
+    assert stamped_lines(tmp_path / "none.log") == [] and restore_marks([]) == {}
+    gaps = restore_gaps(stamped_lines(log), 2)
     # task 18's pages: from its line to the next later stamp, though task 17's came between
     assert gaps == [{"at": 0.0443, "seconds": 1.144531, "after": "pie: 18: Switched to the restorer 18"},
                     {"at": 0.044276, "seconds": 0.055724, "after": "pie: 17: Switched to the restorer 17"}]
-    assert restore_gaps(tmp_path / "none.log") == []
+    assert restore_gaps([]) == []

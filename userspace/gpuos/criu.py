@@ -132,19 +132,26 @@ RESTORE_MARKS = (("fork", "Forking task with", False), ("restorer", "Switched to
 STAMP = re.compile(rb"^\((\d+)\.(\d+)\)")
 
 
-def restore_marks(log: Path) -> dict[str, float]:
-    """Seconds into CRIU's restore at each RESTORE_MARKS mark it reached (first time; the
-    last for pages_read), and `end`, its last stamp; {} without a log."""
-    out: dict[str, float] = {}
+def stamped_lines(log: Path) -> list[tuple[float, bytes]]:
+    """CRIU's log as (seconds into the run, the rest of the line) for its stamped lines;
+    [] without a log."""
+    out = []
     try:
         lines = log.read_bytes().splitlines()
     except OSError:
         return out
     for line in lines:
         m = STAMP.match(line)
-        if not m:
-            continue
-        t = int(m.group(1)) + int(m.group(2)) / 1e6
+        if m:
+            out.append((int(m.group(1)) + int(m.group(2)) / 1e6, line[m.end():]))
+    return out
+
+
+def restore_marks(stamped: list[tuple[float, bytes]]) -> dict[str, float]:
+    """Seconds into CRIU's restore at each RESTORE_MARKS mark it reached (first time; the
+    last for pages_read), and `end`, its last stamp; {} for no lines."""
+    out: dict[str, float] = {}
+    for t, line in stamped:
         out["end"] = t
         for name, text, last in RESTORE_MARKS:
             if (last or name not in out) and text.encode() in line:
@@ -152,25 +159,16 @@ def restore_marks(log: Path) -> dict[str, float]:
     return out
 
 
-def restore_gaps(log: Path, n: int = 8) -> list[dict]:
+def restore_gaps(stamped: list[tuple[float, bytes]], n: int = 8) -> list[dict]:
     """The n longest silences in CRIU's restore log, longest first: where the silence began
     (`at`, seconds into the restore), how long it lasted, and the line before it (what CRIU
-    had begun, cut to 120 characters); [] without a log. Marks say which stage took the
+    had begun, cut to 120 characters); [] for no lines. Marks say which stage took the
     time, gaps what in it did."""
-    stamped: list[tuple[float, str]] = []
-    try:
-        lines = log.read_bytes().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        m = STAMP.match(line)
-        if m:
-            stamped.append((int(m.group(1)) + int(m.group(2)) / 1e6,
-                            line[m.end():].decode(errors="replace").strip()[:120]))
     # lines of several tasks interleave out of order: a line's gap runs to the next line's
     # stamp (none where that one is earlier)
-    gaps = [{"at": t, "seconds": round(max(0.0, nt - t), 6), "after": text}
-            for (t, text), (nt, _) in zip(stamped, stamped[1:])]
+    gaps = [{"at": t, "seconds": round(max(0.0, nt - t), 6),
+             "after": line.decode(errors="replace").strip()[:120]}
+            for (t, line), (nt, _) in zip(stamped, stamped[1:])]
     return sorted(gaps, key=lambda g: -g["seconds"])[:n]
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import links, procs
-from .criu import RESTORE_LOG, Criu, restore_gaps, restore_marks
+from .criu import RESTORE_LOG, Criu, restore_gaps, restore_marks, stamped_lines
 from .cudadrv import GpuDevice, GpuDriver
 from .errors import (GpuMismatch, GpuosError, ImageCorrupt, InsufficientGpuMemory, NoSuchProcess, PidTaken,
                      RestoreFailed)
@@ -450,8 +450,8 @@ def _restore(image, manifest, content, run_dir, store, driver_factory, criu, ver
         failed = ImageCorrupt if isinstance(exc, ImageCorrupt) else RestoreFailed  # a chunk: exit 10
         raise failed(f"{exc.message}; the restored processes were killed, the image is intact "
                      f"(log: {workdir})") from None
-    marks = restore_marks(workdir / RESTORE_LOG) if replicas is None else {}
-    gaps = restore_gaps(workdir / RESTORE_LOG) if replicas is None else []
+    log = stamped_lines(workdir / RESTORE_LOG) if replicas is None else []
+    marks, gaps = restore_marks(log), restore_gaps(log)
     shutil.rmtree(workdir, ignore_errors=True)
     op.finish()
     return RestoreResult(pid=placements[0].root, manifest=manifest, timings=dict(op.timings),

@@ -97,7 +97,6 @@ class ImageStreamer:
         if not self._pages_left:
             self.pages_sent.set()
         self.errors: list[str] = []
-        self._decoded: set[Future] = set()  # futures of the decoders' (not of our own threads)
         try:
             self.directory = Path(tempfile.mkdtemp(prefix="gpuos-criu-", dir="/tmp"))
             self.path = self.directory / SOCKET
@@ -158,22 +157,21 @@ class ImageStreamer:
             except OSError:
                 pass  # the system's limit: a smaller pipe, more writes
             pieces = self.content.pieces(entry)
-            ahead: list[Future] = []
+            ahead: list[tuple[Future, bool]] = []  # (future, whether a decoder's)
             k = 0
             for piece in pieces:
                 while k < len(pieces) and len(ahead) < AHEAD:
                     ahead.append(self._submit(entry, pieces[k]))
                     k += 1
-                fut = ahead.pop(0)
+                fut, decoded = ahead.pop(0)
                 try:
                     slot, view = fut.result()
                 except ImageCorrupt:
                     raise
                 except GpuosError:  # a decoder died under it: the chunk is read here instead
-                    if fut not in self._decoded:
+                    if not decoded:
                         raise
                     slot, view = self._read(entry, piece)
-                self._decoded.discard(fut)
                 sent = len(view)
                 try:
                     while view:
@@ -197,14 +195,13 @@ class ImageStreamer:
         finally:
             os.close(fd)
 
-    def _submit(self, entry: FileEntry, piece) -> Future:
-        """A future of (decoder slot or None, the piece's content)."""
+    def _submit(self, entry: FileEntry, piece) -> tuple[Future, bool]:
+        """A future of (decoder slot or None, the piece's content), and whether a decoder's."""
         if self.decoders is not None and piece.chunk is not None:
             fut = self.decoders.submit(piece.chunk, self.content.verify, f"{entry.path} at byte {piece.offset}")
             if fut is not None:
-                self._decoded.add(fut)
-                return fut
-        return self.pool.submit(self._read, entry, piece)
+                return fut, True
+        return self.pool.submit(self._read, entry, piece), False
 
     def _read(self, entry: FileEntry, piece) -> tuple[None, memoryview]:
         buf = bytearray(piece.size)
