@@ -110,9 +110,11 @@ def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_
     """Two members that read their six allocations round after round, each 22 MiB in a 24
     MiB pool, in turns of 20 ms: a turn brings back what the member used in its last one
     as one batch (the other evicting for all of it at once), and the calls find it there.
-    Exact."""
-    own, g = two_readers(libgpuos_build, libgpuos_env, tmp_path, group, "24M", 20, 8000, 21)
-    assert g["switches"] >= 2
+    Exact.  Over many turns: a batch evicted unused comes at the run's edges (0 to 4 of
+    them a run, on this host, however long it is), so a run of a few turns could see more
+    of those than of hits."""
+    own, g = two_readers(libgpuos_build, libgpuos_env, tmp_path, group, "24M", 20, 40000, 21)
+    assert g["switches"] >= 10, g
     for st in own:
         assert st["ahead_bytes"] > 0 and st["ahead_hits"] > st["ahead_unused"], json.dumps([own, g])
 
