@@ -20,7 +20,9 @@ its final state), in one run:
               its power-of-two histogram bucket), the evictions the learned sequence chose
 
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
-once:
+once, each timing its steps from the moment all have warmed up (the suite's
+--start-gate: their start-ups take different times, and a member timed while the others
+still start runs alone; the JSON's started_together says whether all reached the gate):
 
   llm-replicas  three replicas of a GPT prefill loop of about 9 GB each
   dnn-mix       GPT and ResNet-50, each training and inference: four processes
@@ -211,10 +213,25 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
     done = threading.Event()
     logs = Path(tempfile.mkdtemp(prefix="oversub-steps-"))
 
+    gate = logs / "gate"
+    gate.mkdir()
+    opened: dict = {}
+
     def member(i: int) -> None:
         w, args = members[i]
-        cmd = suite_cmd(w, [*args, "--step-log", str(logs / f"{i}.jsonl")])
+        cmd = suite_cmd(w, [*args, "--step-log", str(logs / f"{i}.jsonl"), "--start-gate", str(gate)])
         got[i] = run_polling_mem_stats(under_gpuos(cmd, "-q", *options), timeout=TIMEOUT)
+
+    def open_gate() -> None:
+        """Every member times its steps from one moment: the gate opens once all have
+        warmed up (or one has ended: the others must not wait for it)."""
+        while True:
+            ready = len(list(gate.glob("ready-*")))
+            if ready == len(members) or any(x is not None for x in got):
+                break
+            time.sleep(0.01)
+        (gate / "go").touch()
+        opened["all_ready"] = ready == len(members)
 
     def poll_group() -> None:
         while group and not done.is_set():
@@ -227,13 +244,14 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
     poller = threading.Thread(target=poll_group)
     poller.start()
     threads = [threading.Thread(target=member, args=(i,)) for i in range(len(members))]
+    threads.append(threading.Thread(target=open_gate))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     done.set()
     poller.join()
-    out = {"members": []}
+    out = {"members": [], "started_together": opened.get("all_ready", False)}
     for i, ((w, _), (fin, stats)) in enumerate(zip(members, got)):
         res = last_json_object(fin.stdout) if fin.returncode == 0 else None
         m = {"workload": w, "returncode": fin.returncode}

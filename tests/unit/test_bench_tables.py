@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,47 @@ def test_mps_standby_cost_pairs_rounds_and_cancels_drift():
     noisy = mps_faults.cost_estimate(drift, [r * (1 + e) for r, e in zip(drift, [.004, -.003, .002, -.004, .003, -.002])])
     assert abs(noisy["overhead_pct"]) < noisy["ci95_pct"]
     assert mps_faults.cost_estimate([100], [99]) == {"rounds": 1}  # no interval from one round
+
+
+FAKE_MEMBER = """
+import json, sys, time
+from gpuos.workloads.suite import wait_at_gate
+startup, argv = sys.argv[1], sys.argv[2:]
+log, gate = argv[argv.index("--step-log") + 1], argv[argv.index("--start-gate") + 1]
+open(log, "w").write(json.dumps({"pid": 0}) + "\\n")
+if startup == "fail":
+    sys.exit(3)
+time.sleep(float(startup))
+wait_at_gate(gate)
+t0 = time.monotonic(); time.sleep(0.1); t1 = time.monotonic()
+open(log, "a").write(json.dumps({"marks": [[t0, 0, False], [t1, 0, False]]}) + "\\n")
+print(json.dumps({"items_per_s": 10 / (t1 - t0), "seconds": t1 - t0, "checksum": "c"}))
+"""
+
+
+@pytest.fixture
+def fake_members(tmp_path, monkeypatch):
+    import oversub
+
+    script = tmp_path / "member.py"
+    script.write_text(FAKE_MEMBER)
+    # a member's "workload" is its start-up time (or "fail"); no gpuos run around it
+    monkeypatch.setattr(oversub, "suite_cmd", lambda w, args: [sys.executable, str(script), w, *args])
+    monkeypatch.setattr(oversub, "under_gpuos", lambda cmd, *options: cmd)
+    return oversub
+
+
+def test_group_members_time_their_steps_from_one_moment(fake_members):
+    """Members whose start-ups take 0 to 1.5 s begin their timed steps together."""
+    out = fake_members.run_members([("0", []), ("1.5", []), ("0.5", [])], [], None)
+    assert out["started_together"] is True
+    starts = [m["timed_from"] for m in out["members"]]
+    assert max(starts) - min(starts) < 0.1, out
+    assert out["items_per_s"] == pytest.approx(30 / (max(m["timed_to"] for m in out["members"]) - min(starts)))
+
+
+def test_a_member_that_ends_before_the_gate_does_not_hold_the_others(fake_members):
+    t0 = time.monotonic()
+    out = fake_members.run_members([("0", []), ("fail", [])], [], None)
+    assert time.monotonic() - t0 < 60 and out["started_together"] is False
+    assert [m["returncode"] for m in out["members"]] == [0, 3] and "items_per_s" not in out

@@ -3,8 +3,11 @@ that the paired benchmark flips between steps (--toggle-recording)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -66,3 +69,32 @@ def test_toggle_recording_wants_a_step_log_and_a_positive_k(args, capsys):
         suite.parse(["resnet50-train", *args])
     assert exc.value.code == 2
     assert "--toggle-recording K wants K >= 1 and --step-log" in capsys.readouterr().err
+
+
+def test_the_timed_steps_begin_when_the_gate_opens(tmp_path):
+    """--start-gate: ready-PID is there once the warmup is done, and no step is timed
+    before DIR/go appears."""
+    steps: list[float] = []
+    opened: list[float] = []
+
+    def opener() -> None:
+        while not (tmp_path / f"ready-{os.getpid()}").exists():
+            time.sleep(0.005)
+        time.sleep(0.2)
+        opened.append(time.monotonic())
+        (tmp_path / "go").touch()
+
+    t = threading.Thread(target=opener)
+    t.start()
+    seconds, _, out = suite.timed(lambda: steps.append(time.monotonic()) or len(steps), 2, 3,
+                                  lambda: None, gate=str(tmp_path))
+    t.join()
+    assert out == [3, 4, 5] and len(steps) == 5
+    assert steps[1] < opened[0] <= steps[2]  # the warmup before, every timed step after
+    assert seconds < 0.2
+
+
+def test_a_gate_that_stays_shut_times_the_steps_anyway(tmp_path, capsys):
+    assert suite.wait_at_gate(str(tmp_path), timeout_s=0.05) is False
+    assert "did not appear within" in capsys.readouterr().err
+    assert suite.wait_at_gate(None) is True

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+GATE_TIMEOUT_S = 600.0  # --start-gate: the longest wait for DIR/go
+
 # Keys of the JSON line that differ between two runs of the same workload.
 VOLATILE_KEYS = ("seconds", "cpu_s", "steps_per_s", "items_per_s", "ns_per_launch", "pid")
 
@@ -136,13 +138,33 @@ def mark(marks: StepMarks | None) -> None:
         marks.mark()
 
 
+def wait_at_gate(gate: str | None, timeout_s: float = GATE_TIMEOUT_S) -> bool:
+    """--start-gate DIR: say this process is ready (DIR/ready-PID) and wait for DIR/go, so
+    that processes started together time their steps together (bench/oversub.py's groups:
+    their start-ups take different times).  False if the gate stayed shut for timeout_s
+    (the steps are timed anyway, and stderr says so)."""
+    if gate is None:
+        return True
+    os.close(os.open(os.path.join(gate, f"ready-{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o644))
+    go, deadline = os.path.join(gate, "go"), time.monotonic() + timeout_s
+    while not os.path.exists(go):
+        if time.monotonic() >= deadline:
+            print(f"suite: {go} did not appear within {timeout_s:.0f} s; timing without it",
+                  file=sys.stderr, flush=True)
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None],
-          marks: StepMarks | None = None):
+          marks: StepMarks | None = None, gate: str | None = None):
     """Run warmup steps, then time `steps` steps; returns (seconds, CPU seconds of the whole
-    process, their return values).  With `marks`, marks the start and each step's end."""
+    process, their return values).  With `marks`, marks the start and each step's end;
+    with `gate`, waits there between the warmup and the timed steps (wait_at_gate)."""
     for _ in range(warmup):
         step()
     sync()
+    wait_at_gate(gate)
     t0, c0 = time.perf_counter(), time.process_time()
     mark(marks)
     out = []
@@ -170,7 +192,7 @@ def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tupl
         opt.step()
         return loss
 
-    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks)
+    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate)
     checksum = sha256_tensors(torch, [*params, losses[-1]])
     return Measured(seconds, checksum, torch_info(torch, extra or {}), cpu)
 
@@ -179,7 +201,7 @@ def infer(a: argparse.Namespace, torch, step: Callable[[], Any],
           extra: dict[str, Any] | None = None) -> Measured:
     """Time inference steps; checksum every output of the timed steps."""
     with torch.no_grad():
-        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks)
+        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate)
     return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}), cpu)
 
 
@@ -354,7 +376,7 @@ def cupy_suite(a: argparse.Namespace) -> Measured:
         normalize((BLOCKS,), (THREADS,), (mixed, norms[done:], state, count))
         done += 1
 
-    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize, a.marks)
+    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize, a.marks, a.start_gate)
     checksum = hashlib.sha256(state.get().tobytes() + norms.get().tobytes()).hexdigest()
     return Measured(seconds, checksum, cupy_info(cupy), cpu)
 
@@ -389,6 +411,7 @@ def noop_launch(a: argparse.Namespace) -> Measured:
 
     launches(a.warmup)
     sync()
+    wait_at_gate(a.start_gate)
     blocks = min(LAUNCH_BLOCKS, a.steps) if a.marks is None else -(-a.steps // STEP_LOG_LAUNCHES)
     mark(a.marks)
     times = []
@@ -455,6 +478,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--toggle-recording", type=int, default=0, metavar="K",
                    help="Under `gpuos run`, with --step-log: pause and resume libgpuos's recording of "
                         "this process's operations every K timed steps (the paired benchmark).")
+    p.add_argument("--start-gate", metavar="DIR",
+                   help="After the warmup, create DIR/ready-PID and wait for DIR/go before the timed "
+                        "steps (processes started together then time their steps together).")
     g = p.add_argument_group("sizes")
     g.add_argument("--image-size", type=int, default=224, help="ResNet input side.")
     g.add_argument("--layers", type=int, default=12, help="GPT blocks.")
