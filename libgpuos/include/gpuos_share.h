@@ -17,16 +17,28 @@
  *     goes on without the GPU's turn if the pool has free room for it while no member
  *     waits for the turn, is asked to evict, or is the holder busy making room: members
  *     run side by side while their memory fits together.  Any other waits for the turn.
- *   - One member holds the GPU at a time (holder; -1: none): only it may ask the others
- *     to evict (below).  A waiting member takes the
- *     GPU when no one holds it, or when the holder has held it for slice_ns (counted from
- *     when its first call's memory was in) and none of its calls is busy making memory
- *     resident, the one waiting longest first.  A holder
- *     whose slice is over while others wait lets it go at its next call.
- *   - A holder that needs room asks the others first (their memory is used after its
- *     slice, its own during it: the known future): it sets their `release`, and each
- *     member's release thread evicts that much of its memory to host memory and sets
- *     it to 0.  When the others have nothing left, the holder evicts its own.
+ *   - The GPU's turn is held by one member (holder; -1: none) and the members admitted
+ *     `beside` it: the turn's set.  A waiting member takes the turn when no one holds
+ *     it, or when the holder has held it for slice_ns (counted from when its first
+ *     call's memory was in) and no call of the set is busy making memory resident, the
+ *     one waiting longest first.  Taking it, it admits beside itself the other waiting
+ *     members, longest waiting first, whose working sets fit in the limit together
+ *     with its own and those admitted before them: members whose memory fits together
+ *     take their turns together (a member's working_set is the bytes its calls needed
+ *     over its last two turns and between them, as it took its next one; its
+ *     reservations until then).  A member of the set whose slice is over while members outside it wait
+ *     ends the turn for the whole set at its next call.
+ *   - Only the set asks others to evict (below).  The holder asks the members outside
+ *     the set first (their memory is used after the turn, the set's during it: the
+ *     known future), those not waiting before those waiting, then the members beside
+ *     it; a member beside the holder asks only those outside the set.  Asking sets
+ *     their `release`, and each member's release thread evicts that much of its memory
+ *     to host memory and sets it to 0.  When the others have nothing left, the asker
+ *     evicts its own.  The room the holder asks for is its `claim` until it has taken
+ *     it: no other member takes it meanwhile.  A member beside the holder that still
+ *     lacks room (its working
+ *     set grew) leaves the set (steps_aside) and waits for a turn of its own.  No two
+ *     askers ask each other, so none waits for another's evictions in a cycle.
  *   - A member that exits leaves: its slot is freed and its bytes subtracted; the last
  *     one removes the file (under the flock; a joiner that opened it before checks,
  *     under the flock, that it is still the file at that path).  A member
@@ -47,7 +59,7 @@
 #include "gpuos_agent.h" /* GPUOS_STALL_BUCKETS */
 
 #define GPUOS_SHARE_MAGIC 0x45524853u /* "SHRE", written last at creation */
-#define GPUOS_SHARE_VERSION 1u
+#define GPUOS_SHARE_VERSION 2u
 #define GPUOS_SHARE_MEMBERS 64
 #define GPUOS_SHARE_NAME_MAX 64
 #define GPUOS_SHARE_PATH "/dev/shm/gpuos-share-" /* + uid "-" name */
@@ -65,6 +77,12 @@ struct gpuos_share_member {
 	uint64_t held_ns;         /* time it held the GPU, ended slices only */
 	uint64_t released_bytes;  /* evicted at others' requests */
 	uint64_t wait_ns;         /* time its calls waited for the GPU */
+	uint64_t working_set;     /* bytes its calls needed since the turn before its last
+				   * began, as it began its next one (0: none yet; its
+				   * reservations count) */
+	uint64_t beside_slices;   /* times it was admitted to a turn beside the holder */
+	uint32_t beside;          /* 1: admitted to the current turn beside the holder */
+	uint32_t steps_aside;     /* times it left a turn it was admitted to, lacking room */
 };
 
 struct gpuos_share {
@@ -81,6 +99,9 @@ struct gpuos_share {
 	uint64_t switch_ns;       /* from each switch to its new holder's first call having its memory
 				   * resident (the wait for the turn is the members' wait_ns) */
 	uint64_t reaped;          /* members found dead */
+	uint64_t beside_turns;    /* members admitted beside a holder, in all */
+	uint64_t claim;           /* bytes the holder asked others to make room for: no other
+				   * member may take them until the holder has (or its turn ends) */
 	uint64_t switch_hist[GPUOS_STALL_BUCKETS]; /* those first calls, by stall: [2^i, 2^(i+1)) us */
 	struct gpuos_share_member m[GPUOS_SHARE_MEMBERS];
 	pthread_mutex_t mu;

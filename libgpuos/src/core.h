@@ -575,9 +575,13 @@ int gpuos_share_take_free(uint64_t bytes); /* the same without the GPU's turn: o
 void gpuos_share_give(uint64_t bytes);
 uint64_t gpuos_share_used(void);
 void gpuos_share_reserved(int64_t delta);
-/* The holder lacks `excess` bytes to make `want` resident: others evict; 1 if the group's
- * resident bytes went down. */
+/* The turn's set lacks `excess` bytes to make `want` resident: others evict; 1 if the
+ * group's resident bytes went down. */
 int gpuos_share_ask(uint64_t excess, uint64_t want);
+int gpuos_share_beside(void);     /* admitted to the turn beside the holder */
+int gpuos_share_step_aside(void); /* beside the holder: leave its set (1), else 0 */
+void gpuos_share_unclaim(void);    /* the holder gives up the room it asked for */
+void gpuos_share_working_set(uint64_t bytes);
 void gpuos_share_done(void); /* the call's memory is resident: no longer busy */
 
 /* ---- agent.c ------------------------------------------------------------------------ */

@@ -129,6 +129,7 @@ static struct {
 	int shared;                 /* in a group (share.c): its pool is the limit, calls always checked */
 	int turn_begins;            /* this call begins a turn on the GPU taken from another member */
 	uint64_t turn_tick;         /* the tick the last turn began at */
+	uint64_t turn_tick_before;  /* ... and the one before it */
 	struct swap_ctx {
 		uint64_t ctx;       /* its id (ctx_key) */
 		CUstream s;         /* NULL: free slot */
@@ -627,8 +628,11 @@ static int make_room(uint64_t want, int own)
 		uint64_t excess = used + want - R.limit;
 		if (R.shared && gpuos_share_ask(excess, want))
 			continue;
-		if (!own || evict_batch(excess, NULL))
+		if (!own || evict_batch(excess, NULL)) {
+			if (R.shared)
+				gpuos_share_unclaim();
 			return -1;
+		}
 	}
 	return 0;
 }
@@ -738,6 +742,7 @@ static void copy_ahead(struct swap_ctx *sc)
 }
 
 static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
+static void share_done(void);
 
 /* Make the entries marked for this call resident: room first, then new memory mapped and
  * the evicted contents copied back, one synchronisation for all.  In a group, a call
@@ -777,6 +782,14 @@ static CUresult bring_in(int *need_turn)
 	uint64_t turn = 0, ctx = gpuos_current_ctx();
 	if (R.turn_begins) {
 		R.turn_begins = 0;
+		/* this member's working set for the group: what its calls needed since the
+		 * turn before its last began (the next holder admits it beside itself by that;
+		 * two turns, as one may have been cut short) */
+		uint64_t used = 0;
+		for (size_t i = 0; R.shared && i < R.n; i++)
+			used += R.v[i].nuse && R.v[i].tick >= R.turn_tick_before ? R.v[i].size : 0;
+		if (R.shared)
+			gpuos_share_working_set(used);
 		/* only while it pays: batches whose memory is evicted again unused (a turn
 		 * that does not use what the last one did) stop them */
 		int pays = R.st.ahead_unused <= R.st.ahead_hits + TURN_TRIES;
@@ -785,6 +798,7 @@ static CUresult bring_in(int *need_turn)
 			r->turn = !r->h && r->call != R.call && r->ctx == ctx && r->nuse && r->tick >= R.turn_tick;
 			turn += r->turn ? r->size : 0;
 		}
+		R.turn_tick_before = R.turn_tick;
 		R.turn_tick = R.tick;
 	}
 	if (!want && !turn) {
@@ -805,7 +819,17 @@ static CUresult bring_in(int *need_turn)
 			R.v[i].turn = 0; /* not all of it fits: this call's memory alone */
 		turn = 0;
 	}
-	if (!charged && !turn && make_room(want, 1)) {
+	/* A member beside the holder does not evict its own memory for room: lacking room
+	 * (its working set grew), it takes a turn of its own instead, where it may ask every
+	 * member (evicting its own, it would swap call by call in what is left it, and the
+	 * turn would never end: no one waits). */
+	int beside = !charged && !turn && need_turn && R.shared && gpuos_share_beside();
+	if (!charged && !turn && make_room(want, !beside)) {
+		if (beside && gpuos_share_step_aside()) {
+			share_done();
+			*need_turn = 1;
+			return CUDA_SUCCESS;
+		}
 		R.st.over_limit++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}

@@ -10,14 +10,19 @@
  *   gpuos_share_acquire()  before a call that needs room it cannot have so: wait for the
  *                          GPU (1: this call begins a turn taken from another member);
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
- *   gpuos_share_ask()      the holder lacks room: others evict first (they run later);
+ *   gpuos_share_ask()      the turn's set lacks room: others evict first (they run later);
+ *   gpuos_share_step_aside() a member beside the holder that cannot have its room leaves
+ *                          the set (then waits for a turn of its own);
+ *   gpuos_share_working_set() the bytes this member's calls needed over its last two
+ *                          turns (what the next holder admits it beside itself by);
  *   gpuos_share_done()     the call's memory is resident (the first call after taking the
  *                          GPU: the time from the take to here is the switch's stall).
  *
  * The release thread sleeps on the group's futex word until `release` is set on this
  * member, then evicts that much through resident.c (gpuos_res_evict_for_others), in
- * every context that has resident memory.  Only the holder asks, so two members never
- * wait for each other's evictions.
+ * every context that has resident memory.  Only the turn's set asks, and its members
+ * never ask each other both ways (the holder asks those beside it, they never ask it),
+ * so no two members wait for each other's evictions.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -346,29 +351,77 @@ int gpuos_share_join(const char *name, uint64_t *limit)
 
 /* ---- the GPU's turn ------------------------------------------------------------------------ */
 
-/* The member that has waited longest, or -1. */
+/* Whether member i is in the turn's set: the holder or admitted beside it. */
+static int in_set(const struct gpuos_share *g, int i)
+{
+	return i == g->holder || g->m[i].beside;
+}
+
+/* The member outside the set that has waited longest, or -1. */
 static int oldest_waiter(const struct gpuos_share *g)
 {
 	int best = -1;
 	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
-		if (g->m[i].pid && g->m[i].waiting && (best < 0 || g->m[i].waiting_since < g->m[best].waiting_since))
+		if (g->m[i].pid && g->m[i].waiting && !in_set(g, i) &&
+		    (best < 0 || g->m[i].waiting_since < g->m[best].waiting_since))
 			best = i;
 	return best;
 }
 
-/* Whether the holder h's slice is over (and none of its calls is busy making memory
- * resident: a call that has begun to is not cut short). */
-static int slice_over(const struct gpuos_share *g, int h, uint64_t now)
+/* Whether the turn is over: the holder's slice has run out (if there is a holder) and no
+ * call of the set is busy making memory resident (one that has begun to is not cut
+ * short). */
+static int turn_over(const struct gpuos_share *g, uint64_t now)
 {
-	return now - g->held_since >= g->slice_ns && !g->m[h].busy;
+	if (g->holder >= 0 && now - g->held_since < g->slice_ns)
+		return 0;
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		if (g->m[i].pid && in_set(g, i) && g->m[i].busy)
+			return 0;
+	return 1;
 }
 
 static int others_wait(const struct gpuos_share *g)
 {
+	return oldest_waiter(g) >= 0;
+}
+
+/* The turn ends for the whole set. */
+static void end_turn(struct gpuos_share *g, uint64_t now)
+{
+	if (g->holder >= 0)
+		g->m[g->holder].held_ns += now - g->held_since;
+	g->holder = -1;
+	g->claim = 0;
 	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
-		if (i != S.me && g->m[i].pid && g->m[i].waiting)
-			return 1;
-	return 0;
+		g->m[i].beside = 0;
+}
+
+static uint64_t working_set(const struct gpuos_share_member *m)
+{
+	return m->working_set ? m->working_set : m->reserved;
+}
+
+/* The new holder admits beside itself the waiting members, longest waiting first, whose
+ * working sets fit in the limit with its own and those admitted before them. */
+static void admit(struct gpuos_share *g)
+{
+	uint64_t used = working_set(&g->m[g->holder]);
+	for (;;) {
+		int pick = -1;
+		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
+			const struct gpuos_share_member *m = &g->m[i];
+			if (m->pid && m->waiting && !in_set(g, i) && used + working_set(m) <= g->limit &&
+			    (pick < 0 || m->waiting_since < g->m[pick].waiting_since))
+				pick = i;
+		}
+		if (pick < 0)
+			return;
+		used += working_set(&g->m[pick]);
+		g->m[pick].beside = 1;
+		g->m[pick].beside_slices++;
+		g->beside_turns++;
+	}
 }
 
 int gpuos_share_acquire(void)
@@ -379,31 +432,35 @@ int gpuos_share_acquire(void)
 	glock(g);
 	struct gpuos_share_member *m = &g->m[S.me];
 	uint64_t t0 = gpuos_now_ns();
-	if (g->holder == S.me) {
-		if (!slice_over(g, S.me, t0) || !others_wait(g)) {
+	if (in_set(g, S.me)) {
+		if (!turn_over(g, t0) || !others_wait(g)) {
 			m->busy++;
 			gunlock(g);
 			return 0;
 		}
-		m->held_ns += t0 - g->held_since; /* its slice is over and others wait: let go */
-		g->holder = -1;
+		end_turn(g, t0); /* the slice is over and others wait: the set lets go */
 		gwake(g);
 	}
 	if (!m->waiting++)
 		m->waiting_since = t0;
+	int admitted = 0;
 	for (;;) {
 		uint64_t now = gpuos_now_ns();
 		int h = g->holder;
 		if (h == S.me)
 			break; /* another thread of this process took it */
-		if ((h < 0 || slice_over(g, h, now)) && oldest_waiter(g) == S.me) {
-			if (h >= 0)
-				g->m[h].held_ns += now - g->held_since;
+		if (m->beside) {
+			admitted = 1; /* the new holder admitted this member beside it */
+			break;
+		}
+		if ((h < 0 || turn_over(g, now)) && oldest_waiter(g) == S.me) {
 			if (h >= 0 || g->held_since)
 				g->switches++, S.switch_t0 = now;
+			end_turn(g, now);
 			g->holder = S.me;
 			g->held_since = now;
 			m->slices++;
+			admit(g);
 			gwake(g);
 			break;
 		}
@@ -415,9 +472,60 @@ int gpuos_share_acquire(void)
 		m->waiting_since = 0;
 	m->wait_ns += gpuos_now_ns() - t0;
 	m->busy++;
-	int turn = S.switch_t0 != 0;
+	int turn = S.switch_t0 != 0 || admitted;
 	gunlock(g);
 	return turn;
+}
+
+int gpuos_share_beside(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 0;
+	glock(g);
+	int beside = g->m[S.me].beside != 0;
+	gunlock(g);
+	return beside;
+}
+
+int gpuos_share_step_aside(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return 0;
+	glock(g);
+	struct gpuos_share_member *m = &g->m[S.me];
+	int was = m->beside;
+	if (was) {
+		m->beside = 0;
+		m->steps_aside++;
+		gwake(g);
+	}
+	gunlock(g);
+	return was;
+}
+
+void gpuos_share_unclaim(void)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	if (g->holder == S.me && g->claim) {
+		g->claim = 0;
+		gwake(g);
+	}
+	gunlock(g);
+}
+
+void gpuos_share_working_set(uint64_t bytes)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	g->m[S.me].working_set = bytes;
+	gunlock(g);
 }
 
 void gpuos_share_done(void)
@@ -445,6 +553,13 @@ void gpuos_share_done(void)
 
 /* ---- the pool ------------------------------------------------------------------------------ */
 
+/* The group's resident bytes as this member sees them: with the holder's claim, unless
+ * it is the holder (the lock held). */
+static uint64_t used(const struct gpuos_share *g)
+{
+	return g->resident + (g->holder >= 0 && g->holder != S.me ? g->claim : 0);
+}
+
 /* Charge `bytes` to this member if they fit; with `free_only` (a call that does not hold
  * the GPU's turn), only while no member waits for the turn, is asked to evict, or holds
  * the GPU busy making room: their need comes first (the room a holder has just had
@@ -455,12 +570,13 @@ static int take(uint64_t bytes, int free_only)
 	if (!g)
 		return 1;
 	glock(g);
-	int ok = g->resident + bytes <= g->limit;
-	if (free_only) {
-		ok = ok && (g->holder < 0 || !g->m[g->holder].busy);
+	int holds = g->holder == S.me;
+	int ok = used(g) + bytes <= g->limit;
+	if (ok && holds)
+		g->claim = 0; /* what it asked room for is its own now */
+	if (free_only)
 		for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
-			ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release);
-	}
+			ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release && !(in_set(g, i) && g->m[i].busy));
 	if (ok) {
 		g->resident += bytes;
 		g->m[S.me].resident += bytes;
@@ -498,9 +614,9 @@ uint64_t gpuos_share_used(void)
 	if (!g)
 		return 0;
 	glock(g);
-	uint64_t used = g->resident;
+	uint64_t n = used(g);
 	gunlock(g);
-	return used;
+	return n;
 }
 
 void gpuos_share_reserved(int64_t delta)
@@ -520,21 +636,26 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 		return 0;
 	glock(g);
 	reap(g);
-	if (g->holder != S.me) { /* only the holder asks: two members never wait for each other */
+	if (!in_set(g, S.me)) { /* only the turn's set asks (gpuos_share.h) */
 		gunlock(g);
 		return 0;
 	}
-	/* Those not waiting for the GPU first, then those waiting, the latest first: the
-	 * order in which their memory will be needed again, farthest first. */
+	/* Outside the set, those not waiting for the GPU first, then those waiting, the latest
+	 * first: the order in which their memory will be needed again, farthest first; then,
+	 * the holder only, the members beside it. */
 	uint64_t asked = 0, before = g->resident;
-	for (int pass = 0; pass < 2 && asked < excess; pass++) {
+	int passes = g->holder == S.me ? 3 : 2;
+	if (g->holder == S.me)
+		g->claim = want; /* the room made is the holder's: the set's others must not take it */
+	for (int pass = 0; pass < passes && asked < excess; pass++) {
 		for (;;) {
 			int pick = -1;
 			for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
 				struct gpuos_share_member *m = &g->m[i];
-				if (i == S.me || !m->pid || m->resident <= m->release || !!m->waiting != pass)
+				int kind = in_set(g, i) ? 2 : m->waiting ? 1 : 0;
+				if (i == S.me || !m->pid || m->resident <= m->release || kind != pass)
 					continue;
-				if (pick < 0 || (pass && m->waiting_since > g->m[pick].waiting_since))
+				if (pick < 0 || (pass == 1 && m->waiting_since > g->m[pick].waiting_since))
 					pick = i;
 			}
 			if (pick < 0 || asked >= excess)
@@ -547,22 +668,25 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 			asked += take;
 		}
 	}
-	if (!asked) {
+	int pending = 0; /* evictions another of the set asked for free room too */
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		pending |= i != S.me && g->m[i].pid && g->m[i].release;
+	if (!asked && !pending) {
 		gunlock(g);
 		return 0;
 	}
 	gwake(g);
 	uint64_t deadline = gpuos_now_ns() + ASK_TIMEOUT_NS;
 	for (;;) {
-		int pending = 0;
+		pending = 0;
 		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
 			pending |= i != S.me && g->m[i].pid && g->m[i].release;
-		if (!pending || g->resident + want <= g->limit || gpuos_now_ns() >= deadline)
+		if (!pending || used(g) + want <= g->limit || gpuos_now_ns() >= deadline)
 			break;
 		gwait(g, POLL_NS);
 		reap(g);
 	}
-	int progress = g->resident < before;
+	int progress = g->resident < before || used(g) + want <= g->limit;
 	gunlock(g);
 	return progress;
 }

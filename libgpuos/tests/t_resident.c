@@ -22,6 +22,10 @@
  *                                         allocations in the same order (y += a * x into
  *                                         the small one: an inference's weights), then
  *                                         the same checks and wait
+ *   t_resident STOP ROUNDS SEED phases    as read, in blocks of PHASE rounds that read only
+ *                                         allocations 0 and 1 (6 MiB) and blocks that read
+ *                                         them all, one after the other: a working set
+ *                                         that grows and shrinks
  *   t_resident STOP ROUNDS SEED threads   4 threads at once, each with two 2 MiB
  *                                         allocations of its own and their host copies:
  *                                         ROUNDS launches y += a * x between them, every 5th
@@ -48,6 +52,7 @@
 
 static const size_t sizes[] = { 2u << 20, 4u << 20, 2u << 20, (6u << 20) + 12, 2u << 20, 4u << 20, 4096 };
 #define N (sizeof sizes / sizeof sizes[0])
+#define PHASE 2000 /* rounds of each block in mode phases */
 
 static CUdeviceptr dev[N];
 static float *host[N];
@@ -217,9 +222,10 @@ int main(int argc, char **argv)
 				return 1;
 		return printf("ok opaque\n"), 0;
 	}
-	int read = argc > 4 && !strcmp(argv[4], "read");
+	int phases = argc > 4 && !strcmp(argv[4], "phases");
+	int read = phases || (argc > 4 && !strcmp(argv[4], "read"));
 	for (int r = 0; read && r < rounds; r++)
-		for (int x = 0; x + 1 < (int)N; x++)
+		for (int x = 0; x + 1 < (phases && (r / PHASE) % 2 == 0 ? 3 : (int)N); x++)
 			if (launch_saxpy((float)(rand() % 5 - 2) / 4.0f, x, (int)N - 1, nfloats((int)N - 1)))
 				return 1;
 	int cycle = argc > 4 && !strcmp(argv[4], "cycle");

@@ -38,17 +38,21 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
     return ResidentApp(build, env, tmp, gpuos_args, rounds, seed, *mode)
 
 
-def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
-    """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
-    the group never has more than 16 MiB resident, the GPU changed hands, and members
-    evicted memory for each other."""
-    seen = {"max": 0, "samples": 0}
+def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
+                seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
+    """Members at once (one per mode), the group's file sampled every 2 ms meanwhile:
+    each one's stats, the group's at the end, and what the samples saw (the most
+    resident bytes; the most members in a turn's set at once)."""
+    seen = {"max": 0, "samples": 0, "set": 0}
     done = threading.Event()
+    tmp.mkdir(parents=True, exist_ok=True)
 
     def sample() -> None:  # the group's resident bytes, as the members keep them
         while not done.is_set():
             try:
-                seen["max"] = max(seen["max"], read_group(group).resident)
+                g = read_group(group)
+                seen["max"] = max(seen["max"], g.resident)
+                seen["set"] = max(seen["set"], sum(m.holder or m.beside for m in g.members))
                 seen["samples"] += 1
             except Exception:  # noqa: BLE001 - not made yet, or between members
                 pass
@@ -56,21 +60,31 @@ def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, t
 
     t = threading.Thread(target=sample)
     t.start()
-    members = [Member(libgpuos_build, libgpuos_env, tmp_path / f"m{i}",
-                      ["--share", group, "--gpu-memory", "16M", "--slice", "5"], 300, 11 + i) for i in range(3)]
+    members: list[ResidentApp] = []
     try:
+        for i, mode in enumerate(modes):
+            members.append(Member(build, env, tmp / f"m{i}", ["--share", group, "--gpu-memory", limit, "--slice",
+                                                             str(slice_ms)], rounds, seed + i, *mode))
         for m in members:
             m.wait_ok()
-        g = stats(libgpuos_env, group)
-        own = [stats(libgpuos_env, m.pid) for m in members]
+        g = stats(env, group)
+        own = [stats(env, m.pid) for m in members]
     finally:
         done.set()
         t.join()
         results = [m.finish() for m in members]
     assert all(rc == 0 for rc, _ in results), results
+    return own, g, seen
+
+
+def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
+    """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
+    the group never has more than 16 MiB resident, the GPU changed hands, and members
+    evicted memory for each other."""
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11, [()] * 3)
     assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
     assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
-    assert sorted(m["pid"] for m in g["members"]) == sorted(m.pid for m in members)
+    assert sorted(m["pid"] for m in g["members"]) == sorted(st["pid"] for st in own)
     assert all(m["reserved"] == RESERVED and m["slices"] >= 1 for m in g["members"])
     assert sum(m["resident"] for m in g["members"]) == g["resident"]
     assert g["switches"] >= 2 and sum(g["switch_hist"]) >= 1 and g["switch_p99_us"] >= 1
@@ -83,16 +97,7 @@ def two_readers(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
                 seed: int) -> tuple[list[dict], dict]:
     """Two members that read their six allocations round after round, exact: each one's
     stats and the group's at the end."""
-    members = [Member(build, env, tmp / f"m{i}", ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)],
-                      rounds, seed + i, "read") for i in range(2)]
-    try:
-        for m in members:
-            m.wait_ok()
-        own = [stats(env, m.pid) for m in members]
-        g = stats(env, group)
-    finally:
-        results = [m.finish() for m in members]
-    assert all(rc == 0 for rc, _ in results), results
+    own, g, _ = run_watched(build, env, tmp, group, limit, slice_ms, rounds, seed, [("read",)] * 2)
     return own, g
 
 
@@ -117,6 +122,42 @@ def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_
     assert g["switches"] >= 10, g
     for st in own:
         assert st["ahead_bytes"] > 0 and st["ahead_hits"] > st["ahead_unused"], json.dumps([own, g])
+
+
+def test_members_whose_working_sets_fit_together_take_their_turns_together(libgpuos_build, libgpuos_env, tmp_path,
+                                                                          group):
+    """Four readers of 22 MiB each in a 48 MiB pool, in turns of 5 ms: two fit together,
+    so a turn's holder admits beside itself the longest-waiting members whose working
+    sets (published as their turns begin) fit with its own.  All exact, never more than
+    48 MiB resident, no call refused."""
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "48M", 5, 10000, 51, [("read",)] * 4)
+    assert seen["samples"] > 10 and 0 < seen["max"] <= 48 * MIB and seen["set"] >= 1, (seen, g)
+    assert g["switches"] >= 2 and g["beside_turns"] >= 1, g
+    assert sum(m["beside_slices"] for m in g["members"]) == g["beside_turns"], g
+    assert all(m["working_set"] <= RESERVED for m in g["members"]), g
+    assert any(m["working_set"] > 0 for m in g["members"]), g
+    assert all(st["over_limit"] == 0 for st in own), own
+
+
+def test_a_member_whose_working_set_grows_beside_the_holder_steps_aside(libgpuos_build, libgpuos_env, tmp_path,
+                                                                       group):
+    """Two members whose rounds read 6 MiB, then 22 MiB, then 6 again (t_resident phases)
+    and a reader of 22 MiB in a 40 MiB pool, in turns of 5 ms: admitted beside a holder
+    while its working set was small, a member that grows lacks room; it leaves the turn
+    (steps_aside) and waits for one of its own instead of failing or swapping call by
+    call in what is left it.  Every run exact, no call refused; whether a member grows
+    while beside the holder is up to timing (about 2 runs in 3 here), so up to 8 runs,
+    until one has."""
+    for attempt in range(8):
+        own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path / str(attempt), group, "40M", 5, 24000,
+                                   61 + attempt, [("phases",), ("read",), ("phases",)])
+        assert seen["max"] <= 40 * MIB
+        assert all(st["over_limit"] == 0 for st in own), own
+        if sum(m["steps_aside"] for m in g["members"]) >= 1:
+            break
+    else:
+        pytest.fail(f"no member stepped aside in 8 runs; the last: {g}")
+    assert all(m["beside_slices"] >= m["steps_aside"] for m in g["members"]), g
 
 
 def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, tmp_path, group):

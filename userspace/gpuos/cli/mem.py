@@ -100,12 +100,17 @@ def _group_stats(g: GroupStats, as_json: bool) -> None:
         ["switches", f"{g.switches}" + (f"; the first call after each made its memory resident in "
                                          f"{ms(g.switch_ns / waits)} on average, p99 under {p99 / 1000:.1f} ms"
                                          if waits else "")],
+        ["turns shared", f"{g.beside_turns} admissions beside a holder (members whose working sets fit "
+                         f"together take their turns together)"],
         ["members that died", str(g.reaped)],
     ]).split("\n", 1)[1])
-    click.echo(table(["PID", "GPU", "RESIDENT", "RESERVED", "SLICES", "HELD", "WAITED", "EVICTED FOR OTHERS"],
-                     [[m.pid, "holds" if m.holder else "waits" if m.waiting else "-", human_bytes(m.resident),
-                       human_bytes(m.reserved), m.slices, ms(m.held_ns), ms(m.wait_ns),
-                       human_bytes(m.released_bytes)] for m in g.members]))
+    click.echo(table(["PID", "GPU", "RESIDENT", "RESERVED", "WORKING SET", "SLICES", "BESIDE", "HELD", "WAITED",
+                      "EVICTED FOR OTHERS"],
+                     [[m.pid, "holds" if m.holder else "beside" if m.beside else "waits" if m.waiting else "-",
+                       human_bytes(m.resident), human_bytes(m.reserved),
+                       human_bytes(m.working_set) if m.working_set else "-", m.slices,
+                       f"{m.beside_slices}" + (f" ({m.steps_aside} left)" if m.steps_aside else ""),
+                       ms(m.held_ns), ms(m.wait_ns), human_bytes(m.released_bytes)] for m in g.members]))
 
 
 @mem.command("groups")

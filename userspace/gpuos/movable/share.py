@@ -15,10 +15,10 @@ from .agent import STALL_BUCKETS, log2_hist_percentile
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 MAGIC = 0x45524853  # GPUOS_SHARE_MAGIC
-VERSION = 1
+VERSION = 2
 MEMBERS = 64
-HEADER = struct.Struct("<IIIi7Q" + "Q" * STALL_BUCKETS)
-MEMBER = struct.Struct("<IHH9Q")
+HEADER = struct.Struct("<IIIi9Q" + "Q" * STALL_BUCKETS)
+MEMBER = struct.Struct("<IHH11QII")
 SHM_DIR = Path("/dev/shm")
 
 
@@ -45,7 +45,11 @@ class Member:
     held_ns: int  # time it held the GPU (ended slices)
     released_bytes: int  # evicted at others' requests
     wait_ns: int  # time its calls waited for the GPU
+    working_set: int  # bytes its calls needed over its last two turns, as it took its next (0: none yet)
+    beside_slices: int  # times it was admitted to a turn beside the holder
+    steps_aside: int  # times it left such a turn, lacking room
     holder: bool
+    beside: bool  # admitted to the current turn beside the holder
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class GroupStats:
     switches: int  # the GPU went from one member to another
     switch_ns: int  # from each switch until the new holder's first call had its memory resident, in all
     reaped: int  # members found dead
+    beside_turns: int  # members admitted to a turn beside its holder, in all
     switch_hist: tuple[int, ...]  # those first calls by stall: [2^i, 2^(i+1)) microseconds
     members: tuple[Member, ...]
 
@@ -86,21 +91,24 @@ def read_group(name: str) -> GroupStats:
     if len(raw) < HEADER.size + MEMBERS * MEMBER.size:
         raise GpuosError(f"{path} is not a gpuos group file")
     head = HEADER.unpack_from(raw)
-    magic, version, size, holder, limit, slice_ns, resident, _held_since, switches, switch_ns, reaped = head[:11]
+    magic, version, size, holder, limit, slice_ns, resident, _held_since, switches, switch_ns, reaped, beside_turns, \
+        _claim = head[:13]
     if magic != MAGIC or version != VERSION or size != len(raw):
         raise GpuosError(f"{path} was made by another version of gpuos (or is not a group file)")
     members = []
     for i in range(MEMBERS):
-        pid, waiting, busy, _start, res, reserved, release, _since, slices, held_ns, released, wait_ns = \
-            MEMBER.unpack_from(raw, HEADER.size + i * MEMBER.size)
+        (pid, waiting, busy, _start, res, reserved, release, _since, slices, held_ns, released, wait_ns, working_set,
+         beside_slices, beside, steps_aside) = MEMBER.unpack_from(raw, HEADER.size + i * MEMBER.size)
         if pid and _alive(pid):
             members.append(Member(pid=pid, waiting=waiting, busy=busy, resident=res, reserved=reserved, release=release,
                                   slices=slices, held_ns=held_ns, released_bytes=released, wait_ns=wait_ns,
-                                  holder=holder == i))
+                                  working_set=working_set, beside_slices=beside_slices, steps_aside=steps_aside,
+                                  holder=holder == i, beside=bool(beside)))
     if not members:
         raise NoSuchGroup(f"group {name!r} has no members now")
     return GroupStats(name=name, limit=limit, slice_ns=slice_ns, resident=resident, switches=switches,
-                      switch_ns=switch_ns, reaped=reaped, switch_hist=tuple(head[11:]), members=tuple(members))
+                      switch_ns=switch_ns, reaped=reaped, beside_turns=beside_turns, switch_hist=tuple(head[13:]),
+                      members=tuple(members))
 
 
 def group_limit(name: str) -> int | None:
