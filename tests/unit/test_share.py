@@ -166,7 +166,7 @@ def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, 
     first = Member(libgpuos_build, libgpuos_env, tmp_path / "a", ["--share", group, "--gpu-memory", "12M"], 100, 1)
     first.wait_ok()
     assert read_group(group).resident > 0
-    second = Member(libgpuos_build, libgpuos_env, tmp_path / "b", ["--share", group], 2000, 2, "cycle")
+    second = Member(libgpuos_build, libgpuos_env, tmp_path / "b", ["--share", group], 400, 2, "cycle")
     time.sleep(0.3)
     os.kill(first.pid, signal.SIGKILL)
     first.proc.communicate(timeout=60)
