@@ -579,7 +579,7 @@ void gpuos_share_reserved(int64_t delta);
  * group's resident bytes went down. */
 int gpuos_share_ask(uint64_t excess, uint64_t want);
 int gpuos_share_beside(void);     /* admitted to the turn beside the holder */
-int gpuos_share_step_aside(void); /* beside the holder: leave its set (1), else 0 */
+void gpuos_share_step_aside(void); /* beside the holder: leave its set */
 void gpuos_share_unclaim(void);    /* the holder gives up the room it asked for */
 void gpuos_share_working_set(uint64_t bytes);
 void gpuos_share_done(void); /* the call's memory is resident: no longer busy */

@@ -825,7 +825,8 @@ static CUresult bring_in(int *need_turn)
 	 * turn would never end: no one waits). */
 	int beside = !charged && !turn && need_turn && R.shared && gpuos_share_beside();
 	if (!charged && !turn && make_room(want, !beside)) {
-		if (beside && gpuos_share_step_aside()) {
+		if (beside) { /* (the turn may have ended meanwhile: it waits all the same) */
+			gpuos_share_step_aside();
 			share_done();
 			*need_turn = 1;
 			return CUDA_SUCCESS;

@@ -488,21 +488,19 @@ int gpuos_share_beside(void)
 	return beside;
 }
 
-int gpuos_share_step_aside(void)
+void gpuos_share_step_aside(void)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
-		return 0;
+		return;
 	glock(g);
 	struct gpuos_share_member *m = &g->m[S.me];
-	int was = m->beside;
-	if (was) {
+	if (m->beside) {
 		m->beside = 0;
 		m->steps_aside++;
 		gwake(g);
 	}
 	gunlock(g);
-	return was;
 }
 
 void gpuos_share_unclaim(void)
