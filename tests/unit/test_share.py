@@ -184,6 +184,11 @@ def test_a_group_is_listed_until_it_has_emptied(libgpuos_build, libgpuos_env, tm
     m = Member(libgpuos_build, libgpuos_env, tmp_path, ["--share", group, "--gpu-memory", "12M"], 20, 3)
     m.wait_ok()
     assert stats(libgpuos_env, group)["members"][0]["pid"] == m.pid
+    shown = subprocess.run([*GPUOS, "mem", "stats", group], env=libgpuos_env, capture_output=True, text=True,
+                           check=True).stdout  # the table a person reads: one row per member
+    assert "turns shared       0 admissions beside a holder" in shown, shown
+    header, row = [line.split() for line in shown.splitlines()[-2:]]
+    assert header[:6] == ["PID", "GPU", "RESIDENT", "RESERVED", "WORKING", "SET"] and row[0] == str(m.pid), shown
     listed = json.loads(subprocess.run([*GPUOS, "mem", "groups", "--json"], env=libgpuos_env, capture_output=True,
                                        text=True, check=True).stdout)["groups"]
     assert {"group": group, "limit": 12 * MIB, "members": [m.pid]}.items() <= \
