@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import asdict
 
 import pytest
 from gpu_needs import torch_gpu_marks
 
-from gpuos.movable.share import group_path
+from gpuos.errors import GpuosError
+from gpuos.movable.share import group_path, read_group
 from gpuos.workloads.run import last_json_object, private_caches, run, run_polling_mem_stats, suite_cmd, under_gpuos
 
 
@@ -74,8 +76,10 @@ def test_oversubscribed_workload_is_bit_identical(workload, tmp_path):
 
 def test_a_group_of_processes_shares_one_pool_bit_identically(tmp_path):
     """The three workloads at once in one `--share` group whose pool is two thirds of the
-    sum of their peaks: each takes its turn on the GPU, the one whose turn it is makes the
-    others evict, and every checksum equals its plain run's."""
+    sum of their peaks: they take turns on the GPU (those whose working sets fit together,
+    together), those whose turn it is make the others evict, and every checksum equals its
+    plain run's.  The group's own figures (switches, admissions beside a holder) are
+    recorded."""
     env = dict(os.environ, **private_caches(tmp_path / "caches"))
     refs, peaks = {}, 0
     for w, args in WORKLOADS.items():
@@ -92,14 +96,30 @@ def test_a_group_of_processes_shares_one_pool_bit_identically(tmp_path):
                                                    "--gpu-memory", str(limit), "--slice", "500"),
                                        timeout=900, env=env)
 
+    seen: dict = {}
+    done = threading.Event()
+
+    def watch() -> None:  # the group's own figures (switches, admissions), while it has members
+        while not done.is_set():
+            try:
+                seen["group"] = asdict(read_group(group))
+            except GpuosError:
+                pass
+            time.sleep(0.2)
+
     threads = [threading.Thread(target=member, args=(w,)) for w in WORKLOADS]
+    watcher = threading.Thread(target=watch)
     try:
+        watcher.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
+        done.set()
+        watcher.join()
         group_path(group).unlink(missing_ok=True)
+    record({"group": group, "group_stats": seen.get("group")})
     for w, (fin, last) in got.items():
         assert fin.returncode == 0, fin.describe()
         res = last_json_object(fin.stdout)
