@@ -38,7 +38,8 @@
  *     it: no other member takes it meanwhile.  A member beside the holder that still
  *     lacks room (its working
  *     set grew) leaves the set (steps_aside) and waits for a turn of its own.  No two
- *     askers ask each other, so none waits for another's evictions in a cycle.
+ *     askers ask each other, and one beside the holder waits only for evictions by
+ *     members outside the set, so none waits for another's evictions in a cycle.
  *   - A member that exits leaves: its slot is freed and its bytes subtracted; the last
  *     one removes the file (under the flock; a joiner that opened it before checks,
  *     under the flock, that it is still the file at that path).  A member

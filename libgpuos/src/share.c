@@ -627,6 +627,19 @@ void gpuos_share_reserved(int64_t delta)
 	gunlock(g);
 }
 
+/* Whether an eviction this member's ask may wait for is under way: any other member's
+ * for the holder; for a member beside it, only those outside the set (two members
+ * beside the holder, each waiting for the other's eviction with its own lock held,
+ * would hold each other until ASK_TIMEOUT_NS: the release thread needs that lock). */
+static int waits_on(const struct gpuos_share *g)
+{
+	int holder = g->holder == S.me;
+	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
+		if (i != S.me && g->m[i].pid && g->m[i].release && (holder || !in_set(g, i)))
+			return 1;
+	return 0;
+}
+
 int gpuos_share_ask(uint64_t excess, uint64_t want)
 {
 	struct gpuos_share *g = S.g;
@@ -666,9 +679,7 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 			asked += take;
 		}
 	}
-	int pending = 0; /* evictions another of the set asked for free room too */
-	for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
-		pending |= i != S.me && g->m[i].pid && g->m[i].release;
+	int pending = waits_on(g); /* evictions another of the set asked for free room too */
 	if (!asked && !pending) {
 		gunlock(g);
 		return 0;
@@ -676,9 +687,7 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 	gwake(g);
 	uint64_t deadline = gpuos_now_ns() + ASK_TIMEOUT_NS;
 	for (;;) {
-		pending = 0;
-		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++)
-			pending |= i != S.me && g->m[i].pid && g->m[i].release;
+		pending = waits_on(g);
 		if (!pending || used(g) + want <= g->limit || gpuos_now_ns() >= deadline)
 			break;
 		gwait(g, POLL_NS);
