@@ -782,14 +782,14 @@ static CUresult bring_in(int *need_turn)
 	uint64_t turn = 0, ctx = gpuos_current_ctx();
 	if (R.turn_begins) {
 		R.turn_begins = 0;
-		/* this member's working set for the group: what its calls needed since the
-		 * turn before its last began (the next holder admits it beside itself by that;
-		 * two turns, as one may have been cut short) */
+		/* (only members of a group begin turns) this member's working set for the
+		 * group: what its calls needed since the turn before its last began (the next
+		 * holder admits it beside itself by that; two turns, as one may have been cut
+		 * short) */
 		uint64_t used = 0;
-		for (size_t i = 0; R.shared && i < R.n; i++)
+		for (size_t i = 0; i < R.n; i++)
 			used += R.v[i].nuse && R.v[i].tick >= R.turn_tick_before ? R.v[i].size : 0;
-		if (R.shared)
-			gpuos_share_working_set(used);
+		gpuos_share_working_set(used);
 		/* only while it pays: batches whose memory is evicted again unused (a turn
 		 * that does not use what the last one did) stop them */
 		int pays = R.st.ahead_unused <= R.st.ahead_hits + TURN_TRIES;

@@ -160,8 +160,8 @@ def _check_cpu_list(text: str) -> None:
               help="Join group NAME: processes that share one pool of --gpu-memory LIMIT bytes. "
                    "They run side by side while their memory fits together, and take turns on the "
                    "GPU (--slice) when it does not, a turn taken by the members whose working sets fit "
-                   "together; those whose turn it is make the others evict first. The first member sets LIMIT; later ones may leave --gpu-memory out "
-                   "(or must give the same). A process that exits or dies gives its memory back. "
+                   "together; those whose turn it is make the others evict first. The first member sets "
+                   "LIMIT; later ones may leave --gpu-memory out (or must give the same). A process that exits or dies gives its memory back. "
                    "`gpuos mem stats NAME` shows the group.")
 @click.option("--slice", "slice_ms", type=click.IntRange(1, 3_600_000), metavar="MS",
               help="With --share, for a new group: how long a process keeps the GPU's turn while "

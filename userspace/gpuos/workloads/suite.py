@@ -23,6 +23,10 @@ them (noop-launch: after each block of STEP_LOG_LAUNCHES launches), and whether 
 that starts at the mark ran with libgpuos's recording paused.  ``--toggle-recording K``
 (under `gpuos run`) pauses and resumes that recording every K steps, between two steps:
 the paired benchmark compares neighbouring steps recorded and not.
+
+``--start-gate DIR`` is for processes timed together (bench/oversub.py's groups): after
+the warmup, the process creates DIR/ready-PID and times its steps only once DIR/go
+exists (at most GATE_TIMEOUT_S later).
 """
 
 from __future__ import annotations
