@@ -30,6 +30,11 @@ still start runs alone; the JSON's started_together says whether all reached the
   ideal       the same processes at once, each with the GPU's whole memory as its limit
               (nothing checked or moved): each one's items per second, and the sum of
               their peaks
+  one at a time  each process alone, the whole GPU its own, one after another: the
+              ideal's time over the sum of theirs is what a scheduler that runs one
+              process at a time could reach at best (the members of a group share the
+              GPU's compute in the ideal; a pool that holds only some of them at once
+              gives that up)
   per pressure P: one pool of sum-of-peaks * 100 / P, time slices of --slice ms, each
               process evicting by LRU (reactive) or by its learned sequence (proactive);
               in both the process whose turn it is makes the others evict first.  The
@@ -49,7 +54,7 @@ the GPU; MSched measured demand paging at about 0.12 GB/s against 41.7 GB/s for 
 transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
-                             [--pressures 100,150,200,300] [--slice 1000] [--repeat 3]
+                             [--pressures 100,150,200,300] [--slice 1000] [--repeat 3] [--steps-times 1]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -287,20 +292,33 @@ def median_run(runs: list[dict]) -> dict:
     return pick
 
 
-def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, repeat: int) -> dict:
+def longer(args: list[str], times: int) -> list[str]:
+    """A member's arguments with its timed steps multiplied."""
+    at = args.index("--steps") + 1
+    return [*args[:at], str(int(args[at]) * times), *args[at + 1:]]
+
+
+def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, repeat: int,
+              steps_times: int = 1) -> dict:
     """Every cell (and the ideal) run `repeat` times, the median kept: single runs of a
     group disagreed by up to 2x on an H100, more than the effects measured."""
-    members = GROUPS[name]
+    members = [(w, longer(args, steps_times)) for w, args in GROUPS[name]]
     # each alone with the whole GPU as its limit: nothing checked or moved, its peak counted
     ideal = median_run([run_members(members, ["--gpu-memory", str(gpu_bytes)], None) for _ in range(repeat)])
     if any("items_per_s" not in m for m in ideal["members"]):
         raise RuntimeError(f"{name}: the ideal run failed: {ideal}")
     peak = sum(m["stats"]["reserved_peak"] for m in ideal["members"])
     total = ideal["items_per_s"]
+    alone = [run_members([m], ["--gpu-memory", str(gpu_bytes)], None)["members"][0] for m in members]
+    ideal_s = sum(m["items"] for m in ideal["members"]) / total
+    one_at_a_time = (ideal_s / sum(m["seconds"] for m in alone)
+                     if all("seconds" in m for m in alone) else None)
     row = {"group": name, "members": [w for w, _ in members], "ideal": ideal, "peak_reserved": peak,
-           "ideal_items_per_s": total, "slice_ms": slice_ms, "repeat": repeat, "pressures": []}
+           "ideal_items_per_s": total, "alone": alone, "one_at_a_time": one_at_a_time,
+           "slice_ms": slice_ms, "repeat": repeat, "steps_times": steps_times, "pressures": []}
     print(f"{name}: ideal {total:.1f} items/s in all (runs {ideal['items_per_s_runs']}), "
-          f"peaks {peak / 2**30:.2f} GiB", flush=True)
+          f"peaks {peak / 2**30:.2f} GiB; one at a time: "
+          + (f"{one_at_a_time:.1%} of the ideal" if one_at_a_time else "a member failed alone"), flush=True)
     for p in pressures:
         limit = peak * 100 // p
         cell = {"pressure": p, "limit": limit}
@@ -367,6 +385,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each group cell and of its ideal; the median is kept (all are in the JSON)")
     ap.add_argument("--pressures", default="100,150,200,300")
+    ap.add_argument("--steps-times", type=int, default=1,
+                    help="the groups' timed steps multiplied: longer runs amortize the turns' start")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
@@ -381,7 +401,8 @@ def main() -> None:
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []
     for g in filter(None, args.groups.split(",")):
-        result["groups"].append(run_group(g, pressures, args.slice, result["gpu_memory_total"], args.repeat))
+        result["groups"].append(run_group(g, pressures, args.slice, result["gpu_memory_total"], args.repeat,
+                                           args.steps_times))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{g} done; wrote {path}", flush=True)
     print(markdown(result))

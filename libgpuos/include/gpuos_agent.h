@@ -186,6 +186,8 @@ struct gpuos_res_stats {
 	uint64_t ahead_hits;     /* allocations a call found brought in ahead for it */
 	uint64_t ahead_unused;   /* ... evicted again before any call used them */
 	uint64_t ahead_waits;    /* calls that waited for a copy ahead still running */
+	uint64_t host_prepared;  /* bytes of pinned host memory made for evictions before any
+				  * needed it (resident.c: pinning runs at the kernel's page speed) */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

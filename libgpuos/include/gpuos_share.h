@@ -60,7 +60,7 @@
 #include "gpuos_agent.h" /* GPUOS_STALL_BUCKETS */
 
 #define GPUOS_SHARE_MAGIC 0x45524853u /* "SHRE", written last at creation */
-#define GPUOS_SHARE_VERSION 2u
+#define GPUOS_SHARE_VERSION 3u
 #define GPUOS_SHARE_MEMBERS 64
 #define GPUOS_SHARE_NAME_MAX 64
 #define GPUOS_SHARE_PATH "/dev/shm/gpuos-share-" /* + uid "-" name */
@@ -103,6 +103,7 @@ struct gpuos_share {
 	uint64_t beside_turns;    /* members admitted beside a holder, in all */
 	uint64_t claim;           /* bytes the holder asked others to make room for: no other
 				   * member may take them until the holder has (or its turn ends) */
+	uint64_t ask_timeouts;    /* asks whose evictions were not all done in ASK_TIMEOUT_NS */
 	uint64_t switch_hist[GPUOS_STALL_BUCKETS]; /* those first calls, by stall: [2^i, 2^(i+1)) us */
 	struct gpuos_share_member m[GPUOS_SHARE_MEMBERS];
 	pthread_mutex_t mu;

@@ -549,9 +549,9 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
 CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
 CUresult gpuos_res_need_all(const char *why);
 void gpuos_res_stats(struct gpuos_res_stats *out);
-/* Evict about `bytes` of this process's resident memory, another group member asking
- * (share.c's release thread); the bytes freed. */
-uint64_t gpuos_res_evict_for_others(uint64_t bytes);
+/* Evict what the group asked of this process (gpuos_share_release_asked), its lock taken
+ * (share.c's release thread; the process's own calls do it under the lock they hold). */
+void gpuos_res_evict_for_others(void);
 
 /* The bucket of a stall of `ns` in libgpuos's histograms (struct gpuos_res_stats'
  * stall_hist, struct gpuos_share's switch_hist): [2^i, 2^(i+1)) microseconds, the first
@@ -583,6 +583,8 @@ void gpuos_share_step_aside(void); /* beside the holder: leave its set */
 void gpuos_share_unclaim(void);    /* the holder gives up the room it asked for */
 void gpuos_share_working_set(uint64_t bytes);
 void gpuos_share_done(void); /* the call's memory is resident: no longer busy */
+uint64_t gpuos_share_release_asked(void); /* bytes the set asked this member to evict */
+void gpuos_share_released(uint64_t asked, uint64_t done); /* ... and what was */
 
 /* ---- agent.c ------------------------------------------------------------------------ */
 

@@ -20,7 +20,10 @@
  *
  * The release thread sleeps on the group's futex word until `release` is set on this
  * member, then evicts that much through resident.c (gpuos_res_evict_for_others), in
- * every context that has resident memory.  Only the turn's set asks, and its members
+ * every context that has resident memory.  The member's own calls do the same first
+ * thing if it is still asked (gpuos_share_release_asked): an application that launches
+ * without pause holds resident.c's lock nearly always, and the release thread, woken
+ * each time the lock is let go, lost it to the next call for seconds at a time.  Only the turn's set asks, and its members
  * never ask each other both ways (the holder asks those beside it, they never ask it),
  * so no two members wait for each other's evictions.
  */
@@ -157,16 +160,35 @@ static void *release_main(void *arg)
 			gwait(g, POLL_NS * 50);
 			continue;
 		}
-		uint64_t want = m->release;
 		gunlock(g);
-		uint64_t done = gpuos_res_evict_for_others(want);
+		gpuos_res_evict_for_others();
 		glock(g);
-		m->release -= want < m->release ? want : m->release; /* the holder may have asked more since */
-		m->released_bytes += done;
-		gwake(g);
 	}
 	gunlock(g);
 	return NULL;
+}
+
+/* Bytes the set asked this member to evict, not done yet (0: none).  Read without the
+ * group's lock at every call: a hint, checked again under it. */
+uint64_t gpuos_share_release_asked(void)
+{
+	struct gpuos_share *g = S.g;
+	return g ? __atomic_load_n(&g->m[S.me].release, __ATOMIC_RELAXED) : 0;
+}
+
+/* `done` bytes evicted for an ask of `asked` (the set may have asked more since). */
+void gpuos_share_released(uint64_t asked, uint64_t done)
+{
+	struct gpuos_share *g = S.g;
+	if (!g)
+		return;
+	glock(g);
+	struct gpuos_share_member *m = &g->m[S.me];
+	uint64_t left = m->release;
+	__atomic_store_n(&m->release, left - (asked < left ? asked : left), __ATOMIC_RELAXED);
+	m->released_bytes += done;
+	gwake(g);
+	gunlock(g);
 }
 
 /* ---- joining and leaving ------------------------------------------------------------------- */
@@ -693,6 +715,7 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 		gwait(g, POLL_NS);
 		reap(g);
 	}
+	g->ask_timeouts += pending && used(g) + want > g->limit;
 	int progress = g->resident < before || used(g) + want <= g->limit;
 	gunlock(g);
 	return progress;

@@ -26,6 +26,9 @@
  *                                         allocations 0 and 1 (6 MiB) and blocks that read
  *                                         them all, one after the other: a working set
  *                                         that grows and shrinks
+ *   t_resident STOP ROUNDS SEED small     as read, allocations 0 and 1 only (6 MiB): an
+ *                                         application that launches without pause on
+ *                                         memory that stays resident
  *   t_resident STOP ROUNDS SEED threads   4 threads at once, each with two 2 MiB
  *                                         allocations of its own and their host copies:
  *                                         ROUNDS launches y += a * x between them, every 5th
@@ -223,9 +226,10 @@ int main(int argc, char **argv)
 		return printf("ok opaque\n"), 0;
 	}
 	int phases = argc > 4 && !strcmp(argv[4], "phases");
-	int read = phases || (argc > 4 && !strcmp(argv[4], "read"));
+	int small = argc > 4 && !strcmp(argv[4], "small");
+	int read = phases || small || (argc > 4 && !strcmp(argv[4], "read"));
 	for (int r = 0; read && r < rounds; r++)
-		for (int x = 0; x + 1 < (phases && (r / PHASE) % 2 == 0 ? 3 : (int)N); x++)
+		for (int x = 0; x + 1 < (small || (phases && (r / PHASE) % 2 == 0) ? 3 : (int)N); x++)
 			if (launch_saxpy((float)(rand() % 5 - 2) / 4.0f, x, (int)N - 1, nfloats((int)N - 1)))
 				return 1;
 	int cycle = argc > 4 && !strcmp(argv[4], "cycle");

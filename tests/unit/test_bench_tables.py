@@ -210,3 +210,11 @@ def test_a_member_that_ends_before_the_gate_does_not_hold_the_others(fake_member
     out = fake_members.run_members([("0", []), ("fail", [])], [], None)
     assert time.monotonic() - t0 < 60 and out["started_together"] is False
     assert [m["returncode"] for m in out["members"]] == [0, 3] and "items_per_s" not in out
+
+
+def test_a_group_runs_longer_by_its_steps_alone():
+    import oversub
+
+    args = ["--layers", "8", "--steps", "30", "--warmup", "3"]
+    assert oversub.longer(args, 4) == ["--layers", "8", "--steps", "120", "--warmup", "3"]
+    assert oversub.longer(args, 1) == args

@@ -50,6 +50,8 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
         assert st["launches"] > 0 and st["over_limit"] == 0 and st["need_all"] == 0
         assert st["stall_ns"] >= st["in_ns"] + st["out_ns"] > 0
         assert sum(st["stall_hist"]) == st["calls_swapped"] and st["stall_p99_us"] >= 1
+        # host memory pinned ahead by its own thread (an eviction that came first makes its own)
+        assert 0 < st["host_prepared"] <= RESERVED and st["pageable_hosts"] == 0
     finally:
         rc = app.finish()[0]
     assert rc == 0
@@ -123,6 +125,7 @@ def test_while_everything_fits_nothing_is_checked(libgpuos_build, libgpuos_env, 
         st = app.stats(libgpuos_env)
         assert st["resident_bytes"] == st["reserved_bytes"] == RESERVED
         assert st["launches"] == 0 and st["calls_swapped"] == 0 and st["evictions"] == 0
+        assert st["host_prepared"] == 0  # no host memory pinned for evictions that cannot come
     finally:
         assert app.finish()[0] == 0
 

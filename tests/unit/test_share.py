@@ -74,6 +74,7 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
         t.join()
         results = [m.finish() for m in members]
     assert all(rc == 0 for rc, _ in results), results
+    assert g["ask_timeouts"] == 0, g  # a member asked to evict did within the ask's time
     return own, g, seen
 
 
@@ -158,6 +159,21 @@ def test_a_member_whose_working_set_grows_beside_the_holder_steps_aside(libgpuos
     else:
         pytest.fail(f"no member stepped aside in 8 runs; the last: {g}")
     assert all(m["beside_slices"] >= m["steps_aside"] for m in g["members"]), g
+
+
+def test_a_member_that_launches_without_pause_evicts_when_asked(libgpuos_build, libgpuos_env, tmp_path, group):
+    """A member launching without pause on 6 MiB that stays resident (t_resident small)
+    and a reader of 22 MiB in a 24 MiB pool: the reader's turns need some of the first
+    one's memory.  Its launches hold libgpuos's lock nearly always, so its release thread
+    alone could wait for it for seconds; its calls evict what was asked first.  Every ask
+    is answered within its time (run_watched checks), both exact."""
+    t0 = time.monotonic()
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "24M", 5, 20000, 71,
+                               [("small",), ("read",)])
+    spinner = next(m for m in g["members"] if m["pid"] == own[0]["pid"])
+    assert spinner["released_bytes"] > 0, g  # it was asked, and evicted
+    assert seen["max"] <= 24 * MIB and all(st["over_limit"] == 0 for st in own), own
+    print(f"{time.monotonic() - t0:.1f} s, asks timed out {g['ask_timeouts']}")
 
 
 def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, tmp_path, group):

@@ -69,6 +69,8 @@ def stats_cmd(target: str, as_json: bool) -> None:
         ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],
         ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
         ["not copied out (unchanged)", human_bytes(st.clean_bytes)],
+        ["host memory pinned ahead", f"{human_bytes(st.host_prepared)} (before any eviction needed it)"
+         + (f"; {st.pageable_hosts} allocations pageable (could not be pinned)" if st.pageable_hosts else "")],
         ["copied in ahead of use", f"{human_bytes(st.ahead_bytes)}; {st.ahead_hits} found by their call "
                                    f"({st.ahead_waits} waited for the copy), {st.ahead_unused} evicted unused"],
         ["launches checked", str(st.launches)],
@@ -103,6 +105,7 @@ def _group_stats(g: GroupStats, as_json: bool) -> None:
         ["turns shared", f"{g.beside_turns} admissions beside a holder (members whose working sets fit "
                          f"together take their turns together)"],
         ["members that died", str(g.reaped)],
+        ["asks timed out", f"{g.ask_timeouts} (a member asked to evict that did not within 10 s)"],
     ]).split("\n", 1)[1])
     click.echo(table(["PID", "GPU", "RESIDENT", "RESERVED", "WORKING SET", "SLICES", "BESIDE", "HELD", "WAITED",
                       "EVICTED FOR OTHERS"],

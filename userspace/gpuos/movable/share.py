@@ -15,9 +15,9 @@ from .agent import STALL_BUCKETS, log2_hist_percentile
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 MAGIC = 0x45524853  # GPUOS_SHARE_MAGIC
-VERSION = 2
+VERSION = 3
 MEMBERS = 64
-HEADER = struct.Struct("<IIIi9Q" + "Q" * STALL_BUCKETS)
+HEADER = struct.Struct("<IIIi10Q" + "Q" * STALL_BUCKETS)
 MEMBER = struct.Struct("<IHH11QII")
 SHM_DIR = Path("/dev/shm")
 
@@ -62,6 +62,7 @@ class GroupStats:
     switch_ns: int  # from each switch until the new holder's first call had its memory resident, in all
     reaped: int  # members found dead
     beside_turns: int  # members admitted to a turn beside its holder, in all
+    ask_timeouts: int  # asks to evict not all done within libgpuos's 10 s (a stuck member)
     switch_hist: tuple[int, ...]  # those first calls by stall: [2^i, 2^(i+1)) microseconds
     members: tuple[Member, ...]
 
@@ -92,7 +93,7 @@ def read_group(name: str) -> GroupStats:
         raise GpuosError(f"{path} is not a gpuos group file")
     head = HEADER.unpack_from(raw)
     magic, version, size, holder, limit, slice_ns, resident, _held_since, switches, switch_ns, reaped, beside_turns, \
-        _claim = head[:13]
+        _claim, ask_timeouts = head[:14]
     if magic != MAGIC or version != VERSION or size != len(raw):
         raise GpuosError(f"{path} was made by another version of gpuos (or is not a group file)")
     members = []
@@ -107,7 +108,8 @@ def read_group(name: str) -> GroupStats:
     if not members:
         raise NoSuchGroup(f"group {name!r} has no members now")
     return GroupStats(name=name, limit=limit, slice_ns=slice_ns, resident=resident, switches=switches,
-                      switch_ns=switch_ns, reaped=reaped, beside_turns=beside_turns, switch_hist=tuple(head[13:]),
+                      switch_ns=switch_ns, reaped=reaped, beside_turns=beside_turns, ask_timeouts=ask_timeouts,
+                      switch_hist=tuple(head[14:]),
                       members=tuple(members))
 
 

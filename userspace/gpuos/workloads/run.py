@@ -172,8 +172,8 @@ def run_polling_mem_stats(cmd: Sequence[str], timeout: float, env: dict[str, str
             try:
                 with Agent(app, timeout=10) as agent:
                     last = agent.mem_stats()
-            except AgentError:
-                pass
+            except (AgentError, OSError):
+                pass  # gone, or its lock held longer than the timeout: the next look, or the last figures
         timed_out = proc.poll() is None
         if timed_out:
             kill_tree(proc.pid)
