@@ -354,19 +354,23 @@ def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, re
 
 
 def group_markdown(result: dict) -> str:
-    lines = ["| group | pressure | reactive (LRU) of ideal | proactive (learned) of ideal | checksums equal "
+    lines = ["| group | pressure | reactive (LRU) of ideal | proactive (learned) of ideal "
+             "| one process at a time, of ideal | checksums equal "
              "| moved in, reactive / proactive | copy-in rate | switches | admitted beside a holder "
              "| from a switch to the first call's memory in, mean / p99 below |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result.get("groups", []):
+        alone = f"{row['one_at_a_time']:.1%}" if row.get("one_at_a_time") else "-"
         for cell in row["pressures"]:
             r, f = cell["reactive"], cell["proactive"]
             if "relative" not in r or "relative" not in f:
                 why = lambda c: next((failure(m) for m in c["members"] if "error" in m), "-")  # noqa: E731
-                lines.append(f"| {row['group']} | {cell['pressure']}% | {why(r)} | {why(f)} | - | - | - | - | - | - |")
+                lines.append(f"| {row['group']} | {cell['pressure']}% | {why(r)} | {why(f)} | {alone} "
+                             "| - | - | - | - | - | - |")
                 continue
             rate = f.get("in_GBps")
             lines.append(f"| {row['group']} | {cell['pressure']}% | {r['relative']:.1%} | {f['relative']:.1%} "
+                         f"| {alone} "
                          f"| {r['checksums_equal'] and f['checksums_equal']} "
                          f"| {r['bytes_in'] / 1e9:.1f} / {f['bytes_in'] / 1e9:.1f} GB | "
                          + (f"{rate:.1f} GB/s" if rate else "-")

@@ -218,3 +218,14 @@ def test_a_group_runs_longer_by_its_steps_alone():
     args = ["--layers", "8", "--steps", "30", "--warmup", "3"]
     assert oversub.longer(args, 4) == ["--layers", "8", "--steps", "120", "--warmup", "3"]
     assert oversub.longer(args, 1) == args
+
+
+def test_the_group_table_shows_the_one_at_a_time_bound():
+    import oversub
+
+    cell = {"relative": 0.5, "checksums_equal": True, "bytes_in": 2e9, "in_GBps": 40.0, "switch_mean_ms": 10.0,
+            "switch_p99_ms": 20.0, "group": {"switches": 3, "beside_turns": 1}}
+    row = {"group": "g", "one_at_a_time": 0.42, "pressures": [{"pressure": 150, "reactive": cell, "proactive": cell}]}
+    lines = oversub.group_markdown({"groups": [row]}).splitlines()
+    assert len({line.count("|") for line in lines}) == 1, lines  # every row as wide as the header
+    assert lines[2].startswith("| g | 150% | 50.0% | 50.0% | 42.0% | True | 2.0 / 2.0 GB | 40.0 GB/s | 3 | 1 |")
