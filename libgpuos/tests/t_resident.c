@@ -200,6 +200,20 @@ int main(int argc, char **argv)
 			host[i][k] = (float)((rand() % 2001) - 1000) / 64.0f;
 		CK(cuMemcpyHtoD(dev[i], host[i], sizes[i]));
 	}
+	/* T_RESIDENT_GATE=DIR: DIR/ready-PID made, then DIR/go waited for (at most 120 s):
+	 * the members of a group test begin their rounds together, however long their
+	 * start-ups took on a loaded machine */
+	const char *gate = getenv("T_RESIDENT_GATE");
+	if (gate && *gate) {
+		char path[4096];
+		snprintf(path, sizeof path, "%s/ready-%d", gate, (int)getpid());
+		FILE *f = fopen(path, "w");
+		if (f)
+			fclose(f);
+		snprintf(path, sizeof path, "%s/go", gate);
+		for (int waited = 0; access(path, F_OK) && waited < 12000; waited++)
+			usleep(10000);
+	}
 	if (argc > 4 && !strcmp(argv[4], "big")) {
 		/* 6 MiB + 4 MiB with a limit below 10 MiB: both cannot be resident at once */
 		float a = 1.0f;

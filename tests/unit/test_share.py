@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,7 +41,8 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
 
 def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
                 seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
-    """Members at once (one per mode), the group's file sampled every 2 ms meanwhile:
+    """Members at once (one per mode), beginning their rounds together once all have
+    started, the group's file sampled every 2 ms meanwhile:
     each one's stats, the group's at the end, and what the samples saw (the most
     resident bytes; the most members in a turn's set at once)."""
     seen = {"max": 0, "samples": 0, "set": 0}
@@ -61,10 +63,17 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     t = threading.Thread(target=sample)
     t.start()
     members: list[ResidentApp] = []
+    gate = Path(tempfile.mkdtemp(dir=tmp, prefix="gate-"))  # T_RESIDENT_GATE: all begin their rounds together
     try:
         for i, mode in enumerate(modes):
-            members.append(Member(build, env, tmp / f"m{i}", ["--share", group, "--gpu-memory", limit, "--slice",
-                                                             str(slice_ms)], rounds, seed + i, *mode))
+            members.append(Member(build, {**env, "T_RESIDENT_GATE": str(gate)}, tmp / f"m{i}",
+                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)], rounds,
+                                  seed + i, *mode))
+        deadline = time.monotonic() + 120
+        while (len(list(gate.glob("ready-*"))) < len(members) and time.monotonic() < deadline
+               and all(m.proc.poll() is None for m in members)):
+            time.sleep(0.01)
+        (gate / "go").touch()
         for m in members:
             m.wait_ok()
         g = stats(env, group)
