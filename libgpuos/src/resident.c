@@ -61,8 +61,10 @@
  * pages (1.3-2 GB/s in the GPU machines' VMs): a member of a group that had never been
  * evicted took 6 s to pin the host copy of 15 GB while the member whose turn it was
  * waited.  Once the process is oversubscribed (or in a group), a thread of its own pins
- * host memory for every allocation that has none, outside the lock, huge pages asked for
- * (several times faster to fault in), and hands it over; host_prepared counts it.  An
+ * host memory for allocations that have none, outside the lock, huge pages asked for
+ * (several times faster to fault in), and hands it over; host_prepared counts it.  Alone,
+ * until the allocations with host memory cover the excess over the limit; in a group,
+ * all of them.  An
  * eviction that finds none pins its own as before.
  *
  * Only what changed is copied out.  A victim is hashed on the GPU first (fingerprint.cu:
@@ -507,10 +509,18 @@ static void *prepare_main(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
 	pthread_mutex_lock(&R.mu);
 	for (;;) {
+		/* Alone, at most the excess over the limit is evicted at once: that much host
+		 * memory, not the whole footprint (pinned memory cannot be swapped: a process
+		 * of 80 GB under a 75 GB limit pins 5 GB ahead, not 80).  In a group, all of a
+		 * member's memory may have to leave for another's turn. */
+		uint64_t hosted = 0, need = R.shared ? R.st.reserved_bytes
+				  : R.st.reserved_bytes > R.limit ? R.st.reserved_bytes - R.limit : 0;
 		struct res *r = NULL;
-		for (size_t i = 0; !r && i < R.n; i++)
-			r = R.v[i].host ? NULL : &R.v[i];
-		if (!r) {
+		for (size_t i = 0; i < R.n; i++) {
+			hosted += R.v[i].host ? R.v[i].size : 0;
+			r = r || R.v[i].host ? r : &R.v[i];
+		}
+		if (!r || hosted >= need) {
 			pthread_cond_wait(&R.prepare, &R.mu);
 			continue;
 		}

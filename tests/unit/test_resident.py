@@ -50,8 +50,10 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
         assert st["launches"] > 0 and st["over_limit"] == 0 and st["need_all"] == 0
         assert st["stall_ns"] >= st["in_ns"] + st["out_ns"] > 0
         assert sum(st["stall_hist"]) == st["calls_swapped"] and st["stall_p99_us"] >= 1
-        # host memory pinned ahead by its own thread (an eviction that came first makes its own)
-        assert 0 < st["host_prepared"] <= RESERVED and st["pageable_hosts"] == 0
+        # host memory pinned ahead by its own thread (an eviction that came first makes its
+        # own), until the allocations with host memory cover the excess over the limit
+        # (10 MiB): allocations of 2-8 MiB get there with 16 MiB at most, not all 22
+        assert 0 < st["host_prepared"] <= 16 * MIB and st["pageable_hosts"] == 0
     finally:
         rc = app.finish()[0]
     assert rc == 0
