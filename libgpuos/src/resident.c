@@ -64,8 +64,7 @@
  * host memory for allocations that have none, outside the lock, huge pages asked for
  * (several times faster to fault in), and hands it over; host_prepared counts it.  Alone,
  * until the allocations with host memory cover the excess over the limit; in a group,
- * all of them.  An
- * eviction that finds none pins its own as before.
+ * all of them.  An eviction that finds none pins its own as before.
  *
  * Only what changed is copied out.  A victim is hashed on the GPU first (fingerprint.cu:
  * 64 bits per 4 KiB chunk, at memory speed, far above the copy's), and the hashes are

@@ -23,9 +23,10 @@
  * every context that has resident memory.  The member's own calls do the same first
  * thing if it is still asked (gpuos_share_release_asked): an application that launches
  * without pause holds resident.c's lock nearly always, and the release thread, woken
- * each time the lock is let go, lost it to the next call for seconds at a time.  Only the turn's set asks, and its members
- * never ask each other both ways (the holder asks those beside it, they never ask it),
- * so no two members wait for each other's evictions.
+ * each time the lock is let go, can lose it to the next call for seconds at a time.
+ * Only the turn's set asks, and its members never ask each other both ways (the holder
+ * asks those beside it, they never ask it), so no two members wait for each other's
+ * evictions.
  */
 #include <errno.h>
 #include <fcntl.h>
