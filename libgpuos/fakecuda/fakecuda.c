@@ -41,7 +41,7 @@
 	X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2) \
 	X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuCtxGetApiVersion) X(cuCtxGetId) X(cuGetErrorName) \
 	X(cuGetErrorString) X(cuGetProcAddress) X(cuGetProcAddress_v2) \
-	X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemFree_v2) X(cuMemAllocManaged) \
+	X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemPrefetchAsync_v2) \
 	X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister_v2) \
 	X(cuMemHostUnregister) X(cuMemHostGetDevicePointer_v2) X(cuMemAllocAsync) \
 	X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
@@ -562,6 +562,18 @@ static CUresult addr_range(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p)
 		*pbase = a->base;
 	if (psize)
 		*psize = a->size;
+	return CUDA_SUCCESS;
+}
+
+/* Managed memory lives in host memory here: a prefetch only checks its arguments. */
+static CUresult prefetch(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags)
+{
+	struct alloc *a = al_find(p);
+	NEED_CTX();
+	if (flags || (loc.type != CU_MEM_LOCATION_TYPE_HOST && loc.type != CU_MEM_LOCATION_TYPE_DEVICE))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!a || a->kind != A_MANAGED || p + n > a->base + a->size)
+		return CUDA_ERROR_INVALID_VALUE;
 	return CUDA_SUCCESS;
 }
 
@@ -2464,6 +2476,8 @@ API(cuMemFree_v2, (CUdeviceptr d), mem_free(d))
 API(cuMemAllocManaged, (CUdeviceptr *d, size_t n, unsigned int flags),
     (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) ? CUDA_ERROR_INVALID_VALUE
 								     : mem_alloc(d, n, A_MANAGED))
+API(cuMemPrefetchAsync_v2, (CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s),
+    ((void)s, prefetch(p, n, loc, flags)))
 API(cuMemAllocHost_v2, (void **pp, size_t n), host_alloc(pp, n, 0))
 API(cuMemHostAlloc, (void **pp, size_t n, unsigned int flags), host_alloc(pp, n, flags))
 API(cuMemFreeHost, (void *p), host_free(p))

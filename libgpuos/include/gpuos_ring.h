@@ -70,6 +70,12 @@
  *               the raw parameters of a launch whose kernel name matched
  *               GPUOS_DUMP_PARAMS (`gpuos run --dump-params`), to study a blind spot.
  *               It precedes the launch's LAUNCH record and carries the same seq.
+ *   TOUCHED     struct gpuos_rec_touched + nrun * struct gpuos_rec_run: the pages one
+ *               launch touched, measured from the GPU faults of the process's VA space
+ *               (GPUOS_VALIDATE=touched, `gpuos run --record-touched`; touched.c).  Only
+ *               allocations whose ALLOC record has GPUOS_ALLOC_F_MEASURED are measured.
+ *               Comes with the launch's VALIDATE record, whose "changed" bytes are then
+ *               the touched ones; records of one launch share its seq, in no set order.
  */
 #ifndef GPUOS_RING_H
 #define GPUOS_RING_H
@@ -101,6 +107,7 @@ enum gpuos_track_state {
 
 /* hdr.flags */
 #define GPUOS_RING_VALIDATE (1u << 0) /* validation mode is on */
+#define GPUOS_RING_TOUCHED  (1u << 1) /* ... measuring what launches touch (GPUOS_VALIDATE=touched) */
 
 struct gpuos_ring_hdr {
 	uint64_t magic;
@@ -171,6 +178,7 @@ enum gpuos_rec_type {
 	GPUOS_REC_VALIDATE = 7,
 	GPUOS_REC_STATUS = 8,
 	GPUOS_REC_PARAMS = 9,
+	GPUOS_REC_TOUCHED = 10,
 };
 
 struct gpuos_rec_hdr {
@@ -198,6 +206,8 @@ enum gpuos_alloc_kind {
 
 /* gpuos_rec_hdr.flags of ALLOC and FREE */
 #define GPUOS_ALLOC_F_MOVABLE (1u << 0) /* movable memory: aux is its physical memory's handle */
+#define GPUOS_ALLOC_F_MEASURED (1u << 1) /* GPUOS_VALIDATE=touched: managed memory standing in for
+					  * cuMemAlloc's, so the launches' touches are measured */
 
 struct gpuos_rec_alloc {
 	struct gpuos_rec_hdr h;
@@ -333,6 +343,7 @@ enum gpuos_val_skip_reason {
 	GPUOS_VAL_SKIP_BUSY = 5,      /* another thread's operation held validation too long
 				       * (GPUOS_VAL_WAIT_MS): waiting could deadlock, since that
 				       * operation may be waiting for this one */
+	GPUOS_VAL_SKIP_NOT_MEASURED = 6, /* GPUOS_VALIDATE=touched measures launches only */
 };
 
 struct gpuos_rec_validate {
@@ -379,6 +390,39 @@ struct gpuos_rec_params {
 struct gpuos_rec_param {
 	uint32_t offset;   /* in the parameter buffer, as the driver's layout says */
 	uint32_t size;     /* bytes of this parameter that follow */
+};
+
+/* gpuos_rec_touched.h.flags: touches that may have gone unseen */
+#define GPUOS_TOUCHED_DROPPED (1u << 0) /* fault events were lost (a queue overflowed) */
+#define GPUOS_TOUCHED_REMOTE  (1u << 1) /* UVM mapped pages remotely or throttled them
+					 * (thrashing): they were touched without faulting */
+
+/* gpuos_rec_run.access: the accesses that faulted in the run */
+#define GPUOS_TOUCH_READ     (1u << 0)
+#define GPUOS_TOUCH_WRITE    (1u << 1)
+#define GPUOS_TOUCH_ATOMIC   (1u << 2)
+#define GPUOS_TOUCH_PREFETCH (1u << 3)
+
+#define GPUOS_TOUCH_PAGE 4096
+#define GPUOS_MAX_TOUCHED_RUNS 1024
+
+struct gpuos_rec_touched {
+	struct gpuos_rec_hdr h;
+	uint64_t seq;      /* the launch's */
+	uint64_t faults;   /* GPU fault events read for it (a page may fault more than once) */
+	uint64_t gap;      /* runs join faulted pages up to this many bytes apart (0: adjacent
+			    * only; raised until at most GPUOS_MAX_TOUCHED_RUNS runs remain) */
+	uint32_t func_id;
+	uint32_t nrun;     /* struct gpuos_rec_run entries that follow, by address */
+};
+
+/* Faulted 4 KiB pages from start to start + pages * 4096.  Within a 2 MiB-aligned VA
+ * block UVM migrates pages near a faulted one along with it, and those are then touched
+ * without a fault: the set of touched 2 MiB blocks is exact, the pages within are not. */
+struct gpuos_rec_run {
+	uint64_t start;
+	uint32_t pages;
+	uint32_t access;   /* GPUOS_TOUCH_* */
 };
 
 #define GPUOS_VALIDATE_CHUNK 4096

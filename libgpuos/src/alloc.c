@@ -26,7 +26,8 @@ void gpuos_alloc_record(uint16_t type, const struct gpuos_alloc *a, uint64_t str
 	r.aux = a->kind == GPUOS_ALLOC_VMM_MAP || a->kind == GPUOS_ALLOC_VMM_CREATE || movable ? a->aux : 0;
 	r.kind = a->kind;
 	r.device = a->device;
-	gpuos_ring_emit(type, movable ? GPUOS_ALLOC_F_MOVABLE : 0, &r, sizeof r, NULL, 0);
+	uint16_t flags = (movable ? GPUOS_ALLOC_F_MOVABLE : 0) | (a->flags & GPUOS_A_MEASURED ? GPUOS_ALLOC_F_MEASURED : 0);
+	gpuos_ring_emit(type, flags, &r, sizeof r, NULL, 0);
 	if (type == GPUOS_REC_ALLOC)
 		GPUOS_COUNT(n_allocs, 1);
 	else
@@ -82,6 +83,8 @@ static CUresult freed(struct gpuos_map *m, int had, const struct gpuos_alloc *a,
 	if (!had)
 		return r;
 	if (r == CUDA_SUCCESS) {
+		if (a->flags & GPUOS_A_MEASURED)
+			gpuos_touched_freed(a->end - a->base);
 		gpuos_alloc_record(GPUOS_REC_FREE, a, stream);
 	} else {
 		gpuos_write_lock_drained();
@@ -98,11 +101,17 @@ CUresult gpuos_h_mem_alloc(PFN_cuMemAlloc_v3020 real, int pt, CUdeviceptr *dptr,
 	(void)pt;
 	int on = gpuos_on();
 	struct gpuos_alloc a;
+	CUresult r;
+	if (on && dptr && gpuos_validating == GPUOS_VALIDATE_TOUCHED && gpuos_touched_alloc(dptr, bytesize, &r)) {
+		if (r == CUDA_SUCCESS)
+			add(GPUOS_ALLOC_DEVICE, GPUOS_A_DEVMEM | GPUOS_A_MEASURED, *dptr, bytesize, 0);
+		return r;
+	}
 	if (on && dptr && gpuos_movable_alloc(dptr, bytesize, &a)) {
 		insert(&a, 0);
 		return CUDA_SUCCESS;
 	}
-	CUresult r = real(dptr, bytesize);
+	r = real(dptr, bytesize);
 	if (on && r == CUDA_SUCCESS)
 		add(GPUOS_ALLOC_DEVICE, GPUOS_A_DEVMEM, *dptr, bytesize, 0);
 	return r;

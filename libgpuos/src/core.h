@@ -15,6 +15,10 @@
  *              launching thread
  *   resident.c GPU memory oversubscription (--gpu-memory): movable memory made resident
  *              before the calls that touch it
+ *   validate.c validation mode: predictions against what each operation changed (or,
+ *              GPUOS_VALIDATE=touched, touched)
+ *   touched.c  ... the touches, measured: managed memory for cuMemAlloc, a UVM event
+ *              tracker on the process's own VA space
  *
  * Every wrapper of the hook table calls a handler (HANDLER(real, pt, args...)): `real`
  * is the driver's entry point of exactly that exported symbol, `pt` is 1 for the
@@ -156,6 +160,10 @@ struct gpuos_drv {
 	PFN_cuEventRecord_v2000 event_record;
 	PFN_cuEventQuery_v2000 event_query;
 	PFN_cuEventSynchronize_v2000 event_sync;
+	/* measuring touches (touched.c, validate.c) */
+	PFN_cuMemAllocManaged_v6000 mem_alloc_managed;
+	PFN_cuMemGetInfo_v3020 mem_get_info;
+	PFN_cuMemPrefetchAsync_v12020 mem_prefetch;
 };
 extern struct gpuos_drv gpuos_drv;
 
@@ -181,7 +189,9 @@ struct gpuos_hot {
 } __attribute__((aligned(128)));
 extern struct gpuos_hot gpuos_hot;
 extern const uint32_t gpuos_not_paused; /* a constant 0 */
-extern int gpuos_validating; /* GPUOS_VALIDATE=1 and tracking started */
+/* GPUOS_VALIDATE=1 (or =touched: GPUOS_VALIDATE_TOUCHED) and tracking started */
+extern int gpuos_validating;
+#define GPUOS_VALIDATE_TOUCHED 2
 int gpuos_start(void);
 
 /* Is tracking on?  Starts it at the first call of a process (or of a forked child). */
@@ -265,6 +275,7 @@ extern gpuos_alone_rwlock_t gpuos_lock;
 #define GPUOS_A_HOST 2u
 #define GPUOS_A_DEVMEM 4u /* plain device memory the validator can fingerprint */
 #define GPUOS_A_MOVABLE 8u /* movable memory (memory.c): aux is its physical memory's handle */
+#define GPUOS_A_MEASURED 16u /* managed memory standing in for cuMemAlloc's (touched.c) */
 
 struct gpuos_alloc {
 	uint64_t base, end;
@@ -459,6 +470,30 @@ unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block);
  * after the free). */
 CUresult gpuos_own_dev_alloc(CUdeviceptr *p, size_t bytes);
 void gpuos_own_dev_free(CUdeviceptr *p, size_t bytes);
+
+/* ---- touched.c: what launches touch, measured (GPUOS_VALIDATE=touched) --------------- */
+
+struct gpuos_touch_page {
+	uint64_t page;   /* GPUOS_TOUCH_PAGE-aligned */
+	uint32_t access; /* GPUOS_TOUCH_* */
+};
+struct gpuos_touch_pages {
+	struct gpuos_touch_page *v;
+	size_t n, cap;
+};
+int gpuos_touched_mode(void); /* GPUOS_VALIDATE=touched (read once) */
+/* The tracker on this process's VA space, made at the first call: 1 when tracking, else
+ * 0 with *why saying why not. */
+int gpuos_touched_tracker(const char **why);
+/* The events since the last drain: faulted pages appended (pages may be NULL: dropped),
+ * GPUOS_TOUCHED_* or'ed into *flags.  The faults read, or -1 without memory. */
+int64_t gpuos_touched_drain(struct gpuos_touch_pages *pages, uint16_t *flags);
+/* cuMemAlloc's stand-in: 1 if it answered (managed memory, *res the driver's result), 0
+ * if the caller allocates as usual (over the budget of free GPU memory, or no driver
+ * entry point). */
+int gpuos_touched_alloc(CUdeviceptr *dptr, size_t bytes, CUresult *res);
+void gpuos_touched_freed(uint64_t bytes);
+void gpuos_touched_forget(void); /* fork child */
 
 /* Validation around one real call (when gpuos_validating). */
 void gpuos_val_begin(struct gpuos_val_op *op);

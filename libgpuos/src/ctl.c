@@ -290,6 +290,7 @@ static void atfork_child(void)
 	gpuos_track_forget();
 	gpuos_scan_forget();
 	gpuos_val_forget();
+	gpuos_touched_forget();
 	gpuos_defer_forget();
 	gpuos_share_forget();
 	gpuos_seq.v = 0;
@@ -312,9 +313,10 @@ static int start_tracking(void)
 		return GPUOS_RUN_PASSIVE;
 	}
 	const char *v = getenv("GPUOS_VALIDATE");
-	int validate = v && !strcmp(v, "1");
+	int validate = v && !strcmp(v, "1") ? 1 : gpuos_touched_mode() ? GPUOS_VALIDATE_TOUCHED : 0;
 	gpuos_scan_config();
-	int e = gpuos_ring_create(validate ? GPUOS_RING_VALIDATE : 0);
+	int e = gpuos_ring_create((validate ? GPUOS_RING_VALIDATE : 0) |
+				  (validate == GPUOS_VALIDATE_TOUCHED ? GPUOS_RING_TOUCHED : 0));
 	if (e) {
 		gpuos_track_off(e, "cannot make the ring: %s", strerror(e));
 		return GPUOS_RUN_OFF;

@@ -207,13 +207,13 @@ static int overlaps(const struct gpuos_map *m, uint64_t lo, uint64_t hi)
 	return n != 0;
 }
 
-size_t gpuos_track_snapshot(CUcontext ctx, struct gpuos_seg *out, size_t cap)
+size_t gpuos_track_snapshot(CUcontext ctx, uint32_t flags, struct gpuos_seg *out, size_t cap)
 {
 	size_t n = 0;
 	pthread_rwlock_rdlock(&gpuos_lock.v);
 	for (size_t i = 0; i < gpuos_allocs.n; i++) {
 		const struct gpuos_alloc *a = &gpuos_allocs.v[i];
-		if (!(a->flags & GPUOS_A_DEVMEM) || a->ctx != (uint64_t)(uintptr_t)ctx ||
+		if ((a->flags & flags) != flags || a->ctx != (uint64_t)(uintptr_t)ctx ||
 		    overlaps(&ignored, a->base, a->end))
 			continue;
 		if (n < cap) {

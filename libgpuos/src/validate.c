@@ -448,11 +448,13 @@ static int cmp_u64(const void *a, const void *b)
  * (size_t)-1 without memory. */
 static size_t take_snapshot(CUcontext ctx, struct gpuos_seg **arr, size_t *cap)
 {
-	size_t n = gpuos_track_snapshot(ctx, *arr, *cap);
+	/* measuring touches: only the allocations whose touches fault */
+	uint32_t flags = gpuos_validating == GPUOS_VALIDATE_TOUCHED ? GPUOS_A_DEVMEM | GPUOS_A_MEASURED : GPUOS_A_DEVMEM;
+	size_t n = gpuos_track_snapshot(ctx, flags, *arr, *cap);
 	while (n > *cap) {
 		if (grow((void **)arr, cap, n, sizeof **arr))
 			return (size_t)-1;
-		n = gpuos_track_snapshot(ctx, *arr, *cap);
+		n = gpuos_track_snapshot(ctx, flags, *arr, *cap);
 	}
 	/* Only what the driver still knows in this context is fingerprinted: an allocation
 	 * the map kept past its end (its context destroyed, maybe a new one at the same
@@ -518,6 +520,143 @@ static int capture_in_progress(void)
 	return 0;
 }
 
+/* ---- measuring touches (GPUOS_VALIDATE=touched; touched.c) ---------------------- */
+
+static struct gpuos_touch_pages g_touch;
+static struct gpuos_rec_run *g_runs;  static size_t g_runs_cap;
+
+static int mark_alive(const struct gpuos_val_op *op, struct vctx *vc, size_t nseg, size_t *nalive);
+static size_t seg_lower(size_t n, uint64_t addr);
+
+/* Before a launch: every measured allocation to host memory, so that whatever the launch
+ * touches faults; the events of that move are dropped. */
+static int touched_before(struct gpuos_val_op *op, CUcontext ctx, struct vctx *vc)
+{
+	if (op->op_type != GPUOS_REC_LAUNCH)
+		return GPUOS_VAL_SKIP_NOT_MEASURED; /* copies' ranges are exact already */
+	const char *why;
+	if (!gpuos_drv.mem_prefetch) {
+		unavailable(CUDA_ERROR_NOT_FOUND, "the driver has no cuMemPrefetchAsync_v2");
+		return GPUOS_VAL_SKIP_ERROR;
+	}
+	if (!gpuos_touched_tracker(&why)) {
+		unavailable(CUDA_ERROR_NOT_SUPPORTED, "%s", why);
+		return GPUOS_VAL_SKIP_ERROR;
+	}
+	size_t nseg = take_snapshot(ctx, &g_snap, &g_snap_cap);
+	if (nseg == (size_t)-1 || GROW(g_fseg, g_fseg_cap, nseg))
+		return GPUOS_VAL_SKIP_NOMEM;
+	CUresult r = CUDA_SUCCESS;
+	if (!vc->stream)
+		r = gpuos_drv.stream_create(&vc->stream, CU_STREAM_NON_BLOCKING);
+	CUmemLocation host = { .type = CU_MEM_LOCATION_TYPE_HOST, .id = 0 };
+	uint64_t nchunks = 0;
+	for (size_t i = 0; i < nseg && r == CUDA_SUCCESS; i++) {
+		g_fseg[i].base = g_snap[i].base;
+		g_fseg[i].size = g_snap[i].size;
+		g_fseg[i].first_chunk = nchunks;
+		nchunks += (g_snap[i].size + CHUNK - 1) / CHUNK;
+		r = gpuos_drv.mem_prefetch((CUdeviceptr)g_snap[i].base, g_snap[i].size, host, 0, vc->stream);
+	}
+	if (r == CUDA_SUCCESS)
+		r = gpuos_drv.stream_sync(vc->stream);
+	if (r != CUDA_SUCCESS) {
+		dbg("seq %llu: moving the measured allocations to host memory: %s (%d)",
+		    (unsigned long long)op->seq, errname(r), (int)r);
+		return reason_of(r);
+	}
+	gpuos_touched_drain(NULL, NULL);
+	g_op.vc = vc;
+	g_op.nseg = nseg;
+	g_op.nchunks = nchunks;
+	op->state = &g_op;
+	return GPUOS_VAL_SKIP_NONE;
+}
+
+static int cmp_page(const void *a, const void *b)
+{
+	uint64_t x = ((const struct gpuos_touch_page *)a)->page, y = ((const struct gpuos_touch_page *)b)->page;
+	return x < y ? -1 : x > y;
+}
+
+/* The TOUCHED record of pages g_touch.v[0..n) (sorted, unique): runs of pages at most
+ * `gap` bytes apart, the gap doubled until the runs fit one record. */
+static void emit_touched(const struct gpuos_val_op *op, size_t n, uint64_t faults, uint16_t flags)
+{
+	if (GROW(g_runs, g_runs_cap, n ? n : 1)) {
+		flags |= GPUOS_TOUCHED_DROPPED;
+		n = 0;
+	}
+	uint64_t gap = 0;
+	size_t nrun;
+	for (;;) {
+		nrun = 0;
+		for (size_t i = 0; i < n; i++) {
+			uint64_t p = g_touch.v[i].page;
+			struct gpuos_rec_run *last = nrun ? &g_runs[nrun - 1] : NULL;
+			uint64_t end = last ? last->start + (uint64_t)last->pages * GPUOS_TOUCH_PAGE : 0;
+			if (last && p - end <= gap && (p - last->start) / GPUOS_TOUCH_PAGE < UINT32_MAX) {
+				last->pages = (uint32_t)((p - last->start) / GPUOS_TOUCH_PAGE + 1);
+				last->access |= g_touch.v[i].access;
+			} else {
+				g_runs[nrun].start = p;
+				g_runs[nrun].pages = 1;
+				g_runs[nrun].access = g_touch.v[i].access;
+				nrun++;
+			}
+		}
+		if (nrun <= GPUOS_MAX_TOUCHED_RUNS)
+			break;
+		gap = gap ? gap * 2 : GPUOS_TOUCH_PAGE;
+	}
+	struct gpuos_rec_touched rec;
+	memset(&rec, 0, sizeof rec);
+	rec.seq = op->seq;
+	rec.faults = faults;
+	rec.gap = gap;
+	rec.func_id = op->func_id;
+	rec.nrun = (uint32_t)nrun;
+	gpuos_ring_emit(GPUOS_REC_TOUCHED, flags, &rec, sizeof rec, g_runs, nrun * sizeof *g_runs);
+}
+
+/* After the launch (finished): its faulted pages, as a TOUCHED record and as the chunks
+ * of the snapshot the accounting compares with the prediction (g_changed). */
+static int touched_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg, size_t *nchanged)
+{
+	*nchanged = 0;
+	uint16_t flags = 0;
+	g_touch.n = 0;
+	int64_t faults = gpuos_touched_drain(&g_touch, &flags);
+	if (faults < 0)
+		return GPUOS_VAL_SKIP_NOMEM;
+	size_t nalive, n = 0;
+	int why = mark_alive(op, vc, nseg, &nalive);
+	if (why)
+		return why;
+	qsort(g_touch.v, g_touch.n, sizeof *g_touch.v, cmp_page);
+	for (size_t i = 0; i < g_touch.n; i++) {
+		if (n && g_touch.v[n - 1].page == g_touch.v[i].page)
+			g_touch.v[n - 1].access |= g_touch.v[i].access;
+		else
+			g_touch.v[n++] = g_touch.v[i];
+	}
+	emit_touched(op, n, (uint64_t)faults, flags);
+	/* a page may straddle two chunks of an allocation that does not start on a page */
+	if (GROW(g_changed, g_changed_cap, 2 * n + 1))
+		return GPUOS_VAL_SKIP_NOMEM;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t p = g_touch.v[i].page, pe = p + GPUOS_TOUCH_PAGE;
+		size_t si = seg_lower(nseg, p);
+		if (si >= nseg || g_snap[si].base >= pe)
+			continue; /* not a measured allocation */
+		uint64_t base = g_snap[si].base, end = base + g_snap[si].size;
+		uint64_t first = (p > base ? p - base : 0) / CHUNK, last = ((pe < end ? pe : end) - 1 - base) / CHUNK;
+		for (uint64_t c = first; c <= last; c++)
+			g_changed[(*nchanged)++] = g_fseg[si].first_chunk + c;
+	}
+	return 0;
+}
+
 /* ---- before -------------------------------------------------------------------- */
 
 static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
@@ -551,6 +690,8 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 		    (unsigned long long)op->seq, errname(r), (int)r);
 		return is_capture_error(r) ? GPUOS_VAL_SKIP_CAPTURE : GPUOS_VAL_SKIP_ERROR;
 	}
+	if (gpuos_validating == GPUOS_VALIDATE_TOUCHED)
+		return touched_before(op, ctx, vc);
 
 	r = vctx_init(vc);
 	if (r != CUDA_SUCCESS) {
@@ -739,30 +880,37 @@ static int build_predictions(const struct gpuos_val_op *op, size_t nseg, uint64_
 
 /* Hash again, diff, fetch the changed chunk indices into g_changed.  Returns a skip
  * reason or 0 with *nchanged set. */
-static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
-		      uint64_t nchunks, size_t *nchanged)
+/* Allocations that went away while the operation ran (another thread's free, a graph's
+ * free node) must not be read again: g_alive marks the survivors, g_fseg2[0..*nalive)
+ * lists them at their original chunk indices; their chunks are ignored below.  New
+ * allocations have no "before" and are not looked at.  Returns a skip reason or 0. */
+static int mark_alive(const struct gpuos_val_op *op, struct vctx *vc, size_t nseg, size_t *nalive)
 {
-	CUresult r;
-	*nchanged = 0;
-
-	/* Allocations that went away while the operation ran (another thread's free, a
-	 * graph's free node) must not be read again: hash only the survivors, at their
-	 * original chunk indices (the kernel skips the gaps); their chunks are ignored
-	 * below.  New allocations have no "before" and are not looked at. */
 	size_t n2 = take_snapshot(op->ctx ? op->ctx : vc->ctx, &g_snap2, &g_snap2_cap);
 	if (n2 == (size_t)-1 || GROW(g_alive, g_alive_cap, nseg) || GROW(g_fseg2, g_fseg2_cap, nseg))
 		return GPUOS_VAL_SKIP_NOMEM;
-	size_t nalive = 0;
+	*nalive = 0;
 	for (size_t i = 0, j = 0; i < nseg; i++) {
 		while (j < n2 && g_snap2[j].base < g_snap[i].base)
 			j++;
 		g_alive[i] = j < n2 && g_snap2[j].base == g_snap[i].base &&
 			     g_snap2[j].size == g_snap[i].size;
 		if (g_alive[i])
-			g_fseg2[nalive++] = g_fseg[i];
+			g_fseg2[(*nalive)++] = g_fseg[i];
 	}
-	if (nchunks == 0)
-		return 0;
+	return 0;
+}
+
+static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
+		      uint64_t nchunks, size_t *nchanged)
+{
+	CUresult r;
+	*nchanged = 0;
+	size_t nalive;
+	int why = mark_alive(op, vc, nseg, &nalive);
+	if (why || nchunks == 0)
+		return why;
+	/* hash the survivors only (the kernel skips the gaps) */
 
 	r = hash_into(vc, g_fseg2, nalive, vc->d_after, nchunks);
 	static const unsigned int zero;
@@ -813,7 +961,8 @@ static int after_in_ctx(struct gpuos_val_op *op, struct val_state *st)
 		return is_capture_error(r) ? GPUOS_VAL_SKIP_CAPTURE : GPUOS_VAL_SKIP_ERROR;
 	}
 	size_t nchanged = 0;
-	int why = diff_after(op, vc, nseg, st->nchunks, &nchanged);
+	int why = gpuos_validating == GPUOS_VALIDATE_TOUCHED ? touched_after(op, vc, nseg, &nchanged) :
+							       diff_after(op, vc, nseg, st->nchunks, &nchanged);
 	if (why)
 		return why;
 

@@ -5,7 +5,7 @@
  * The core (hooks.c, track.c, scan.c, ring.c) calls gpuos_val_before() just before it
  * calls the real driver for an operation that can change device memory (a launch, a
  * copy, a memset, a graph launch) and gpuos_val_after() right after, only when
- * validation is on (GPUOS_VALIDATE=1).  Between the two calls the core holds
+ * validation is on (GPUOS_VALIDATE=1 or =touched).  Between the two calls the core holds
  * gpuos_val_lock so that one operation at a time is validated process-wide.
  */
 #ifndef GPUOS_VALIDATE_H
@@ -59,12 +59,13 @@ void gpuos_val_forget(void);
 
 /* Provided by the core for the validator. */
 
-/* Copy the live, GPU-fingerprintable allocations of `ctx` (device, pitched, async/pool,
- * VMM mappings with access set, graph allocations; not managed, not host), sorted by
- * base and non-overlapping, into out[0..cap).  Returns how many there are (may exceed
- * cap: call again with a larger array).  Allocations the validator made itself are
- * excluded (it marks them with gpuos_track_ignore()). */
-size_t gpuos_track_snapshot(CUcontext ctx, struct gpuos_seg *out, size_t cap);
+/* Copy the live allocations of `ctx` that have all GPUOS_A_* `flags` (GPUOS_A_DEVMEM: the
+ * GPU-fingerprintable ones: device, pitched, async/pool, VMM mappings with access set,
+ * graph allocations; not managed, not host), sorted by base and non-overlapping, into
+ * out[0..cap).  Returns how many there are (may exceed cap: call again with a larger
+ * array).  Allocations the validator made itself are excluded (it marks them with
+ * gpuos_track_ignore()). */
+size_t gpuos_track_snapshot(CUcontext ctx, uint32_t flags, struct gpuos_seg *out, size_t cap);
 
 /* How many stream captures are in progress in the process (the core's
  * cuStreamBeginCapture* and cuStreamEndCapture hooks count them). */

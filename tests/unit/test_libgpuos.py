@@ -779,3 +779,32 @@ def test_managed_ahead_without_gpuos_ko_runs_the_program_and_says_why(build, env
     assert st["managed_launches"] >= 1 and st["launches"] > st["managed_launches"] and st["as_id"] is None
     assert st["steps"] == 0 and st["batches"] == 0
     assert f"managed memory ahead: off: {ahead['why_not']}" in res.stderr
+
+
+def test_record_touched_without_uvm_tools_says_why_and_the_program_runs_unharmed(build, env, tmp_path):
+    """`--record-touched` on a driver without UVM's tools interface (the fake): cuMemAlloc
+    still gives managed memory (ALLOC records marked measured), every launch's parameters
+    are logged for the learner, launches are skipped with one STATUS saying why, copies
+    are not measured, and the program's own results check out."""
+    if Path("/dev/nvidia-uvm-tools").exists():
+        pytest.skip("this host has UVM's tools interface: the GPU test covers it")
+    (out,), report, log = traced(build, env, tmp_path, "t_validate", "21",
+                                 gpuos_args=("--record-touched",))
+    assert out["ok"]
+    v = report["validation"]
+    assert v["touched"] and v["operations"] == 0 and v["skipped"] == len(out["ops"])
+    status = [r for r in of_type(log, "status") if "validation unavailable" in r["reason"]]
+    assert len(status) == 1 and "/dev/nvidia-uvm-tools" in status[0]["reason"]
+    device = [r for r in of_type(log, "alloc") if r["kind"] == "device"]
+    assert device and all(r.get("measured") for r in device)
+    launches = [r for r in of_type(log, "launch") if "layout-unknown" not in r["flags"]]
+    assert launches and {r["seq"] for r in of_type(log, "params")} == {r["seq"] for r in launches}
+    reasons = {r["skip_reason"] for r in of_type(log, "validate")}
+    assert reasons == {"error", "not-measured"}
+    assert not of_type(log, "touched")
+
+
+def test_record_touched_needs_a_log(build, env, tmp_path):
+    res = subprocess.run([*GPUOS, "run", "--record-touched", "--", str(build / "tests" / "t_validate"), "1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--log" in res.stderr

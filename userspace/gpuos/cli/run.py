@@ -34,10 +34,11 @@ def _summary(res: RunResult) -> list[str]:
                         "failed)" if c.get("movable_fallbacks") else ""))
     v = res.validation
     if v is not None:
+        did, didnt = ("touched", "untouched") if v.touched else ("written", "unchanged")
         lines.append(f"validation: {v.operations} operations validated, {v.skipped} skipped, "
-                     f"{v.with_misses} with misses ({human_bytes(v.missed_bytes)} written "
+                     f"{v.with_misses} with misses ({human_bytes(v.missed_bytes)} {did} "
                      f"unpredicted); predicted {human_bytes(v.predicted_bytes)}, of which "
-                     f"{human_bytes(v.overpredicted_bytes)} unchanged")
+                     f"{human_bytes(v.overpredicted_bytes)} {didnt}")
         missed = [k for k in v.kernels.values() if k.with_misses]
         if missed:
             lines.append(table(["KERNEL WITH MISSES", "VALIDATED", "WITH MISSES", "MISSED"],
@@ -117,6 +118,13 @@ def _check_cpu_list(text: str) -> None:
               help="Prove the buffer predictions: fingerprint all GPU memory on the GPU before and "
                    "after every operation and report buffers changed but not predicted (misses). "
                    "Serializes the command's GPU work: slow.")
+@click.option("--record-touched", "touched", is_flag=True,
+              help="With --log: measure what every kernel launch touches, read or written, and log it "
+                   "(a `touched` record per launch): cuMemAlloc gives managed memory, moved to host "
+                   "memory before each launch so that each page the launch touches faults, and the "
+                   "faults are read from the driver's UVM tools interface. Ground truth for `gpuos mem "
+                   "extents learn`. Implies --validate (its misses are touched bytes not predicted) and "
+                   "--memory driver. Much slower; for a run whose memory fits on the GPU.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the run's report (processes, counters, validation) to FILE as JSON.")
 @click.option("--json", "as_json", is_flag=True,
@@ -175,7 +183,7 @@ def _check_cpu_list(text: str) -> None:
                    "the command runs as without it and the summary says why.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
+def run_cmd(log, validate, touched, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
             paused, memory, gpu_memory, evict, share, slice_ms, managed_ahead, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
@@ -198,6 +206,7 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
       gpuos run -- python train.py
       gpuos run --log launches.jsonl.gz -- python infer.py
       gpuos run --validate --report val.json -- python train.py --steps 2
+      gpuos run --record-touched --log touched.jsonl.gz -- python train.py --steps 2
     """
     if ring_slots and ring_slots & (ring_slots - 1):
         raise click.BadParameter("must be a power of two", param_hint="--ring-slots")
@@ -205,6 +214,13 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
         raise click.BadParameter("needs --log FILE (the dumps go there)", param_hint="--dump-params")
     if record_cpus is not None:
         _check_cpu_list(record_cpus)
+    if touched:
+        if not log:
+            raise click.BadParameter("needs --log FILE (the touches go there)", param_hint="--record-touched")
+        if gpu_memory or share or managed_ahead:
+            raise click.BadParameter("cannot be combined with --gpu-memory, --share or --managed-ahead",
+                                     param_hint="--record-touched")
+        validate, memory = True, "driver"
     if paused and validate:
         raise click.BadParameter("validation cannot be paused", param_hint="--paused")
     if slice_ms and not share:
@@ -216,7 +232,7 @@ def run_cmd(log, validate, report, as_json, touch_all, dump_params, ring_slots, 
     if gpu_memory and memory != "movable":
         raise click.BadParameter("needs --memory movable (gpuos moves only the memory it owns)",
                                  param_hint="--gpu-memory")
-    res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate,
+    res = Supervisor(RunOptions(cmd=list(cmd), log=log, validate=validate, touched=touched,
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
                                 paused=paused, memory=memory, gpu_memory=gpu_memory,

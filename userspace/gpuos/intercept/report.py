@@ -28,6 +28,7 @@ class ValidationSummary:
     named "(copy)" and "(graph)".
     """
 
+    touched: bool = False  # --record-touched: "changed" bytes are the bytes launches touched
     operations: int = 0
     skipped: int = 0
     with_misses: int = 0

@@ -34,8 +34,10 @@ TRACK_STATES = {TRACK_ON: "on", TRACK_OFF: "off", TRACK_INCOMPLETE: "incomplete"
 INCOMPLETE = {1 << 0: "unknown-entry-point", 1 << 1: "record-lost",
               1 << 2: "unhooked-writer"}  # GPUOS_INCOMPLETE_*
 RING_VALIDATE = 1
+RING_TOUCHED = 2  # GPUOS_RING_TOUCHED: validation measures what launches touch
 MEMORY_MODES = {0: "driver", 1: "movable"}  # hdr.memory_mode
 ALLOC_F_MOVABLE = 1  # GPUOS_ALLOC_F_MOVABLE: an ALLOC/FREE record's flag
+ALLOC_F_MEASURED = 2  # GPUOS_ALLOC_F_MEASURED: managed memory whose touches are measured
 
 HDR = struct.Struct("<QIIIIIIQQIi256sQQQQIIQII10QIIIIQQ")  # ..., ops_paused, incomplete, memory
 OPS_PAUSED_OFFSET = 448  # hdr.ops_paused (u32)
@@ -44,10 +46,10 @@ COUNTERS = ("launches", "copies", "allocs", "frees", "graph_launches", "unknown_
 FUNC_ENT = struct.Struct("<QIHHII")
 REC_HDR = struct.Struct("<HHIQII")
 
-PAD, ALLOC, FREE, OBJECT, LAUNCH, COPY, GRAPH, VALIDATE, STATUS, PARAMS = range(10)
+PAD, ALLOC, FREE, OBJECT, LAUNCH, COPY, GRAPH, VALIDATE, STATUS, PARAMS, TOUCHED = range(11)
 REC_NAMES = {PAD: "pad", ALLOC: "alloc", FREE: "free", OBJECT: "object", LAUNCH: "launch",
              COPY: "copy", GRAPH: "graph", VALIDATE: "validate", STATUS: "status",
-             PARAMS: "params"}
+             PARAMS: "params", TOUCHED: "touched"}
 
 ALLOC_BODY = struct.Struct("<5QIi")
 OBJECT_BODY = struct.Struct("<QQII")
@@ -61,6 +63,11 @@ STATUS_BODY = struct.Struct("<Ii256s")
 PARAMS_BODY = struct.Struct("<QII")
 PARAM = struct.Struct("<II")
 PARAMS_FLAGS = {1 << 0: "extra", 1 << 1: "truncated"}
+TOUCHED_BODY = struct.Struct("<3QII")
+RUN = struct.Struct("<QII")
+TOUCHED_FLAGS = {1 << 0: "dropped", 1 << 1: "remote"}  # GPUOS_TOUCHED_*: touches may be missing
+TOUCH_ACCESS = {1 << 0: "read", 1 << 1: "write", 1 << 2: "atomic", 1 << 3: "prefetch"}
+TOUCH_PAGE = 4096
 
 ALLOC_KINDS = {1: "device", 2: "pitch", 3: "async", 4: "managed", 5: "host",
                6: "host-registered", 7: "vmm-reserve", 8: "vmm-map", 9: "vmm-create",
@@ -77,7 +84,8 @@ COPY_KINDS = {1: "htod", 2: "dtoh", 3: "dtod", 4: "htoh", 5: "unified", 6: "peer
               7: "memset", 8: "2d", 9: "3d", 10: "batch"}
 COPY_FLAGS = {1 << 0: "async", 1 << 1: "graph", 1 << 2: "captured"}
 GRAPH_FLAGS = {1 << 0: "incomplete", 1 << 1: "captured"}
-SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context", 5: "busy"}
+SKIP_REASONS = {0: None, 1: "capture", 2: "no-memory", 3: "error", 4: "other-context", 5: "busy",
+                6: "not-measured"}
 OP_TYPES = {LAUNCH: "launch", COPY: "copy", GRAPH: "graph"}
 NO_FUNC = 0xFFFFFFFF
 
@@ -153,6 +161,8 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
                    kind=ALLOC_KINDS.get(kind, kind), device=device)
         if flags & ALLOC_F_MOVABLE:
             rec["movable"] = True
+        if flags & ALLOC_F_MEASURED:
+            rec["measured"] = True
     elif rtype == OBJECT:
         handle, parent, objtype, func_id = OBJECT_BODY.unpack_from(body)
         rec.update(handle=handle, parent=parent, object=OBJ_TYPES.get(objtype, objtype),
@@ -208,6 +218,18 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
             data += size
         rec.update(seq=seq, func=None if func_id == NO_FUNC else func_id,
                    flags=flag_names(flags, PARAMS_FLAGS), params=params)
+    elif rtype == TOUCHED:
+        seq, faults, gap, func_id, nrun = TOUCHED_BODY.unpack_from(body)
+        runs = []
+        for i in range(nrun):
+            off = TOUCHED_BODY.size + i * RUN.size
+            if off + RUN.size > len(body):
+                break
+            start, pages, access = RUN.unpack_from(body, off)
+            runs.append({"start": start, "len": pages * TOUCH_PAGE,
+                         "access": flag_names(access, TOUCH_ACCESS)})
+        rec.update(seq=seq, func=None if func_id == NO_FUNC else func_id, faults=faults, gap=gap,
+                   flags=flag_names(flags, TOUCHED_FLAGS), runs=runs)
     elif rtype == STATUS:
         state, err, reason = STATUS_BODY.unpack_from(body)
         rec.update(state=TRACK_STATES.get(state, str(state)), err=err, reason=_cstr(reason))

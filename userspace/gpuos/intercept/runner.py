@@ -56,6 +56,7 @@ class RunOptions:
     cmd: list[str]
     log: Path | None = None
     validate: bool = False
+    touched: bool = False  # validation measures what launches touch (GPUOS_VALIDATE=touched, touched.c)
     touch_all: list[str] = field(default_factory=list)
     dump_params: list[str] = field(default_factory=list)
     ring_slots: int | None = None
@@ -124,7 +125,7 @@ class Supervisor:
         self.events = None
         self.ahead_why_not: str | None = None
         self.procs: dict[int, Tracked] = {}
-        self.summary = ValidationSummary() if opts.validate else None
+        self.summary = ValidationSummary(touched=opts.touched) if opts.validate else None
         self.log: LaunchLogWriter | None = None
         self.sel = selectors.DefaultSelector()
 
@@ -150,7 +151,7 @@ class Supervisor:
         if self.opts.slice_ms:
             env["GPUOS_SHARE_SLICE_MS"] = str(self.opts.slice_ms)
         if self.opts.validate:
-            env["GPUOS_VALIDATE"] = "1"
+            env["GPUOS_VALIDATE"] = "touched" if self.opts.touched else "1"
         if self.opts.touch_all:
             env["GPUOS_TOUCH_ALL"] = ",".join(self.opts.touch_all)
         if self.opts.dump_params:
