@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
 from .. import procs
 from ..errors import GpuosError, NoSuchProcess, NotTracked
+from ..movable import extents as ext
 from ..movable.agent import Agent, AgentError, agent_available
 from ..movable.share import GroupStats, check_name, group_names, read_group
 from .output import emit_json, human_bytes, json_option, table
@@ -139,3 +142,154 @@ def groups_cmd(as_json: bool) -> None:
     click.echo(table(["GROUP", "LIMIT", "RESIDENT", "MEMBERS", "HOLDS THE GPU", "SWITCHES"],
                      [[r["group"], human_bytes(r["limit"]), human_bytes(r["resident"]),
                        " ".join(map(str, r["members"])), r["holder"] or "-", r["switches"]] for r in rows]))
+
+
+# -- gpuos mem extents ---------------------------------------------------------------------
+
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(ctx: click.Context, param: click.Parameter, text: str) -> int:
+    """'64K', '2MiB', '65536' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a size in bytes, such as 65536, 64K or 2M")
+    return int(m[1]) * SIZE_UNITS[m[2].lower()]
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{n} ({100 * n / total:.0f}%)" if total else str(n)
+
+
+def _by_rule(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    return ", ".join(f"{_pct(counts[r], total)} {r}" for r in ext.RULES)
+
+
+def _left_out(c: ext.LogCounts, *extra: tuple[str, int]) -> str:
+    reasons = [("without a touched record", c.unmeasured), ("touches incomplete", c.incomplete),
+               ("captured, not run", c.captured), ("layout unknown", c.layout_unknown),
+               ("graph kernel nodes", c.graph), ("no parameters recorded", c.no_params), *extra]
+    said = [f"{n} {why}" for why, n in reasons if n]
+    return ", ".join(said) if said else "none"
+
+
+def _coarse(c: ext.LogCounts) -> list[list[str]]:
+    if not c.coarse:
+        return []
+    return [["touched runs coarsened", f"{c.coarse} launches: too many runs, joined across untouched gaps "
+                                       f"(their touches over-reported)"]]
+
+
+def _unattributed(c: ext.LogCounts) -> str:
+    if not c.unattributed_runs:
+        return "none"
+    return (f"{c.unattributed_runs} runs ({human_bytes(c.unattributed_bytes)}) in {c.unattributed_launches} "
+            f"launches: memory no pointer argument names (pointers kept in device memory?)")
+
+
+@mem.group("extents")
+def extents() -> None:
+    """Working sets finer than an allocation: predict, before a kernel launch, which bytes
+    of its buffers it touches (each pointer argument's extent), from its arguments.
+
+    Record the ground truth with `gpuos run --record-touched --log FILE -- CMD`, learn a
+    model from it (`learn`), and measure the model on another recording (`check`)."""
+
+
+@extents.command("learn", short_help="Learn pointer extents from launch logs with touched records.")
+@click.argument("logs", nargs=-1, required=True, metavar="LOG...", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "model_path", required=True, metavar="MODEL",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the model here (JSON, replaced atomically).")
+@click.option("--tolerance", default="2M", show_default=True, metavar="BYTES", callback=_bytes,
+              help="How far a pointer's extents may stray from a rule and still fit it (e.g. 64K, 2M); "
+                   "measured touches can fall short within a 2 MiB block.")
+@json_option
+def learn_cmd(logs: tuple[Path, ...], model_path: Path, tolerance: int, as_json: bool) -> None:
+    """Learn each kernel's pointer extents from launch logs with touched records
+    (`gpuos run --record-touched --log LOG`) and write them to MODEL.
+
+    For every named kernel and pointer argument, the bytes the launches touched around the
+    pointer are fitted to the first rule that holds: fixed, linear in one integer argument
+    or the grid (or a product of two), recorded per argument values, or else the whole
+    allocation. Prints the kernels and pointer slots by rule and the launches left out.
+    Launches whose touches were not all seen (a dropped event, remote mappings) are left out."""
+    model, summary = ext.learn(logs, tolerance)
+    ext.write_model(model, model_path)
+    if as_json:
+        emit_json({"ok": True, "model": str(model_path), **summary.to_dict()})
+        return
+    c = summary.counts
+    click.echo(f"learnt the extents of {len(model.kernels)} kernels from {summary.launches_used} of "
+               f"{c.launches} launches -> {model_path}")
+    click.echo(table(["", ""], [
+        ["pointer slots", _by_rule(summary.slots_by_rule)],
+        ["kernels", _by_rule(summary.kernels_by_rule)],
+        ["launches learnt from", _by_rule(summary.launches_by_rule)],
+        ["launches left out", _left_out(c, ("of kernels without a name", summary.unnamed),
+                                        ("with another parameter layout", summary.layout_changed))],
+        ["touched, unattributed", _unattributed(c)],
+        ["missed on a held-out log", f"{len(summary.held_out_misses)} kernels: whole allocations for them"
+                                     if summary.held_out_misses else "none" if len(logs) > 1 else "- (one log)"],
+        *_coarse(c),
+    ]).split("\n", 1)[1])
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _misses(launches: int, units: int, nbytes: int) -> str:
+    return f"{launches} launches, {units} units, {human_bytes(nbytes)}" if launches else "0"
+
+
+@extents.command("check", short_help="Measure an extent model on a launch log with touched records.")
+@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("log", metavar="LOG", type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+def check_cmd(model_path: Path, log: Path, as_json: bool) -> None:
+    """Measure MODEL on the launches of LOG (recorded with `gpuos run --record-touched`):
+    for each launch, the bytes the model predicts against those it touched, and against
+    today's prediction, the whole allocations its pointer arguments name.
+
+    Compared in units of 4 KiB, 64 KiB and 2 MiB (address-aligned, clipped to their
+    allocation); 2 MiB is the one that counts: the measurement is exact there, and it is
+    what gpuos moves. A miss is a unit touched and not predicted; OVER is bytes predicted
+    per byte touched. Misses do not change the exit status: this is a measurement."""
+    model = ext.read_model(model_path)
+    report = ext.check(model, log)
+    if as_json:
+        emit_json({"ok": True, "model": str(model_path), **report.to_dict()})
+        return
+    c = report.counts
+    click.echo(f"{model_path} on {log}: {report.checked} of {c.launches} launches checked")
+    click.echo(table(["", ""], [
+        ["launches by rule applied", _by_rule(report.launches_by_rule)],
+        ["kernels by rule", _by_rule(report.kernels_by_rule)],
+        ["launches left out", _left_out(c)],
+        ["touched, unattributed", _unattributed(c)],
+        *_coarse(c),
+    ]).split("\n", 1)[1])
+    click.echo()
+    click.echo(table(["UNIT", "TOUCHED", "MODEL", "OVER", "WHOLE ALLOCATIONS", "OVER", "MODEL MISSES",
+                      "WHOLE-ALLOCATION MISSES"],
+                     [[human_bytes(g.grain), human_bytes(g.touched_bytes), human_bytes(g.model_bytes),
+                       _ratio(g.model_over), human_bytes(g.whole_bytes), _ratio(g.whole_over),
+                       _misses(g.model_miss_launches, g.model_missed_units, g.model_missed_bytes),
+                       _misses(g.whole_miss_launches, g.whole_missed_units, g.whole_missed_bytes)]
+                      for g in report.grains]))
+    blocks = report.grains[-1]
+    if blocks.model_misses:
+        click.echo(f"\nfirst misses at {human_bytes(blocks.grain)}:")
+        for m in blocks.model_misses:
+            click.echo(f"  pid {m.pid} seq {m.seq} {m.kernel or '(unnamed)'}: {human_bytes(m.missed_bytes)} of "
+                       f"allocation {m.alloc_start:#x} ({human_bytes(m.alloc_size)}) from +{m.first_missed:#x}"
+                       + ("" if m.pointed else ", which no pointer argument names"))
+    rows = sorted(report.kernels.values(), key=lambda k: (-k.miss_launches, -k.whole_bytes, k.name))[:10]
+    if rows:
+        click.echo()
+        click.echo(table(["KERNEL (2 MiB UNITS)", "RULE", "LAUNCHES", "WITH MISSES", "TOUCHED", "MODEL", "WHOLE"],
+                         [[k.name if len(k.name) <= 60 else k.name[:57] + "...", k.rule, k.launches,
+                           k.miss_launches, human_bytes(k.touched_bytes), human_bytes(k.model_bytes),
+                           human_bytes(k.whole_bytes)] for k in rows]))
