@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from ..errors import GpuosError, NoSuchProcess, NotTracked
 from ..movable import extents as ext
 from ..movable.agent import Agent, AgentError, agent_available
 from ..movable.share import GroupStats, check_name, group_names, read_group
-from .output import emit_json, human_bytes, json_option, table
+from .output import emit_json, human_bytes, json_option, parse_size, table
 
 
 def ms(ns: float) -> str:
@@ -146,15 +145,11 @@ def groups_cmd(as_json: bool) -> None:
 
 # -- gpuos mem extents ---------------------------------------------------------------------
 
-SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
 def _bytes(ctx: click.Context, param: click.Parameter, text: str) -> int:
-    """'64K', '2MiB', '65536' -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", text, re.IGNORECASE)
-    if not m:
+    size = parse_size(text)
+    if size is None:
         raise click.BadParameter(f"{text!r} is not a size in bytes, such as 65536, 64K or 2M")
-    return int(m[1]) * SIZE_UNITS[m[2].lower()]
+    return size
 
 
 def _pct(n: int, total: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from dataclasses import asdict, is_dataclass
@@ -107,3 +108,12 @@ class Reporter:
         if self._done:
             sys.stderr.write("\n")
             self._done = 0
+
+
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """'12G', '512MiB', '1.5g', '65536' -> bytes (binary units); None if it is no size."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    return int(float(m[1]) * SIZE_UNITS[m[2].lower()]) if m else None

@@ -12,7 +12,7 @@ import click
 
 from ..intercept.runner import RunOptions, RunResult, Supervisor
 from ..movable.share import check_name, group_limit
-from .output import human_bytes, table
+from .output import human_bytes, parse_size, table
 
 
 def _summary(res: RunResult) -> list[str]:
@@ -62,18 +62,15 @@ def _summary(res: RunResult) -> list[str]:
     return lines
 
 
-SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def _size(text: str | None) -> int | None:
-    """'12G', '512MiB', '1.5g', '1073741824' -> bytes (binary units); None stays None."""
+    """--gpu-memory: at least 1 MiB; None stays None."""
     if text is None:
         return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
-    if not m or float(m[1]) * SIZE_UNITS[m[2].lower()] < 1 << 20:
+    size = parse_size(text)
+    if size is None or size < 1 << 20:
         raise click.BadParameter(f"{text!r} is not a size of at least 1M, such as 512M or 12G",
                                  param_hint="--gpu-memory")
-    return int(float(m[1]) * SIZE_UNITS[m[2].lower()])
+    return size
 
 
 def _group_limit(name: str, gpu_memory: int | None) -> int:
