@@ -481,7 +481,6 @@ struct gpuos_touch_pages {
 	struct gpuos_touch_page *v;
 	size_t n, cap;
 };
-int gpuos_touched_mode(void); /* GPUOS_VALIDATE=touched (read once) */
 /* The tracker on this process's VA space, made at the first call: 1 when tracking, else
  * 0 with *why saying why not. */
 int gpuos_touched_tracker(const char **why);

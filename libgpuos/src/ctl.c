@@ -313,7 +313,7 @@ static int start_tracking(void)
 		return GPUOS_RUN_PASSIVE;
 	}
 	const char *v = getenv("GPUOS_VALIDATE");
-	int validate = v && !strcmp(v, "1") ? 1 : gpuos_touched_mode() ? GPUOS_VALIDATE_TOUCHED : 0;
+	int validate = !v ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "touched") ? GPUOS_VALIDATE_TOUCHED : 0;
 	gpuos_scan_config();
 	int e = gpuos_ring_create((validate ? GPUOS_RING_VALIDATE : 0) |
 				  (validate == GPUOS_VALIDATE_TOUCHED ? GPUOS_RING_TOUCHED : 0));

@@ -174,7 +174,7 @@ static struct gpuos_fn *fn_make(uint64_t h, enum gpuos_fn_hint hint)
 	}
 	fn->nparams = known ? (uint16_t)n : GPUOS_LAYOUT_UNKNOWN;
 	fn->flags = (kernel ? GPUOS_FN_KERNEL : 0) | (patterns_match(&touch_pats, name) ? GPUOS_FN_TOUCH_ALL : 0) |
-		    (gpuos_touched_mode() || patterns_match(&dump_pats, name) ? GPUOS_FN_DUMP : 0);
+		    (gpuos_validating == GPUOS_VALIDATE_TOUCHED || patterns_match(&dump_pats, name) ? GPUOS_FN_DUMP : 0);
 	fn->params_bytes = 0;
 	fn->pad = 0;
 	for (size_t i = 0; i < n; i++) {

@@ -26,6 +26,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,19 +96,13 @@ static struct {
 /* The measured allocations' bytes and their budget (atomics: any thread allocates). */
 static uint64_t managed_bytes, managed_budget, unmeasured_allocs;
 
-int gpuos_touched_mode(void)
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
 {
-	static int mode = -1;
-	if (mode < 0) {
-		const char *v = getenv("GPUOS_VALIDATE");
-		mode = v && !strcmp(v, "touched");
-	}
-	return mode;
-}
-
-static void say(const char *fmt, const char *detail)
-{
-	snprintf(T.why, sizeof T.why, fmt, detail);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(T.why, sizeof T.why, fmt, ap);
+	va_end(ap);
 	T.state = -1;
 }
 
@@ -145,7 +140,7 @@ int gpuos_touched_tracker(const char **why)
 	T.ctl = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	T.tools_fd = open("/dev/nvidia-uvm-tools", O_RDWR | O_CLOEXEC);
 	if (T.queue == MAP_FAILED || T.ctl == MAP_FAILED) {
-		say("no memory for the UVM event queue%s", "");
+		say("no memory for the UVM event queue");
 	} else if (T.tools_fd < 0) {
 		say("cannot open /dev/nvidia-uvm-tools: %s", strerror(errno));
 	} else {

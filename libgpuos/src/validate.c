@@ -520,6 +520,28 @@ static int capture_in_progress(void)
 	return 0;
 }
 
+/* The context's allocations (g_snap) and their chunks numbered in one table (g_fseg):
+ * *nseg of them, *nchunks chunks.  Returns a skip reason or 0. */
+static int snapshot_chunks(CUcontext ctx, size_t *nseg, uint64_t *nchunks)
+{
+	size_t n = take_snapshot(ctx, &g_snap, &g_snap_cap);
+	if (n == (size_t)-1)
+		return GPUOS_VAL_SKIP_NOMEM;
+	if (n > 0xffffffffu) /* the hash kernel's segment count */
+		return GPUOS_VAL_SKIP_ERROR;
+	if (GROW(g_fseg, g_fseg_cap, n))
+		return GPUOS_VAL_SKIP_NOMEM;
+	*nchunks = 0;
+	for (size_t i = 0; i < n; i++) {
+		g_fseg[i].base = g_snap[i].base;
+		g_fseg[i].size = g_snap[i].size;
+		g_fseg[i].first_chunk = *nchunks;
+		*nchunks += (g_snap[i].size + CHUNK - 1) / CHUNK;
+	}
+	*nseg = n;
+	return 0;
+}
+
 /* ---- measuring touches (GPUOS_VALIDATE=touched; touched.c) ---------------------- */
 
 static struct gpuos_touch_pages g_touch;
@@ -543,21 +565,17 @@ static int touched_before(struct gpuos_val_op *op, CUcontext ctx, struct vctx *v
 		unavailable(CUDA_ERROR_NOT_SUPPORTED, "%s", why);
 		return GPUOS_VAL_SKIP_ERROR;
 	}
-	size_t nseg = take_snapshot(ctx, &g_snap, &g_snap_cap);
-	if (nseg == (size_t)-1 || GROW(g_fseg, g_fseg_cap, nseg))
-		return GPUOS_VAL_SKIP_NOMEM;
+	size_t nseg;
+	uint64_t nchunks;
+	int why_not = snapshot_chunks(ctx, &nseg, &nchunks);
+	if (why_not)
+		return why_not;
 	CUresult r = CUDA_SUCCESS;
 	if (!vc->stream)
 		r = gpuos_drv.stream_create(&vc->stream, CU_STREAM_NON_BLOCKING);
 	CUmemLocation host = { .type = CU_MEM_LOCATION_TYPE_HOST, .id = 0 };
-	uint64_t nchunks = 0;
-	for (size_t i = 0; i < nseg && r == CUDA_SUCCESS; i++) {
-		g_fseg[i].base = g_snap[i].base;
-		g_fseg[i].size = g_snap[i].size;
-		g_fseg[i].first_chunk = nchunks;
-		nchunks += (g_snap[i].size + CHUNK - 1) / CHUNK;
+	for (size_t i = 0; i < nseg && r == CUDA_SUCCESS; i++)
 		r = gpuos_drv.mem_prefetch((CUdeviceptr)g_snap[i].base, g_snap[i].size, host, 0, vc->stream);
-	}
 	if (r == CUDA_SUCCESS)
 		r = gpuos_drv.stream_sync(vc->stream);
 	if (r != CUDA_SUCCESS) {
@@ -699,20 +717,11 @@ static int before_in_ctx(struct gpuos_val_op *op, CUcontext ctx)
 		return reason_of(r);
 	}
 
-	size_t nseg = take_snapshot(ctx, &g_snap, &g_snap_cap);
-	if (nseg == (size_t)-1)
-		return GPUOS_VAL_SKIP_NOMEM;
-	if (nseg > 0xffffffffu)
-		return GPUOS_VAL_SKIP_ERROR;
-	if (GROW(g_fseg, g_fseg_cap, nseg))
-		return GPUOS_VAL_SKIP_NOMEM;
-	uint64_t nchunks = 0;
-	for (size_t i = 0; i < nseg; i++) {
-		g_fseg[i].base = g_snap[i].base;
-		g_fseg[i].size = g_snap[i].size;
-		g_fseg[i].first_chunk = nchunks;
-		nchunks += (g_snap[i].size + CHUNK - 1) / CHUNK;
-	}
+	size_t nseg;
+	uint64_t nchunks;
+	int why_not = snapshot_chunks(ctx, &nseg, &nchunks);
+	if (why_not)
+		return why_not;
 
 	r = vctx_reserve(vc, nchunks, nseg);
 	if (r != CUDA_SUCCESS) {
@@ -878,8 +887,6 @@ static int build_predictions(const struct gpuos_val_op *op, size_t nseg, uint64_
 	return 0;
 }
 
-/* Hash again, diff, fetch the changed chunk indices into g_changed.  Returns a skip
- * reason or 0 with *nchanged set. */
 /* Allocations that went away while the operation ran (another thread's free, a graph's
  * free node) must not be read again: g_alive marks the survivors, g_fseg2[0..*nalive)
  * lists them at their original chunk indices; their chunks are ignored below.  New
@@ -901,6 +908,8 @@ static int mark_alive(const struct gpuos_val_op *op, struct vctx *vc, size_t nse
 	return 0;
 }
 
+/* Hash again, diff, fetch the changed chunk indices into g_changed.  Returns a skip
+ * reason or 0 with *nchanged set. */
 static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 		      uint64_t nchunks, size_t *nchanged)
 {

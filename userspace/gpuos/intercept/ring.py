@@ -94,6 +94,15 @@ def flag_names(value: int, names: dict[int, str]) -> list[str]:
     return [name for bit, name in names.items() if value & bit]
 
 
+def _entries(body: bytes, head: struct.Struct, entry: struct.Struct, n: int) -> Iterator[tuple]:
+    """The n fixed-size entries that follow a record's head (fewer if the body is short)."""
+    for i in range(n):
+        off = head.size + i * entry.size
+        if off + entry.size > len(body):
+            return
+        yield entry.unpack_from(body, off)
+
+
 def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -172,11 +181,7 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
         (seq, stream, ctx, graph_exec, arg_hash, func_id, gx, gy, gz, bx, by, bz, shmem, nbuf,
          _) = LAUNCH_BODY.unpack_from(body)
         bufs = []
-        for i in range(nbuf):
-            off = LAUNCH_BODY.size + i * BUF.size
-            if off + BUF.size > len(body):
-                break
-            base, size, ptr, length, param, bflags, poff = BUF.unpack_from(body, off)
+        for base, size, ptr, length, param, bflags, poff in _entries(body, LAUNCH_BODY, BUF, nbuf):
             bufs.append({"base": base, "size": size, "ptr": ptr, "len": length,
                          "param": None if param == 0xFFFF else param, "offset": poff,
                          "flags": flag_names(bflags, BUF_FLAGS)})
@@ -197,11 +202,7 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
         (seq, changed, predicted, over, missed, tracked, func_id, nmiss, skip,
          op_type) = VALIDATE_BODY.unpack_from(body)
         misses = []
-        for i in range(nmiss):
-            off = VALIDATE_BODY.size + i * MISS.size
-            if off + MISS.size > len(body):
-                break
-            base, size, first, length = MISS.unpack_from(body, off)
+        for base, size, first, length in _entries(body, VALIDATE_BODY, MISS, nmiss):
             misses.append({"base": base, "size": size, "first": first, "len": length})
         rec.update(seq=seq, op=OP_TYPES.get(op_type, op_type),
                    func=None if func_id == NO_FUNC else func_id,
@@ -221,11 +222,7 @@ def decode(rtype: int, flags: int, ts_ns: int, tid: int, body: bytes) -> dict:
     elif rtype == TOUCHED:
         seq, faults, gap, func_id, nrun = TOUCHED_BODY.unpack_from(body)
         runs = []
-        for i in range(nrun):
-            off = TOUCHED_BODY.size + i * RUN.size
-            if off + RUN.size > len(body):
-                break
-            start, pages, access = RUN.unpack_from(body, off)
+        for start, pages, access in _entries(body, TOUCHED_BODY, RUN, nrun):
             runs.append({"start": start, "len": pages * TOUCH_PAGE,
                          "access": flag_names(access, TOUCH_ACCESS)})
         rec.update(seq=seq, func=None if func_id == NO_FUNC else func_id, faults=faults, gap=gap,
