@@ -466,7 +466,15 @@ def stop_cmd(rt: Runtime, gpu_spec, grace, force, timeout, as_json) -> None:
                        "nothing was stopped")
     if pid is not None:
         request(dirs, {"op": "stop", "grace": grace})
+        deadline = time.monotonic() + timeout
         saved = _wait(dirs, lambda s, p: p is None, timeout, what="stopping MPS")
+        # The supervisor lets go of its lock before its interpreter exits (seen in CI:
+        # still alive just after): "stopped" means the process is gone too.
+        while procs.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if procs.alive(pid):
+            raise Timeout(f"the supervisor (pid {pid}) let go of its lock but did not exit "
+                          f"in {timeout:g} s")
     else:
         say = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
         Supervisor(rt.paths, dirs, say=say).run(stop=True if grace is None else grace)
