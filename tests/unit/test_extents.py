@@ -805,3 +805,36 @@ def test_the_installed_command(tmp_path, home):
     assert res.returncode == 0 and "learn" in res.stdout and "check" in res.stdout
     res = gpuos(env, "mem", "extents", "check", str(tmp_path / "m.json"), str(tmp_path / "l.jsonl"))
     assert res.returncode == 1 and res.stderr.startswith("gpuos: no model")
+
+
+# -- tools/probes/extents_traffic_probe.py: the replay its figures come from -----------------
+
+def _traffic_probe():
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "tools" / "probes" / "extents_traffic_probe.py"
+    spec = importlib.util.spec_from_file_location("extents_traffic_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_traffic_replay_counts_the_last_repetition_and_evicts_by_the_future():
+    probe = _traffic_probe()
+    seq = [frozenset({"a"}), frozenset({"b"}), frozenset({"c"})]
+    size = {"a": 1, "b": 1, "c": 1}
+    assert probe.belady_moved_in(seq, size, 3) == (0, 0)  # all fit: nothing moves once in
+    # Three items in a loop, room for two: Belady keeps the one used soonest; in the third
+    # pass (ticks 6-8) a and c miss, b was kept.
+    assert probe.belady_moved_in(seq, size, 2) == (2, 0)
+    assert probe.belady_moved_in([frozenset({"big"})], {"big": 5}, 4) == (0, 1)
+
+
+def test_traffic_replay_finer_items_move_only_what_is_used():
+    probe = _traffic_probe()
+    # Two 4-block allocations used alternately, one block of each: whole allocations do not
+    # fit together in 6 blocks and swap every call; their used blocks do.
+    whole = [frozenset({"A"}), frozenset({"B"})] * 2
+    blocks = [frozenset({("A", 0)}), frozenset({("B", 0)})] * 2
+    size = {"A": 4, "B": 4, ("A", 0): 1, ("B", 0): 1}
+    assert probe.belady_moved_in(whole, size, 6) == (16, 0)
+    assert probe.belady_moved_in(blocks, size, 6) == (0, 0)

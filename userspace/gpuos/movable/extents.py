@@ -9,8 +9,9 @@ for many, recorded per argument values for the rest.  This module is the offline
 `learn` fits the rules from launch logs recorded with `gpuos run --record-touched --log
 FILE` (their `touched` records are the ground truth), `write_model` and `read_model` keep
 them in a JSON file ("gpuos-extents", docs/design.md), `predict` applies them to one
-launch, and `check` measures a model against another log.  libgpuos is to apply models in
-C with exactly `predict`'s semantics:
+launch, and `check` measures a model against another log.  A C implementation in
+libgpuos would apply models with exactly `predict`'s semantics (none is built: over a step
+the extents save the scheduler at most 16% of the bytes it moves, docs/design.md):
 
 Pointers (found by the caller): every little-endian u64 word of the parameter buffer at an
 offset that is a multiple of 8 (counted from the buffer's start; a pointer parameter or
