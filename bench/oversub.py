@@ -19,6 +19,15 @@ its final state), in one run:
               of the run, the mean and p99 stall of a call that waited (p99: the top of
               its power-of-two histogram bucket), the evictions the learned sequence chose
 
+Overhead at 100% (--overhead-rounds K): single 30-step runs differ by more than the 2%
+the issue allows at 100%, so each workload also runs K rounds of three systems, with 4x
+the timed steps, in an order rotated from round to round (drift cancels):
+  plain       the workload alone, no gpuos
+  ideal       as above (gpuos, the whole GPU as the limit)
+  limited     --gpu-memory at 100% of the ideal's peak, --evict future
+and each round's limited time over plain's and over ideal's; the table gives their medians
+and ranges over the rounds (the checksums must be equal in every run).
+
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
 once, each timing its steps from the moment all have warmed up (the suite's
 --start-gate: their start-ups take different times, and a member timed while the others
@@ -55,6 +64,7 @@ transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
                              [--pressures 100,150,200,300] [--slice 1000] [--repeat 3] [--steps-times 1]
+                             [--overhead-rounds K]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -65,8 +75,9 @@ import argparse
 import json
 import os
 import platform
-import socket
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,7 +93,7 @@ import time
 from gpuos import __version__
 from gpuos.errors import GpuosError
 from gpuos.movable.share import group_path, read_group
-from gpuos.workloads.run import last_json_object, run_polling_mem_stats, suite_cmd, under_gpuos
+from gpuos.workloads.run import last_json_object, run, run_polling_mem_stats, suite_cmd, under_gpuos
 
 WORKLOADS = {
     "gpt-train": ["--layers", "8", "--seq", "512", "--steps", "30", "--warmup", "3"],
@@ -140,7 +151,7 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     return out
 
 
-def run_workload(workload: str, pressures: list[int], gpu_bytes: int) -> dict:
+def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0) -> dict:
     fin, stats = run_polling_mem_stats(
         under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
     if fin.returncode != 0 or stats is None:
@@ -161,7 +172,56 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int) -> dict:
                                                  f"in {r['stats'].get('bytes_in', 0) / 1e9:.1f} GB"
                                                  if "relative" in r else r["error"][:300]), flush=True)
         row["pressures"].append(cell)
+    if overhead:
+        row["overhead"] = overhead_rounds(workload, overhead, peak, gpu_bytes)
     return row
+
+
+OVERHEAD_STEPS_TIMES = 4
+SYSTEMS = ("plain", "ideal", "limited")
+
+
+def overhead_rounds(workload: str, rounds: int, limit: int, gpu_bytes: int) -> dict:
+    """`rounds` rounds of plain, ideal and limited-at-100% runs, in rotated order; each
+    round's limited time over the others'."""
+    args = longer(WORKLOADS[workload], OVERHEAD_STEPS_TIMES)
+    cmds = {"plain": suite_cmd(workload, args),
+            "ideal": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)),
+            "limited": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(limit), "--evict", "future")}
+    runs: list[dict] = []
+    for r in range(rounds):
+        got = {}
+        for name in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:
+            fin = run(cmds[name], timeout=TIMEOUT)
+            res = last_json_object(fin.stdout) if fin.returncode == 0 else None
+            if res is None:
+                raise RuntimeError(f"{workload} overhead round {r + 1}, {name}: {fin.describe()[-800:]}")
+            got[name] = {"seconds": res["seconds"], "checksum": res["checksum"]}
+        runs.append(got)
+        print(f"{workload} overhead round {r + 1}: " + ", ".join(f"{n} {got[n]['seconds']:.3f} s" for n in SYSTEMS),
+              flush=True)
+    out: dict = {"rounds": runs, "steps_times": OVERHEAD_STEPS_TIMES, "limit": limit,
+                 "checksums_equal": len({g[n]["checksum"] for g in runs for n in SYSTEMS}) == 1}
+    for base in ("plain", "ideal"):
+        ratios = sorted(g["limited"]["seconds"] / g[base]["seconds"] for g in runs)
+        out[f"limited_over_{base}"] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
+                                       "all": ratios}
+    return out
+
+
+def overhead_markdown(result: dict) -> str:
+    rows = [r for r in result["rows"] if r.get("overhead")]
+    if not rows:
+        return ""
+    lines = ["| workload | rounds | limited (100%) over plain: median | range | limited over ideal: median "
+             "| range | checksums equal |", "| --- | ---: | ---: | --- | ---: | --- | --- |"]
+    for row in rows:
+        o = row["overhead"]
+        p, i = o["limited_over_plain"], o["limited_over_ideal"]
+        lines.append(f"| {row['workload']} | {len(o['rounds'])} | {p['median'] - 1:+.1%} | {p['min'] - 1:+.1%} to "
+                     f"{p['max'] - 1:+.1%} | {i['median'] - 1:+.1%} | {i['min'] - 1:+.1%} to {i['max'] - 1:+.1%} "
+                     f"| {o['checksums_equal']} |")
+    return "\n".join(lines)
 
 
 def failure(cell: dict) -> str:
@@ -391,6 +451,8 @@ def main() -> None:
     ap.add_argument("--pressures", default="100,150,200,300")
     ap.add_argument("--steps-times", type=int, default=1,
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
+    ap.add_argument("--overhead-rounds", type=int, default=0, metavar="K",
+                    help="rounds of plain / ideal / limited-at-100%% runs per workload, 4x longer (0: none)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
@@ -400,7 +462,7 @@ def main() -> None:
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
     pressures = [int(p) for p in args.pressures.split(",")]
     for w in filter(None, args.workloads.split(",")):
-        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"]))
+        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_rounds))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []
@@ -410,6 +472,8 @@ def main() -> None:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{g} done; wrote {path}", flush=True)
     print(markdown(result))
+    print()
+    print(overhead_markdown(result))
     print()
     print(group_markdown(result))
 

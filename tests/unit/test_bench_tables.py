@@ -229,3 +229,29 @@ def test_the_group_table_shows_the_one_at_a_time_bound():
     lines = oversub.group_markdown({"groups": [row]}).splitlines()
     assert len({line.count("|") for line in lines}) == 1, lines  # every row as wide as the header
     assert lines[2].startswith("| g | 150% | 50.0% | 50.0% | 42.0% | True | 2.0 / 2.0 GB | 40.0 GB/s | 3 | 1 |")
+
+
+def test_overhead_rounds_rotate_the_order_and_pair_each_round(monkeypatch):
+    import oversub
+
+    from gpuos.workloads.run import Finished
+
+    seconds = {"plain": [1.0, 2.0, 1.0], "ideal": [1.0, 2.0, 1.0], "limited": [1.01, 2.06, 0.99]}
+    order: list[str] = []
+
+    def fake_run(cmd, timeout):
+        name = cmd[0]
+        order.append(name)
+        s = seconds[name][sum(o == name for o in order) - 1]
+        return Finished(list(cmd), 0, json.dumps({"seconds": s, "checksum": "c"}) + "\n", "", s)
+
+    monkeypatch.setattr(oversub, "under_gpuos", lambda cmd, *options: ["limited" if "--evict" in options else "ideal"])
+    monkeypatch.setattr(oversub, "suite_cmd", lambda w, args: ["plain"])
+    monkeypatch.setattr(oversub, "run", fake_run)
+    out = oversub.overhead_rounds("gpt-train", 3, 1 << 30, 2 << 30)
+    assert order == ["plain", "ideal", "limited", "ideal", "limited", "plain", "limited", "plain", "ideal"]
+    # Paired per round (a slow round is slow for all three), not medians of the systems.
+    assert out["limited_over_plain"]["all"] == pytest.approx([0.99, 1.01, 1.03])
+    assert out["limited_over_plain"]["median"] == pytest.approx(1.01) and out["checksums_equal"]
+    table = rows(oversub.overhead_markdown({"rows": [{"workload": "gpt-train", "overhead": out}]}))
+    assert table[2] == ["gpt-train", "3", "+1.0%", "-1.0% to +3.0%", "+1.0%", "-1.0% to +3.0%", "True"]
