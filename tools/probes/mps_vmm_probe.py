@@ -2,9 +2,9 @@
 """Does GPU memory held outside MPS survive an MPS client's fault?  (issue 20, deliverable 2:
 victims keep their GPU state across the fault; GPU host, root or the GPU's user.)
 
-    python3 tools/probes/mps_vmm_probe.py [--mib 1024] [--out FILE.json]
+    python3 tools/probes/mps_vmm_probe.py [--mib 1024] [--made-by holder|client] [--out FILE.json]
 
-WHAT IT DOES
+WHAT IT DOES (--made-by holder, the default)
   holder    a process outside MPS (its own context) makes MIB of device memory with the
             VMM API, exportable as a POSIX fd, fills it with seeded random data and
             hands the fd to whoever asks on a Unix socket
@@ -16,6 +16,12 @@ WHAT IT DOES
   holder    after the teardown: are the contents still there, marker included?
   client B  a new MPS client, once the server serves again: imports the same fd and
             checks the contents (the state a restarted victim would map back)
+
+With --made-by client, the memory is the MPS client's own instead (what libgpuos's
+movable memory is): client A makes it in its MPS context, fills it, exports it as a POSIX
+fd and hands the fd to the holder, which imports and maps it in its context outside
+MPS.  Then as above: does memory an MPS client made outlive the server's teardown when
+a process outside MPS holds it?
 
 Every step's outcome and time go to the JSON: whether an MPS client can import a
 handle made outside MPS, how long importing and mapping take, whether the memory and
@@ -89,10 +95,9 @@ FD_TYPE = "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"
 
 # ---- roles (child processes) ------------------------------------------------------------
 
-def holder(sock_path: str, size: int) -> None:
-    """Outside MPS: make, fill and serve the memory; on 'check', compare it."""
-    import numpy as np
-    cu = cuda_context()
+def make_filled(cu, size: int) -> tuple[int, int]:
+    """Exportable device memory of size bytes, mapped and filled with the seeded data:
+    (its address, its POSIX fd)."""
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -105,15 +110,44 @@ def holder(sock_path: str, size: int) -> None:
     data = expected(size, marked=False)
     ck(cu.cuMemcpyHtoD(va, data.ctypes.data, size))
     ck(cu.cuCtxSynchronize())
-    fd = int(ck(cu.cuMemExportToShareableHandle(handle, prop.requestedHandleTypes, 0)))
+    return va, int(ck(cu.cuMemExportToShareableHandle(handle, prop.requestedHandleTypes, 0)))
+
+
+def import_mapped(cu, fd: int, size: int) -> int:
+    h = ck(cu.cuMemImportFromShareableHandle(fd, getattr(cu.CUmemAllocationHandleType, FD_TYPE)))
+    va = int(ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
+    ck(cu.cuMemMap(va, size, 0, h, 0))
+    ck(cu.cuMemSetAccess(va, size, [access_desc(cu)], 1))
+    return va
+
+
+def holder(sock_path: str, size: int, made_by: str) -> None:
+    """Outside MPS: make, fill and serve the memory (or take it from the client that
+    made it: 'take' with its fd); on 'check', compare it."""
+    import numpy as np
+    cu = cuda_context()
+    va = fd = None
+    if made_by == "holder":
+        va, fd = make_filled(cu, size)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
     srv.listen(4)
     say(role="holder", step="ready", pid=os.getpid(), free=ck(cu.cuMemGetInfo())[0])
     while True:
         conn, _ = srv.accept()
-        req = conn.recv(64).decode().strip()
-        if req == "fd":
+        raw, fds, _, _ = socket.recv_fds(conn, 64, 1)
+        req = raw.decode().strip()
+        if req == "take" and fds:
+            t = time.perf_counter()
+            try:
+                va, fd = import_mapped(cu, fds[0], size), fds[0]
+                reply = {"imported": True, "import_map_s": time.perf_counter() - t}
+            except Exception as exc:  # noqa: BLE001 - a measurement: say what failed
+                reply = {"imported": False, "error": str(exc)}
+            conn.sendall((json.dumps(reply) + "\n").encode())
+        elif va is None:
+            conn.sendall(b'{"error": "no memory yet"}\n')
+        elif req == "fd":
             socket.send_fds(conn, [b"fd\n"], [fd])
         elif req in ("check", "check-marked"):
             t = time.perf_counter()
@@ -137,8 +171,9 @@ def ask(sock_path: str, req: str) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def client(sock_path: str, size: int, name: str, mark: bool, busy: bool) -> None:
-    """An MPS client: import, map, check; A marks and keeps working until it fails."""
+def client(sock_path: str, size: int, name: str, mark: bool, busy: bool, make: bool) -> None:
+    """An MPS client: import, map, check (or, with make, make the memory and hand it to
+    the holder); A marks and keeps working until it fails."""
     import numpy as np
     t0 = time.perf_counter()
     try:
@@ -147,23 +182,36 @@ def client(sock_path: str, size: int, name: str, mark: bool, busy: bool) -> None
         say(role=name, step="context", ok=False, error=str(exc))
         return
     t_ctx = time.perf_counter() - t0
-    _, fds = ask(sock_path, "fd")
-    t = time.perf_counter()
-    try:
-        h = ck(cu.cuMemImportFromShareableHandle(fds[0], getattr(cu.CUmemAllocationHandleType, FD_TYPE)))
-        va = int(ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
-        ck(cu.cuMemMap(va, size, 0, h, 0))
-        ck(cu.cuMemSetAccess(va, size, [access_desc(cu)], 1))
-    except Exception as exc:  # noqa: BLE001
-        say(role=name, step="import", ok=False, error=str(exc), context_s=t_ctx)
-        return
-    t_map = time.perf_counter() - t
-    os.close(fds[0])
-    got = read_back(cu, va, size)
-    prior_marked = int((got[:MARK_BYTES // 4] == MARK).sum())
-    identical = bool(np.array_equal(got, expected(size, marked=prior_marked == MARK_BYTES // 4)))
-    say(role=name, step="mapped", ok=True, pid=os.getpid(), context_s=t_ctx, import_map_s=t_map,
-        identical=identical, found_marked=prior_marked == MARK_BYTES // 4)
+    if make:
+        try:
+            va, fd = make_filled(cu, size)
+        except Exception as exc:  # noqa: BLE001
+            say(role=name, step="make", ok=False, error=str(exc), context_s=t_ctx)
+            return
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(sock_path)
+        socket.send_fds(c, [b"take\n"], [fd])
+        reply = json.loads(c.recv(4096).decode())
+        c.close()
+        say(role=name, step="made", ok=bool(reply.get("imported")), pid=os.getpid(), context_s=t_ctx,
+            holder=reply)
+        if not reply.get("imported"):
+            return
+    else:
+        _, fds = ask(sock_path, "fd")
+        t = time.perf_counter()
+        try:
+            va = import_mapped(cu, fds[0], size)
+        except Exception as exc:  # noqa: BLE001
+            say(role=name, step="import", ok=False, error=str(exc), context_s=t_ctx)
+            return
+        t_map = time.perf_counter() - t
+        os.close(fds[0])
+        got = read_back(cu, va, size)
+        prior_marked = int((got[:MARK_BYTES // 4] == MARK).sum())
+        identical = bool(np.array_equal(got, expected(size, marked=prior_marked == MARK_BYTES // 4)))
+        say(role=name, step="mapped", ok=True, pid=os.getpid(), context_s=t_ctx, import_map_s=t_map,
+            identical=identical, found_marked=prior_marked == MARK_BYTES // 4)
     if mark:
         ck(cu.cuMemsetD32(va, MARK, MARK_BYTES // 4))
         ck(cu.cuCtxSynchronize())
@@ -185,6 +233,8 @@ def client(sock_path: str, size: int, name: str, mark: bool, busy: bool) -> None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--made-by", choices=("holder", "client"), default="holder",
+                    help="who makes the memory: the holder outside MPS, or MPS client A [holder]")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--sock", help=argparse.SUPPRESS)
@@ -193,10 +243,10 @@ def main() -> int:
     a = ap.parse_args()
     size = a.mib << 20
     if a.role == "holder":
-        holder(a.sock, size)
+        holder(a.sock, size, a.made_by)
         return 0
     if a.role:
-        client(a.sock, size, a.role, a.mark, a.busy)
+        client(a.sock, size, a.role, a.mark, a.busy, make=a.made_by == "client" and a.role == "A")
         return 0
     return controller(a, size)
 
@@ -208,21 +258,35 @@ def controller(a, size: int) -> int:
     (work / "pipe").mkdir()
     (work / "log").mkdir()
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-    out: dict = {"probe": "mps-vmm", "mib": a.mib, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": []}
-    me = [sys.executable, os.path.abspath(__file__), "--mib", str(a.mib), "--sock", sock]
+    out: dict = {"probe": "mps-vmm", "mib": a.mib, "made_by": a.made_by, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": []}
+    me = [sys.executable, os.path.abspath(__file__), "--mib", str(a.mib), "--sock", sock, "--made-by", a.made_by]
     procs: list[subprocess.Popen] = []
 
     def start(role: str, env: dict, *extra: str) -> subprocess.Popen:
-        p = subprocess.Popen([*me, "--role", role, *extra], env=env, stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([*me, "--role", role, *extra], env=env, stdout=subprocess.PIPE, bufsize=0)
         procs.append(p)
         return p
 
+    pending: dict[int, bytes] = {}
+
     def line(p: subprocess.Popen, timeout: float = 120) -> dict:
+        """The role's next line.  Read unbuffered: two lines that arrive together must not
+        leave the second in a buffer that select() cannot see."""
         import select
-        r, _, _ = select.select([p.stdout], [], [], timeout)
-        if not r:
-            return {"step": "timeout"}
-        text = p.stdout.readline()
+        deadline = time.monotonic() + timeout
+        buf = pending.get(p.pid, b"")
+        while b"\n" not in buf:
+            r, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not r:
+                pending[p.pid] = buf
+                return {"step": "timeout"}
+            data = os.read(p.stdout.fileno(), 65536)
+            if not data:
+                break
+            buf += data
+        text, _, rest = buf.partition(b"\n")
+        pending[p.pid] = rest
+        text = text.decode(errors="replace")
         rec = json.loads(text) if text.startswith("{") else {"step": "exited", "returncode": p.poll()}
         out["steps"].append(rec)
         print(json.dumps(rec), file=sys.stderr, flush=True)
@@ -247,6 +311,10 @@ def controller(a, size: int) -> int:
             return 1
         ca = start("A", mps_env, "--mark", "--busy")
         out["A_mapped"] = line(ca)
+        if not out["A_mapped"].get("ok"):
+            out["error"] = "client A could not " + ("make and hand over" if a.made_by == "client" else "map") \
+                + " the memory"
+            return 0
         out["A_marked"] = line(ca)
         check("check-marked")
         from gpuos.faults.inject import inject_binary
