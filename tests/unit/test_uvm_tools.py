@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpuos.faults.uvm_tools import (EVENT_FATAL_FAULT, FatalFault, FatalFaultInfoV2, FaultTrackers,
                                     decode_fatal)
-from gpuos.mps.faultsrc import TrackerSource
+from gpuos.mps.faultsrc import PEER_YOUNG_S, MpsPeers, TrackerSource
 from gpuos.mps.state import TRACKER_SOURCE
 
 PROBE = Path(__file__).resolve().parents[2] / "tools" / "probes" / "uvm_tools_probe.py"
@@ -106,3 +106,36 @@ def test_the_watch_source_reports_from_its_thread_and_says_why_it_stopped():
     assert src.error == "UVM fault trackers: queue unreadable"
     src.stop()
     assert stand_in.closed
+
+
+def test_peers_are_the_processes_whose_environment_names_a_pipe_of_ours(tmp_path):
+    """A client gpuos did not start is followed from its environment, before any MPS client
+    list shows it; a fresh fork is read again until it is PEER_YOUNG_S old (it may exec)."""
+    proc = tmp_path / "proc"
+
+    def process(pid: int, *env: str) -> None:
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "environ").write_bytes(b"\0".join(e.encode() for e in env) + b"\0")
+
+    now = [100.0]
+    peers = MpsPeers(["/g/pipe", "/g/slot1/pipe"], proc=proc, clock=lambda: now[0])
+    process(10, "PATH=/bin", "CUDA_MPS_PIPE_DIRECTORY=/g/pipe")
+    process(11, "CUDA_MPS_PIPE_DIRECTORY=/g/slot1/pipe")
+    process(12, "CUDA_MPS_PIPE_DIRECTORY=/other/pipe")  # another MPS: not ours
+    process(13, "X=CUDA_MPS_PIPE_DIRECTORY=/g/pipe")     # not the variable itself
+    process(14, "HOME=/root")                            # a fork that will exec
+    (proc / "self").mkdir()
+    assert sorted(peers.scan()) == [10, 11]
+    process(14, "CUDA_MPS_PIPE_DIRECTORY=/g/pipe")       # it exec'd a client: still young
+    now[0] += PEER_YOUNG_S / 2
+    assert sorted(peers.scan()) == [10, 11, 14]
+    # Old processes' answers are kept: their environments are not read again.
+    now[0] += PEER_YOUNG_S
+    (proc / "10" / "environ").unlink()
+    assert sorted(peers.scan()) == [10, 11, 14]
+    # Gone processes are forgotten; a pid used again is read afresh.
+    import shutil
+    shutil.rmtree(proc / "11")
+    assert sorted(peers.scan()) == [10, 14] and 11 not in peers.seen
+    process(11, "HOME=/root")
+    assert sorted(peers.scan()) == [10, 14]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -256,6 +257,60 @@ class TrackerSource:
 
     def close(self) -> None:
         self.trackers.close()
+
+
+PEER_YOUNG_S = 2.0  # a process this young may still exec: its environment is read again
+
+
+class MpsPeers:
+    """Processes whose environment names one of the supervisor's pipe directories as
+    CUDA_MPS_PIPE_DIRECTORY: clients of its servers, those gpuos did not start included,
+    found at each scan instead of at the next MPS client list (every status_poll
+    seconds), so that a fault tracker follows them from their first CUDA call.  Measured
+    on an H200: the benchmark's injector, such a client, faulted 0.4 s after it started,
+    before any client list showed it; the supervisor's incident then went by NVML's Xid,
+    which named a victim, 0.13 s after the fault, while a tracker had it in 6 ms.
+
+    A process's environment is read at each scan while the scan has known it for less
+    than PEER_YOUNG_S (a fork may still exec), then its answer is kept until it is gone:
+    a scan reads only /proc's listing and the new processes' environments."""
+
+    def __init__(self, pipe_dirs: Iterable[str], proc: Path = Path("/proc"),
+                 clock: Callable[[], float] = time.monotonic):
+        self.wanted = {b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(d) for d in pipe_dirs}
+        self.proc = proc
+        self.clock = clock
+        self.seen: dict[int, tuple[float, bool]] = {}  # pid -> (first seen, names a pipe of ours)
+
+    def scan(self) -> list[int]:
+        now = self.clock()
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return []
+        out, alive = [], set()
+        for name in names:
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            alive.add(pid)
+            first, ours = self.seen.get(pid, (now, False))
+            if pid not in self.seen or now - first < PEER_YOUNG_S:
+                ours = self._names_ours(pid)
+                self.seen[pid] = (first, ours)
+            if ours:
+                out.append(pid)
+        for pid in self.seen.keys() - alive:
+            del self.seen[pid]
+        return out
+
+    def _names_ours(self, pid: int) -> bool:
+        try:
+            with open(self.proc / str(pid) / "environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours to read
+            return False
+        return any(var in self.wanted for var in env.split(b"\0"))
 
 
 def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,

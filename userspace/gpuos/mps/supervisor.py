@@ -43,7 +43,7 @@ from ..errors import (ALL_ERRORS, Busy, GpuosError, MpsFailed, MpsNotReady, MpsN
 from ..journal import HOLD_ENV, HOLD_FILE_ENV
 from .control import (MpsCommandError, MpsControl, find_mps_binaries, foreign_daemons,
                       server_ready)
-from .faultsrc import FeedFiles, gpu_match, open_sources
+from .faultsrc import FeedFiles, MpsPeers, gpu_match, open_sources
 from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
 from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
                      spec_path, start_client, start_hook, starttime)
@@ -170,6 +170,7 @@ class Supervisor:
         self._pointed: int | None = None  # the slot `pipe` links to (spare server)
         self.feeds: FeedFiles | None = None
         self.sources: list = []
+        self.peers: MpsPeers | None = None  # with trackers: our servers' clients, found by their environment
         self._last_saved: str | None = None
         self._stop_signal = False
         self._next_mps = 0.0
@@ -221,6 +222,9 @@ class Supervisor:
         self.saved.boot_id = boot_id()
         self._listen()
         self._signals()
+        if self.options.trackers:
+            self.peers = MpsPeers({str(p) for d in (self.dirs.pipe, self.dirs.pipe_of(0), self.dirs.pipe_of(1))
+                                   for p in (d, d.resolve())})
         self.sources, self.feeds = open_sources(self.options.feeds, self.options.feed_offsets,
                                                 self.options.kmsg, self.options.nvml,
                                                 lambda n: self.inbox.append(("note", n)),
@@ -655,9 +659,12 @@ class Supervisor:
 
     def _tracked(self) -> list[int]:
         """The processes whose VA spaces the fault trackers follow: the server's clients
-        (managed or not) and the server."""
+        (managed or not: those the client list has shown, and those whose environment
+        names a pipe of ours) and the server."""
         m = self.machine
-        return [c.pid for c in m.live_clients()] + list(m.unmanaged) + ([m.server_pid] if m.server_pid else [])
+        peers = self.peers.scan() if self.peers is not None else []
+        return ([c.pid for c in m.live_clients()] + list(m.unmanaged) + peers
+                + ([m.server_pid] if m.server_pid else []))
 
     def _faults(self) -> int:
         """Fault events and notes from every source into the machine; how many there were."""
