@@ -1008,6 +1008,36 @@ def test_spare_server_victims_without_standby_start_on_the_new_server():
     assert r.m.clients["c2"].state == "exited"
 
 
+def test_after_a_tracker_report_the_kernel_logs_xid_naming_a_co_runner_is_an_echo():
+    """Under MPS the kernel log's Xid 31 names a co-runner, 0.4-0.65 s after the tracker
+    named the faulter: once the incident has closed (a spare server's can, in 0.3 s) it
+    must not open a second one that kills the clients just recovered.  Without a tracker
+    report, an Xid naming another process is still a fault of its own."""
+    r = Run().running(2)
+    r.feed(tracker_fault(r.m.clients["c1"].pid))
+    assert r.m.state is S.DRAINING and r.m.incident.victims[0].role == "faulter"
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    r.feed(ClientStarted("c1", 3001))
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and r.m.incident is None
+    acts = r.fault(pid=2002)  # the kernel log's line, naming the co-runner c2 (old pid)
+    assert r.m.state is S.RUNNING and r.m.incident is None and r.last("fault")["echo"]
+    assert not of(acts, SignalClient)
+    # a new fault the tracker takes is one, whoever it names
+    r.feed(tracker_fault(3002))
+    assert r.m.state is S.DRAINING and r.m.incident.id == 2
+    # and with no tracker report, an Xid naming another process than the handled one is new
+    r2 = Run().running(2)
+    r2.fault(pid=2001)
+    r2.drained()
+    r2.feed(ServerRestarted(True, SERVER))
+    r2.feed(ClientStarted("c1", 3001))
+    r2.feed(ClientStarted("c2", 3002))
+    r2.fault(pid=3002)
+    assert r2.m.incident is not None and r2.m.incident.id == 2
+
+
 def test_a_long_incidents_late_xid_reports_are_echoes_after_it_closes():
     r = Run().running(2)
     r.fault(pid=2001)
@@ -1296,3 +1326,23 @@ def test_every_edge_is_reachable():
     r.feed(ClientStarted("c1", 3001))       # recovered
     take(r)
     assert seen == EDGES, (EDGES - seen, seen - EDGES)
+
+
+def test_a_tracker_naming_a_process_gpuos_did_not_start_leaves_no_victim_named():
+    """The benchmark's injector, a client gpuos did not start, found by its environment: the
+    tracker's fault (attributed by the supervisor: trackers follow only processes of ours)
+    opens the incident; NVML's Xid then names a co-runner, which is no faulter and is not
+    "named" either, whichever comes first."""
+    r = Run().running(2)
+    r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 7777, "source": TRACKER_SOURCE}, True))
+    assert r.m.state is S.DRAINING
+    r.fault(pid=r.m.clients["c2"].pid)  # NVML's report: an echo, naming c2
+    assert {v.client: v.role for v in r.m.incident.victims} == {"c1": "victim", "c2": "victim"}
+    assert [f.get("pid") for f in r.m.incident.faults] == [7777, 2002]
+    # the other order: the Xid first names c1, then the tracker names the injector
+    r2 = Run().running(2)
+    r2.fault(pid=r2.m.clients["c1"].pid)
+    assert {v.client: v.role for v in r2.m.incident.victims} == {"c1": "named", "c2": "victim"}
+    r2.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 7777, "source": TRACKER_SOURCE}, True))
+    assert {v.client: v.role for v in r2.m.incident.victims} == {"c1": "victim", "c2": "victim"}
+    assert r2.m.clients["c1"].faults == 0

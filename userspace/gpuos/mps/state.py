@@ -686,7 +686,8 @@ class Machine:
         self.handled_xids = [h for h in self.handled_xids if h["seen"] >= horizon]
 
     def _handled(self, faults: list[dict]) -> None:
-        self.handled_xids += [{"seen": self._now, "xid": f["xid"], "pid": f.get("pid")}
+        self.handled_xids += [{"seen": self._now, "xid": f["xid"], "pid": f.get("pid"),
+                               "certain": f.get("source") == TRACKER_SOURCE}
                               for f in faults if f.get("xid") is not None]
 
     def _echo(self, ev: dict) -> bool:
@@ -696,9 +697,17 @@ class Machine:
         a new fault it opened a second incident that killed the victims just restarted.  A
         fault naming another process (a restarted client's new pid) is a new one.  An echo
         needs evidence, as an unattributed fault does (clients failing, the server
-        reporting FAULT).  handled_xids must be pruned first."""
+        reporting FAULT).  handled_xids must be pruned first.
+
+        After a fault a UVM tracker took (certain: its pid is the faulter's), the same Xid
+        from the kernel log or NVML is an echo whatever pid it names: under MPS their pid
+        is a co-runner's (measured on an H100 and an H200), and the kernel log's line comes
+        0.4-0.65 s after the tracker's, when a spare server's incident may have closed.  A
+        new fault of a tracked process comes with a tracker report of its own."""
         xid, pid = ev.get("xid"), ev.get("pid")
-        return xid is not None and any(h["xid"] == xid and (pid is None or h.get("pid") == pid)
+        uncertain = ev.get("source") != TRACKER_SOURCE
+        return xid is not None and any(h["xid"] == xid and (pid is None or h.get("pid") == pid
+                                                            or (uncertain and h.get("certain")))
                                        for h in self.handled_xids)
 
     # -- incidents -----------------------------------------------------------------------
@@ -775,10 +784,19 @@ class Machine:
     def _mark_named(self, fault: dict) -> None:
         """The victim a fault names: "faulter" if UVM's tracker on its VA space took it
         (certain: it counts against the client's max_faults, once an incident), else
+        "named", unless a tracker has named the faulter (a client gpuos did not start,
+        perhaps, so no victim): then an Xid's pid is a co-runner's, and no one is
         "named"."""
         pid = fault.get("pid")
         certain = fault.get("source") == TRACKER_SOURCE
-        for v in self.incident.victims if self.incident else []:
+        victims = self.incident.victims if self.incident else []
+        if certain:  # the kernel log's or NVML's pid was a guess: under MPS, a co-runner's
+            for v in victims:
+                if v.role == "named":
+                    v.role = "victim"
+        elif self.incident is not None and any(f.get("source") == TRACKER_SOURCE for f in self.incident.faults):
+            return  # a tracker has named the faulter for certain
+        for v in victims:
             if pid is None or v.pid != pid or v.role == "faulter":
                 continue
             v.role = "faulter" if certain else "named"

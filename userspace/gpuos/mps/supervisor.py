@@ -53,7 +53,7 @@ from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFa
                     RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
                     SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
                     StandbyStarted, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
-                    TerminateMpsClient, Tick, UnmanagedClients, UnmanagedGone)
+                    TerminateMpsClient, Tick, TRACKER_SOURCE, UnmanagedClients, UnmanagedGone)
 from .standby import Releases, fifo_path, start_standby
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
@@ -680,7 +680,10 @@ class Supervisor:
             for n in notes:
                 self.inbox.append(("note", n))
             for ev in evs:
-                self.inbox.append(Fault(ev, gpu_match(ev, self.gpu)))
+                # A tracker follows only processes of ours (_tracked): its fault is ours even
+                # where the machine does not know the pid (a client found by its environment).
+                ours = True if ev.get("source") == TRACKER_SOURCE else gpu_match(ev, self.gpu)
+                self.inbox.append(Fault(ev, ours))
         self._drain()
         return got
 
