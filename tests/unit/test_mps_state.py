@@ -1346,3 +1346,18 @@ def test_a_tracker_naming_a_process_gpuos_did_not_start_leaves_no_victim_named()
     r2.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 7777, "source": TRACKER_SOURCE}, True))
     assert {v.client: v.role for v in r2.m.incident.victims} == {"c1": "victim", "c2": "victim"}
     assert r2.m.clients["c1"].faults == 0
+
+
+def test_status_names_a_faulter_that_is_no_victim():
+    """`gpuos mps status`: the incident's line says which process the tracker named when it is
+    not one of the victims (a client gpuos did not start)."""
+    from gpuos.cli.mps import _victims_line
+
+    r = Run().running(2)
+    r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 7777, "source": TRACKER_SOURCE}, True))
+    r.fault(pid=r.m.clients["c2"].pid)
+    line = _victims_line(r.m.incident.summary())
+    assert line == "c1: pending; c2: pending; pid 7777 (the faulter, not started by gpuos mps run)"
+    r2 = Run().running(2)
+    r2.feed(tracker_fault(r2.m.clients["c1"].pid))
+    assert _victims_line(r2.m.incident.summary()) == "c1 (the faulter): pending; c2: pending"

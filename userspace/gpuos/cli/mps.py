@@ -17,7 +17,7 @@ from ..mps.control import MpsCommandError, MpsControl, find_mps_binaries, foreig
 from ..mps.gpu import (ComputeMode, GpuRef, MpsDirs, all_dirs, find_nvidia_smi,
                        process_memory, resolve_gpu)
 from ..mps.launch import output_path
-from ..mps.state import POLICIES, Machine, Settings, State
+from ..mps.state import POLICIES, TRACKER_SOURCE, Machine, Settings, State
 from ..mps.store import (EventLog, SavedState, StateStore, SupervisorLock, boot_id,
                           describe_event, supervisor_pid)
 from ..mps.supervisor import Options, Supervisor, request, spawn_supervisor
@@ -534,6 +534,12 @@ def _victims_line(inc: dict) -> str:
         who = v["client"] or f"pid {v['pid']}"
         role = {"named": " (named by the fault)", "faulter": " (the faulter)"}.get(v["role"], "")
         parts.append(f"{who}{role}: {v['recovery']}")
+    # A faulter a tracker named that is no victim: a client gpuos did not start, found by
+    # its environment before the server's client list showed it.
+    victims = {v["pid"] for v in inc["victims"]}
+    for pid in dict.fromkeys(f.get("pid") for f in inc.get("faults", []) if f.get("source") == TRACKER_SOURCE):
+        if pid is not None and pid not in victims:
+            parts.append(f"pid {pid} (the faulter, not started by gpuos mps run)")
     return "; ".join(parts) or "none"
 
 
