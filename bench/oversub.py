@@ -441,6 +441,13 @@ def group_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def non_negative(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="gpt-train,resnet50-train,gpt-infer")
@@ -451,7 +458,7 @@ def main() -> None:
     ap.add_argument("--pressures", default="100,150,200,300")
     ap.add_argument("--steps-times", type=int, default=1,
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
-    ap.add_argument("--overhead-rounds", type=int, default=0, metavar="K",
+    ap.add_argument("--overhead-rounds", type=non_negative, default=0, metavar="K",
                     help="rounds of plain / ideal / limited-at-100%% runs per workload, 4x longer (0: none)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
