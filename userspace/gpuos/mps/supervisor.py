@@ -223,8 +223,9 @@ class Supervisor:
         self._listen()
         self._signals()
         if self.options.trackers:
-            self.peers = MpsPeers({str(p) for d in (self.dirs.pipe, self.dirs.pipe_of(0), self.dirs.pipe_of(1))
-                                   for p in (d, d.resolve())})
+            # The path `gpuos mps env` gives clients gpuos does not start (the link to the
+            # active server's); those it starts, standbys included, it follows by their pids.
+            self.peers = MpsPeers([str(self.dirs.pipe)])
         self.sources, self.feeds = open_sources(self.options.feeds, self.options.feed_offsets,
                                                 self.options.kmsg, self.options.nvml,
                                                 lambda n: self.inbox.append(("note", n)),
