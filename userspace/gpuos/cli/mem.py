@@ -189,7 +189,12 @@ def extents() -> None:
     of its buffers it touches (each pointer argument's extent), from its arguments.
 
     Record the ground truth with `gpuos run --record-touched --log FILE -- CMD`, learn a
-    model from it (`learn`), and measure the model on another recording (`check`)."""
+    model from it (`learn`), and measure the model on another recording (`check`).
+
+    A measuring tool: `--gpu-memory` keeps making whole allocations resident, since over
+    a training or inference step nearly every block of them is touched anyway and the
+    models can miss on sizes they did not learn (docs/design.md, "Working sets finer than
+    an allocation")."""
 
 
 @extents.command("learn", short_help="Learn pointer extents from launch logs with touched records.")
