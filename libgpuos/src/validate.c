@@ -920,7 +920,6 @@ static int diff_after(struct gpuos_val_op *op, struct vctx *vc, size_t nseg,
 	if (why || nchunks == 0)
 		return why;
 	/* hash the survivors only (the kernel skips the gaps) */
-
 	r = hash_into(vc, g_fseg2, nalive, vc->d_after, nchunks);
 	static const unsigned int zero;
 	if (r == CUDA_SUCCESS)

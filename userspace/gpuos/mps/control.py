@@ -235,9 +235,9 @@ def is_control_daemon(pid: int) -> bool:
     return _argv_is(argv, CONTROL) and ("-d" in argv or "-f" in argv)
 
 
-def read_environ(pid: int) -> dict[str, str] | None:
+def read_environ(pid: int, proc: Path = Path("/proc")) -> dict[str, str] | None:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = (proc / str(pid) / "environ").read_bytes()
     except OSError:
         return None
     env = {}

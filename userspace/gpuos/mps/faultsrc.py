@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+from .control import read_environ
 from .gpu import GpuRef
 from .store import tail
 
@@ -277,7 +278,7 @@ class MpsPeers:
 
     def __init__(self, pipe_dirs: Iterable[str], proc: Path = Path("/proc"),
                  clock: Callable[[], float] = time.monotonic):
-        self.wanted = {b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(d) for d in pipe_dirs}
+        self.pipe_dirs = frozenset(pipe_dirs)
         self.proc = proc
         self.clock = clock
         self.seen: dict[int, tuple[float, bool]] = {}  # pid -> (first seen, names a pipe of ours)
@@ -305,12 +306,8 @@ class MpsPeers:
         return out
 
     def _names_ours(self, pid: int) -> bool:
-        try:
-            with open(self.proc / str(pid) / "environ", "rb") as f:
-                env = f.read()
-        except OSError:  # gone, or not ours to read
-            return False
-        return any(var in self.wanted for var in env.split(b"\0"))
+        env = read_environ(pid, self.proc)  # None: gone, or not ours to read
+        return env is not None and env.get("CUDA_MPS_PIPE_DIRECTORY") in self.pipe_dirs
 
 
 def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,
