@@ -82,9 +82,8 @@ def probe(model: extents.ExtentModel, log: Path, pressures: list[int]) -> dict:
             size[("alloc", a)] = len(blocks([a]))
         whole.append(frozenset(("alloc", a) for a in allocs))
         t = blocks(r for runs in launch.touched.values() for r in runs)
-        predicted = blocks(rng for _, rng, _ in extents._pointer_ranges(
-            model, launch.kernel, launch.params, launch.grid, launch.block, launch.arg_hash,
-            launch.pointers) if rng is not None)
+        predicted = blocks(extents.predict(model, launch.kernel, launch.params, launch.grid, launch.block,
+                                           launch.arg_hash, launch.pointers))
         missed_launches += bool(t - predicted)
         model_sets.append(frozenset(("block", b) for b in predicted | t))
         touched.append(frozenset(("block", b) for b in t))
