@@ -257,6 +257,20 @@ class Scenario:
         if left:
             self.note(f"killed {len(left)} leftover processes: {left}")
 
+    def preloads(self) -> list[dict]:
+        """What each warm standby loaded while it waited (libgpuos/src/preload.c): the
+        reports it left beside its client's kernel list, with the list's length."""
+        out = []
+        for report in sorted(self.home.glob("mps/*/kernels/*/launched.txt.standby.*")):
+            try:
+                rec = json.loads(report.read_text())
+                listed = report.with_name("launched.txt").read_text().splitlines()
+            except (OSError, ValueError):
+                continue
+            out.append(dict(rec, client=report.parent.name, listed_now=len(listed),
+                            records=listed[:40]))
+        return out
+
     # -- clients ---------------------------------------------------------------------------
     def start_clients(self) -> None:
         for i in range(self.n):
@@ -486,6 +500,7 @@ class Scenario:
         if self.mode in POLICY:
             evs = [e for e in self.events() if e.get("time", 0) >= t0 - 1]
             self.r["took_over"] = sum(1 for e in evs if e.get("event") == "victim-took-over")
+            self.r["preloads"] = self.preloads()
             self.r["supervisor_events"] = [{k: e.get(k) for k in
                                             ("time", "event", "state", "incident", "client", "pid",
                                              "old_pid", "cause", "outcome", "seconds", "why",

@@ -70,7 +70,7 @@
 	X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) \
 	X(cuModuleUnload) X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryLoadFromFile) \
 	X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
-	X(cuFuncGetName) X(cuKernelGetName) X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) \
+	X(cuFuncGetName) X(cuKernelGetName) X(cuFuncLoad) X(cuKernelGetLibrary) X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) \
 	X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy_v2) X(cuThreadExchangeStreamCaptureMode) \
 	X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) X(cuStreamQuery_ptsz) \
 	X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo_v3) \
@@ -1557,6 +1557,17 @@ static CUresult kernel_func(CUfunction *pf, CUkernel h)
 	return CUDA_SUCCESS;
 }
 
+static CUresult kernel_library(CUlibrary *pl, CUkernel h)
+{
+	struct kern *k = oget(h, O_KERN);
+	if (!pl)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!k)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*pl = (CUlibrary)k->l;
+	return CUDA_SUCCESS;
+}
+
 /* Name and parameter info; `type` is O_FUNC or O_KERN: the other kind of handle is
  * refused with CUDA_ERROR_INVALID_HANDLE, like the real driver. */
 static CUresult get_name(const char **name, const void *h, uint32_t type)
@@ -2131,7 +2142,8 @@ static const struct pa proc_table[] = {
 	PA(cuLibraryLoadData, 12000, cuLibraryLoadData) PA(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile)
 	PA(cuLibraryUnload, 12000, cuLibraryUnload) PA(cuLibraryGetKernel, 12000, cuLibraryGetKernel)
 	PA(cuLibraryGetModule, 12000, cuLibraryGetModule) PA(cuKernelGetFunction, 12000, cuKernelGetFunction)
-	PA(cuFuncGetName, 12030, cuFuncGetName) PA(cuKernelGetName, 12030, cuKernelGetName)
+	PA(cuFuncGetName, 12030, cuFuncGetName) PA(cuKernelGetName, 12030, cuKernelGetName) PA(cuFuncLoad, 12040, cuFuncLoad)
+	PA(cuKernelGetLibrary, 12050, cuKernelGetLibrary)
 	PA(cuFuncGetParamInfo, 12040, cuFuncGetParamInfo) PA(cuKernelGetParamInfo, 12040, cuKernelGetParamInfo)
 	PA(cuStreamCreate, 2000, cuStreamCreate) PA(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority)
 	PA(cuStreamDestroy, 4000, cuStreamDestroy_v2)
@@ -2593,6 +2605,8 @@ API(cuLibraryGetModule, (CUmodule *m, CUlibrary l), lib_module(m, l))
 API(cuKernelGetFunction, (CUfunction *f, CUkernel k), kernel_func(f, k))
 API(cuFuncGetName, (const char **name, CUfunction f), get_name(name, f, O_FUNC))
 API(cuKernelGetName, (const char **name, CUkernel k), get_name(name, k, O_KERN))
+API(cuFuncLoad, (CUfunction f), oget(f, O_FUNC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE)
+API(cuKernelGetLibrary, (CUlibrary *l, CUkernel k), kernel_library(l, k))
 API(cuFuncGetParamInfo, (CUfunction f, size_t i, size_t *off, size_t *size), param_info(f, O_FUNC, i, off, size))
 API(cuKernelGetParamInfo, (CUkernel k, size_t i, size_t *off, size_t *size), param_info(k, O_KERN, i, off, size))
 

@@ -137,6 +137,11 @@ struct gpuos_drv {
 	PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async;
 	PFN_cuGetErrorName_v6000 get_error_name;
 	PFN_cuThreadExchangeStreamCaptureMode_v10010 thread_exchange_capture_mode;
+	/* a warm standby's kernel preloading (preload.c) */
+	PFN_cuLibraryGetKernel_v12000 library_get_kernel;
+	PFN_cuKernelGetFunction_v12000 kernel_get_function;
+	PFN_cuFuncLoad_v12040 func_load;
+	PFN_cuKernelGetLibrary_v12050 kernel_get_library;
 	/* movable memory's (memory.c) */
 	PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity;
 	PFN_cuMemAddressReserve_v10020 mem_address_reserve;
@@ -214,6 +219,29 @@ static inline void gpuos_standby_at_launch(void)
 	if (__builtin_expect(!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE), 0))
 		gpuos_standby_launch_slow();
 }
+
+/* preload.c: with GPUOS_MPS_KERNELS, every launch notes its function for the client's
+ * warm standby, which loads them while it waits (gpuos_preload_standby_waits). */
+extern int gpuos_preload_noting;
+void gpuos_preload_note_slow(uint64_t handle);
+static inline void gpuos_preload_note(const void *f)
+{
+	if (__builtin_expect(__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED), 0))
+		gpuos_preload_note_slow((uint64_t)(uintptr_t)f);
+}
+void gpuos_preload_standby_waits(void);
+/* A library or module (of image, where known) loaded (loaded=1) or unloaded: where a
+ * client's launches come from and a standby looks for names. */
+void gpuos_preload_code(uint64_t handle, const void *image, int module, int loaded);
+/* The options of a library load (after gpuos_preload_code), written down with its kernels. */
+void gpuos_preload_library_options(uint64_t handle, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
+				   unsigned int nl);
+/* cuKernelGetFunction's pair, for a client that launches the function */
+void gpuos_preload_function(uint64_t f, uint64_t k);
+/* A library this standby loaded ahead from image, with the same options: 1 and *lib. */
+int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo, void **lv, unsigned int nl,
+		       CUlibrary *lib);
+void gpuos_preload_forget(void); /* fork child */
 /* Tracking goes on, but the record misses something (GPUOS_INCOMPLETE_* bit `why`):
  * the ring says so, once per reason, with a STATUS record. */
 void gpuos_track_incomplete(uint32_t why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

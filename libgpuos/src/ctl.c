@@ -293,6 +293,7 @@ static void atfork_child(void)
 	gpuos_touched_forget();
 	gpuos_defer_forget();
 	gpuos_share_forget();
+	gpuos_preload_forget();
 	gpuos_seq.v = 0;
 	gpuos_validating = 0;
 	gpuos_hot.capturing = 0;

@@ -51,6 +51,8 @@ static void destroyed(uint32_t kind, uint32_t objtype, uint64_t handle)
 
 static CUresult module_loaded(int on, CUresult r, CUmodule *m)
 {
+	if (r == CUDA_SUCCESS)
+		gpuos_preload_code(H(*m), NULL, 1, 1);
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_MODULE, GPUOS_OBJ_MODULE, H(*m), 0);
 	return r;
@@ -121,6 +123,7 @@ CUresult gpuos_h_module_unload(PFN_cuModuleUnload_v2000 real, int pt, CUmodule h
 {
 	(void)pt;
 	int on = gpuos_on();
+	gpuos_preload_code(H(hmod), NULL, 1, 0); /* before the driver forgets it */
 	CUresult r = real(hmod);
 	if (on && r == CUDA_SUCCESS)
 		unloaded(GPUOS_O_MODULE, GPUOS_OBJ_MODULE, H(hmod));
@@ -144,7 +147,16 @@ CUresult gpuos_h_library_load_data(PFN_cuLibraryLoadData_v12000 real, int pt, CU
 {
 	(void)pt;
 	int on = gpuos_on();
-	CUresult r = real(lib, code, jo, jv, nj, lo, lv, nl);
+	CUresult r;
+	if (lib && gpuos_preload_take(code, nj, lo, lv, nl, lib)) {
+		r = CUDA_SUCCESS; /* loaded ahead by this standby (preload.c), known there */
+	} else {
+		r = real(lib, code, jo, jv, nj, lo, lv, nl);
+		if (r == CUDA_SUCCESS) {
+			gpuos_preload_code(H(*lib), code, 0, 1);
+			gpuos_preload_library_options(H(*lib), nj, lo, lv, nl);
+		}
+	}
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(*lib), 0);
 	return r;
@@ -157,6 +169,8 @@ CUresult gpuos_h_library_load_from_file(PFN_cuLibraryLoadFromFile_v12000 real, i
 	(void)pt;
 	int on = gpuos_on();
 	CUresult r = real(lib, file, jo, jv, nj, lo, lv, nl);
+	if (r == CUDA_SUCCESS)
+		gpuos_preload_code(H(*lib), NULL, 0, 1);
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(*lib), 0);
 	return r;
@@ -166,6 +180,7 @@ CUresult gpuos_h_library_unload(PFN_cuLibraryUnload_v12000 real, int pt, CUlibra
 {
 	(void)pt;
 	int on = gpuos_on();
+	gpuos_preload_code(H(lib), NULL, 0, 0); /* before the driver forgets it */
 	CUresult r = real(lib);
 	if (on && r == CUDA_SUCCESS)
 		unloaded(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(lib));
@@ -203,6 +218,8 @@ CUresult gpuos_h_kernel_get_function(PFN_cuKernelGetFunction_v12000 real, int pt
 	(void)pt;
 	int on = gpuos_on();
 	CUresult r = real(f, k);
+	if (r == CUDA_SUCCESS)
+		gpuos_preload_function(H(*f), H(k));
 	if (!on || r != CUDA_SUCCESS)
 		return r;
 	/* The function goes with the kernel's library (forgotten when it is unloaded). */

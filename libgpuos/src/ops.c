@@ -395,6 +395,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 {
 	struct launch L;
 	gpuos_standby_at_launch();
+	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
@@ -409,6 +410,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 {
 	struct launch L;
 	gpuos_standby_at_launch();
+	gpuos_preload_note(f);
 	if (!config || !gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(config, f, kp, extra);
@@ -429,6 +431,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 {
 	struct launch L;
 	gpuos_standby_at_launch();
+	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
 		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);

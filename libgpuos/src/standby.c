@@ -65,6 +65,8 @@ static void standby_wait(const char *where)
 
 void gpuos_standby_launch_slow(void)
 {
+	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY"))
+		gpuos_preload_standby_waits();
 	standby_wait("a kernel launch");
 }
 

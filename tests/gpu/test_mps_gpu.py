@@ -178,6 +178,16 @@ def _standbys(mps: Mps, clients: list[dict], warm: bool) -> dict[str, int]:
         time.sleep(1.0)
 
 
+def _preloaded(mps: Mps, client: str, pid: int) -> dict | None:
+    """A warm standby's report of what it loaded ahead (launch.kernel_list's directory)."""
+    for p in mps.root.glob(f"h/mps/*/kernels/{client}/launched.txt.standby.{pid}"):
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
 def _waiting(pid: int) -> bool:
     """Blocked in openat(2) (x86-64: 257) on two looks 0.3 s apart: a standby at its FIFO."""
     looks = []
@@ -219,6 +229,12 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
         deadline = time.monotonic() + READY_S
         while not all(_waiting(p) for p in standbys.values()):
             assert time.monotonic() < deadline, f"the standbys {standbys} did not reach their wait"
+            time.sleep(0.5)
+        # while it waits, each loads the kernels its client launched (libgpuos/src/preload.c)
+        deadline = time.monotonic() + 20
+        while not all((_preloaded(mps, c, pid) or {}).get("loaded") for c, pid in standbys.items()):
+            assert time.monotonic() < deadline, \
+                f"the standbys loaded nothing ahead: {[_preloaded(mps, c, p) for c, p in standbys.items()]}"
             time.sleep(0.5)
 
     t0 = time.time()
@@ -287,6 +303,12 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
     if policy == "standby":
         took = {e.get("client"): e.get("pid") for e in evs if e["event"] == "victim-took-over"}
         assert took == standbys, f"taken over: {took}, standbys: {standbys}"
+        if spare:  # the runtime then took the libraries loaded ahead instead of loading its own
+            deadline = time.monotonic() + 10
+            while not all((_preloaded(mps, c, p) or {}).get("taken") for c, p in standbys.items()):
+                assert time.monotonic() < deadline, \
+                    f"no library loaded ahead was taken: {[_preloaded(mps, c, p) for c, p in standbys.items()]}"
+                time.sleep(0.5)
     else:
         restarted = {e.get("client") for e in evs if e["event"] == "victim-restarted"}
         assert {c["client"] for c in clients} <= restarted, f"restarted: {restarted}"

@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -237,25 +238,11 @@ def test_passive_without_gpuos_run(build, env):
     assert [o["checksum"] for o in got] == [o["checksum"] for o in ref]
 
 
-@pytest.mark.parametrize("at", ["cuinit", "launch"])
-@pytest.mark.parametrize("prog", ["t_direct", "t_dlsym", "t_procaddr"])
-def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env, tmp_path, prog, at):
-    """GPUOS_MPS_STANDBY (gpuos mps --policy standby): the program runs up to its first
-    cuInit (a cold standby) or its first kernel launch (GPUOS_MPS_STANDBY_AT=launch, a
-    warm one), whichever way it reaches the driver, and waits there until the
-    supervisor's release; a later start finds no FIFO and does not wait."""
+def release_standby(p: subprocess.Popen, fifo: Path) -> tuple[str, str]:
+    """A standby program waiting in openat(2) at its FIFO, released: its stdout and stderr,
+    once it ended well."""
     from gpuos.mps.standby import Releases
-    fifo = tmp_path / "standby"
-    os.mkfifo(fifo, 0o600)
-    run_env = dict(env, LD_PRELOAD=str(build / "libgpuos.so"), GPUOS_MPS_STANDBY=str(fifo),
-                   GPUOS_LIB_DEBUG="1")
-    if at == "launch":
-        run_env["GPUOS_MPS_STANDBY_AT"] = "launch"
-    p = subprocess.Popen([str(build / "tests" / prog), "3"], env=run_env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
     try:
-        with pytest.raises(subprocess.TimeoutExpired):
-            p.wait(timeout=1.5)
         stack = Path(f"/proc/{p.pid}/syscall").read_text().split()
         assert stack and stack[0] == "257", f"not waiting in openat: {stack}"  # x86-64 openat
         releases = Releases()
@@ -267,6 +254,27 @@ def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env
             p.kill()
     assert p.returncode == 0, err
     assert prog_json(out) and all(o["ok"] for o in prog_json(out))
+    return out, err
+
+
+@pytest.mark.parametrize("at", ["cuinit", "launch"])
+@pytest.mark.parametrize("prog", ["t_direct", "t_dlsym", "t_procaddr"])
+def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env, tmp_path, prog, at):
+    """GPUOS_MPS_STANDBY (gpuos mps --policy standby): the program runs up to its first
+    cuInit (a cold standby) or its first kernel launch (GPUOS_MPS_STANDBY_AT=launch, a
+    warm one), whichever way it reaches the driver, and waits there until the
+    supervisor's release; a later start finds no FIFO and does not wait."""
+    fifo = tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    run_env = dict(env, LD_PRELOAD=str(build / "libgpuos.so"), GPUOS_MPS_STANDBY=str(fifo),
+                   GPUOS_LIB_DEBUG="1")
+    if at == "launch":
+        run_env["GPUOS_MPS_STANDBY_AT"] = "launch"
+    p = subprocess.Popen([str(build / "tests" / prog), "3"], env=run_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=1.5)
+    out, err = release_standby(p, fifo)
     waits = [l for l in err.splitlines() if "standby: waiting at" in l]
     assert waits == [waits[0]] and waits[0].endswith(
         f"waiting at {'a kernel launch' if at == 'launch' else 'cuInit'} for {fifo}"), err
@@ -274,6 +282,79 @@ def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env
     again = plain(build, env, prog, "3", LD_PRELOAD=str(build / "libgpuos.so"),
                   GPUOS_MPS_STANDBY=str(fifo))
     assert again and all(o["ok"] for o in again)
+
+
+def test_a_warm_standby_loads_the_kernels_its_client_launched(build, env, tmp_path):
+    """GPUOS_MPS_KERNELS (gpuos mps with a spare server): a client leaves the names of the
+    kernels it launched; its warm standby, stopped at its first launch, loads each of
+    them into its context (cuFuncLoad) while it waits and says so, launches nothing, and
+    once released runs as usual."""
+    lib = str(build / "libgpuos.so")
+    kernels = tmp_path / "kernels.txt"
+    client = plain(build, env, "t_direct", "3", LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels))
+    assert client and all(o["ok"] for o in client)
+    records = kernels.read_text().splitlines()
+    assert records == sorted(set(records)), records
+    names = sorted({r.split("\t")[0] for r in records})
+    assert len(names) >= 3 and all(n.startswith(("fake_", "gpuos_")) for n in names), names
+    kernels.write_text("\n".join(records + ["not_a_kernel_of_this_program"]) + "\n")
+
+    fifo = tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    p = subprocess.Popen([str(build / "tests" / "t_direct"), "3"], env=dict(
+        env, LD_PRELOAD=lib, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
+        GPUOS_MPS_KERNELS=str(kernels), FAKECUDA_STATS=str(tmp_path / "stats.json")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    loaded = standby_report(p, kernels)
+    assert loaded["names"] == len(names) + 1 and loaded["loaded"] == len(names), loaded
+    assert loaded["not_found"] == 1 and loaded["refused"] == 0 and loaded["modules"] >= 1, loaded
+    assert not loaded["released"]
+    release_standby(p, fifo)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    # every fake module and library has every fake kernel: each name is loaded in each
+    assert stats["per_call"].get("cuFuncLoad") == len(names) * (loaded["libraries"] + loaded["modules"]), \
+        (stats["per_call"], loaded)
+    # The standby, now the client, kept the list: the records it launched are still there.
+    assert set(records) <= set(kernels.read_text().splitlines())
+
+
+def test_a_warm_standby_loads_a_library_ahead_and_hands_it_over(build, env, tmp_path):
+    """A library the program loads only after its first launch, from an image inside the
+    program (as the CUDA runtime loads each fatbin when one of its kernels is first
+    needed): the client's record says where the image lies; the standby loads it as a
+    library while it waits, and when the program asks for that image (cuLibraryLoadData,
+    binary preserved) it is handed that library: the driver loads the image once."""
+    lib = str(build / "libgpuos.so")
+    kernels = tmp_path / "kernels.txt"
+    client = plain(build, env, "t_preload", LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels))
+    assert client and all(o["ok"] for o in client)
+    records = [r.split("\t") for r in kernels.read_text().splitlines()]
+    with_image = [r for r in records if len(r) > 1]
+    # the main program's image: object "" (the executable), its offset, the load's options
+    assert [(r[0], r[1], r[3]) for r in with_image] == [("fake_fill", "", "j0,1=0x1")], records
+    assert int(with_image[0][2], 16) > 0
+
+    fifo = tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    p = subprocess.Popen([str(build / "tests" / "t_preload")], env=dict(
+        env, LD_PRELOAD=lib, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
+        GPUOS_MPS_KERNELS=str(kernels), FAKECUDA_STATS=str(tmp_path / "stats.json")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    loaded = standby_report(p, kernels)
+    assert loaded["images_loaded_ahead"] == 1 and loaded["loaded"] == 1 and loaded["names"] == 1, loaded
+    release_standby(p, fifo)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["per_call"].get("cuLibraryLoadData") == 1, stats["per_call"]  # ahead, not again
+
+
+def standby_report(p: subprocess.Popen, kernels: Path) -> dict:
+    """A warm standby's first report of what it loaded ahead (preload.c)."""
+    report = Path(f"{kernels}.standby.{p.pid}")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not report.exists():
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    return json.loads(report.read_text())
 
 
 def test_graphs_are_extracted_at_instantiate_and_replayed(build, env, tmp_path):

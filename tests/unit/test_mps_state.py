@@ -937,7 +937,9 @@ def with_spare(n: int = 2, policies: tuple = ()) -> Run:
     assert r.m.spare == "starting"
     for i in range(1, n + 1):
         policy = policies[i - 1] if i <= len(policies) else "standby"
-        assert r.client(f"c{i}", policy=policy) == [SpawnClient(f"c{i}", f"GPU-test:c{i}:1", slot=0)]
+        # a client whose standbys are warm leaves its launched kernels for them
+        assert r.client(f"c{i}", policy=policy) == [SpawnClient(f"c{i}", f"GPU-test:c{i}:1", slot=0,
+                                                                note_kernels=policy == "standby")]
         # before the spare is up a standby would be cold: on the active server, at cuInit
         acts = r.feed(ClientStarted(f"c{i}", 2000 + i, 77))
         if policy == "standby":

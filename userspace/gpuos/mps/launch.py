@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import procs
+from ..intercept.runner import libgpuos_path
 from .control import read_environ
 from .gpu import GpuRef, MpsDirs
 from .state import Client
 from .store import write_json_atomic
 
 TOKEN_ENV = "GPUOS_MPS_TOKEN"
+KERNELS_ENV = "GPUOS_MPS_KERNELS"
 
 
 @dataclass
@@ -127,12 +129,37 @@ def spawn(argv: list[str], cwd: str, env: dict[str, str], uid: int, gid: int,
         os.close(fd)
 
 
+def with_libgpuos(env: dict[str, str]) -> None:
+    """env with libgpuos preloaded first."""
+    lib = libgpuos_path()
+    if " " in str(lib) or ":" in str(lib):
+        raise ValueError(f"libgpuos path {lib} has a space or colon; LD_PRELOAD cannot name it")
+    env["LD_PRELOAD"] = f"{lib} {env.get('LD_PRELOAD', '')}".strip()
+
+
+def kernel_list(dirs: MpsDirs, client_id: str, uid: int, gid: int) -> Path:
+    """Where a client with a warm standby leaves the names of the kernels it launched and
+    its standby reads them, to load them while it waits (libgpuos/src/preload.c): in a
+    directory of the client's own user, who writes it."""
+    d = dirs.root / "kernels" / client_id
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(d, uid, gid)
+    return d / "launched.txt"
+
+
 def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
-                 slot: int | None = None) -> subprocess.Popen:
+                 slot: int | None = None, note_kernels: bool = False) -> subprocess.Popen:
+    """The client's command, as sent; note_kernels: under libgpuos, leaving the names of
+    the kernels it launches for its warm standby."""
     spec = ClientSpec.load(spec_path(dirs, client.id))
     env = mps_env(spec.env, dirs, gpu, slot)
     env[TOKEN_ENV] = token
     env["GPUOS_MPS_CLIENT"] = client.id
+    env.pop(KERNELS_ENV, None)
+    if note_kernels:
+        with_libgpuos(env)
+        env[KERNELS_ENV] = str(kernel_list(dirs, client.id, spec.uid, spec.gid))
     return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
                  users_file=client.output is not None)
 

@@ -12,7 +12,10 @@ takes the victim's place, its start-up already paid.
 With a spare server (`gpuos mps start --spare-server`) the copy is warm: it is given the
 spare's pipe directory and ``GPUOS_MPS_STANDBY_AT=launch``, so it makes its context and
 copies its weights in on the spare server and waits at its first kernel launch; a fault
-on the active server leaves it alone and it is released at once.
+on the active server leaves it alone and it is released at once.  While it waits it
+loads the kernels the client has launched (``GPUOS_MPS_KERNELS``, a list the client
+leaves under libgpuos: launch.kernel_list), so that its first iteration after the
+release does not load them.
 
 Release: open the FIFO for writing (every process of the copy waiting in open(2) for
 reading goes on), then remove it (a later cuInit in the copy's tree finds no FIFO and
@@ -26,9 +29,9 @@ import os
 import time
 from pathlib import Path
 
-from ..intercept.runner import libgpuos_path
 from .gpu import GpuRef, MpsDirs
-from .launch import ClientSpec, mps_env, output_path, spawn, spec_path, TOKEN_ENV
+from .launch import (KERNELS_ENV, TOKEN_ENV, ClientSpec, kernel_list, mps_env, output_path, spawn,
+                     spec_path, with_libgpuos)
 from .state import Client
 
 STANDBY_ENV = "GPUOS_MPS_STANDBY"
@@ -55,19 +58,18 @@ def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
     """The client's command as a standby (a subprocess.Popen), waiting at its first cuInit,
     or (warm) at its first launch, for the MPS daemon of slot."""
     spec = ClientSpec.load(spec_path(dirs, client.id))
-    lib = libgpuos_path()
-    if " " in str(lib) or ":" in str(lib):
-        raise ValueError(f"libgpuos path {lib} has a space or colon; LD_PRELOAD cannot name it")
+    env = mps_env(spec.env, dirs, gpu, slot)
+    with_libgpuos(env)
     path = fifo_path(dirs, token)
     make_fifo(path, spec.uid, spec.gid)
-    env = mps_env(spec.env, dirs, gpu, slot)
     env[TOKEN_ENV] = token
     env["GPUOS_MPS_CLIENT"] = client.id
     env[STANDBY_ENV] = str(path)
     env.pop(STANDBY_AT_ENV, None)
+    env.pop(KERNELS_ENV, None)
     if warm:
         env[STANDBY_AT_ENV] = "launch"
-    env["LD_PRELOAD"] = f"{lib} {env.get('LD_PRELOAD', '')}".strip()
+        env[KERNELS_ENV] = str(kernel_list(dirs, client.id, spec.uid, spec.gid))
     try:
         return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
                      users_file=client.output is not None)

@@ -365,6 +365,7 @@ class SpawnClient:
     token: str
     adopt: bool = False             # first look for a process started with this token
     slot: int | None = None
+    note_kernels: bool = False      # leaves its launched kernels for a warm standby
 
 
 @dataclass(frozen=True)
@@ -524,7 +525,8 @@ class Machine:
         if self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING):
             for c in self.clients.values():
                 if c.state == "starting" and c.spawn_token and not self._in_progress(c.id):
-                    self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True, slot=self.slot))
+                    self._out.append(SpawnClient(c.id, c.spawn_token, adopt=True, slot=self.slot,
+                                                 note_kernels=self._warm_standby(c)))
         for c in self.clients.values():
             if c.standby_token and c.standby_pid is None:  # its start was under way
                 self._out.append(SpawnStandby(c.id, c.standby_token, adopt=True,
@@ -549,7 +551,8 @@ class Machine:
                     self._out.append(ReleaseStandby(c.id, v.token, c.standby_pid,
                                                     c.standby_starttime))
                 elif v.token:
-                    self._out.append(SpawnClient(c.id, v.token, adopt=True, slot=self.slot))
+                    self._out.append(SpawnClient(c.id, v.token, adopt=True, slot=self.slot,
+                                                 note_kernels=self._warm_standby(c)))
                 else:
                     v.recovery = "pending"
 
@@ -649,6 +652,10 @@ class Machine:
     def _policy(self, c: Client) -> str:
         return c.policy or self.settings.default_policy
 
+    def _warm_standby(self, c: Client) -> bool:
+        """Whether c's standbys wait warm on a spare server (when it is ready)."""
+        return self.settings.spare_server and self._policy(c) == "standby"
+
     def _in_progress(self, client_id: str) -> bool:
         v = self.incident.victim_of(client_id) if self.incident else None
         return v is not None and v.recovery == "in-progress"
@@ -667,7 +674,8 @@ class Machine:
         c.spawn_token = f"{self.gpu}:{c.id}:{c.spawns}"
         c.state = "starting"
         c.pid = c.starttime = c.exit_status = c.exited_at = None
-        self._out.append(SpawnClient(c.id, c.spawn_token, slot=self.slot))
+        self._out.append(SpawnClient(c.id, c.spawn_token, slot=self.slot,
+                                     note_kernels=self._warm_standby(c)))
         return c.spawn_token
 
     def _spawn_pending(self) -> None:

@@ -473,7 +473,7 @@ class Supervisor:
         if recovering:
             self._hold("mps-recovering")
         try:
-            p = start_client(self.dirs, self.gpu, c, a.token, a.slot)
+            p = start_client(self.dirs, self.gpu, c, a.token, a.slot, note_kernels=a.note_kernels)
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             self.inbox.append(ClientSpawnFailed(c.id, f"cannot start {c.cmd[0] if c.cmd else '?'}: "
                                                       f"{exc}"))

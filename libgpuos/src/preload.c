@@ -1,0 +1,688 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * preload.c - a warm standby loads, while it waits, the kernels its client launched.
+ *
+ * Why: a warm standby (standby.c, GPUOS_MPS_STANDBY_AT=launch) waits at its first kernel
+ * launch, its context made and its weights copied in; after its release its first
+ * iteration still took 0.15-0.3 s on an H200, against about 1 ms for the next, because
+ * the driver loads each kernel into the context at its first launch (lazy loading).
+ * Launching the same kernels once beforehand brought that first iteration to 1 ms;
+ * making cuBLAS's handles beforehand did not (tools/probes/first_iteration_probe.py).
+ * Loading every kernel of every library (CUDA_MODULE_LOADING=EAGER) cost 2 s more.
+ *
+ * Client side (GPUOS_MPS_KERNELS=FILE, set by `gpuos mps` for clients that have a warm
+ * standby): each launch's function handle goes into a set (one hash probe per launch).
+ * At its first launch it is written down as "NAME\tOBJECT\tOFFSET": its name, and where
+ * the image of its library lies (the shared object, and the image's offset from that
+ * object's load address), when the library was loaded from an image inside one.  A
+ * thread writes the records to FILE (a temporary file renamed over it), merged with the
+ * ones already there, at most twice a second and only when new ones came, and once more
+ * at exit.  A standby that took over goes on adding to the same FILE.
+ *
+ * Standby side (FILE and GPUOS_MPS_STANDBY_AT=launch): when the standby stops at its
+ * first launch, a thread in its context reads FILE (again whenever it changes).  The CUDA
+ * runtime loads each image as a library only when one of its kernels is first needed,
+ * so at the stop most of them are not loaded: the thread loads each recorded image
+ * (found at the same offset in the same object here) as a library, then loads each name
+ * found in the process's libraries and modules into the context (cuLibraryGetKernel,
+ * cuKernelGetFunction, cuFuncLoad; cuModuleGetFunction, cuFuncLoad), until the release.
+ * When the runtime then asks for an image loaded ahead (cuLibraryLoadData, no JIT
+ * options), it is given that library, its kernels already in the context, instead of a
+ * second copy.  What the thread did goes to FILE.standby.PID (one JSON object).  A name
+ * it cannot find (a kernel compiled at run time) is loaded at its first launch, as
+ * without it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+
+int gpuos_preload_noting;   /* launches are noted (GPUOS_MPS_KERNELS set) */
+static int standby_loading; /* ... and this process is a warm standby that preloads */
+static const char *list_path;
+
+__attribute__((constructor)) static void preload_init(void)
+{
+	const char *p = getenv("GPUOS_MPS_KERNELS");
+	if (!p || !*p)
+		return;
+	list_path = p;
+	const char *at = getenv("GPUOS_MPS_STANDBY_AT");
+	const char *fifo = getenv("GPUOS_MPS_STANDBY");
+	standby_loading = at && !strcmp(at, "launch") && fifo && *fifo;
+	__atomic_store_n(&gpuos_preload_noting, 1, __ATOMIC_RELEASE);
+}
+
+/* ---- names, sorted and unique ---------------------------------------------------------------- */
+
+struct names {
+	char **v;
+	size_t n, cap;
+};
+
+static int names_add(struct names *s, const char *name, size_t len)
+{
+	if (!len)
+		return 0;
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 256;
+		char **v = realloc(s->v, cap * sizeof *v);
+		if (!v)
+			return -1;
+		s->v = v;
+		s->cap = cap;
+	}
+	if (!(s->v[s->n] = strndup(name, len)))
+		return -1;
+	s->n++;
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void names_sort_unique(struct names *s)
+{
+	if (!s->n)
+		return;
+	qsort(s->v, s->n, sizeof *s->v, cmp_str);
+	size_t o = 1;
+	for (size_t i = 1; i < s->n; i++) {
+		if (strcmp(s->v[i], s->v[o - 1]))
+			s->v[o++] = s->v[i];
+		else
+			free(s->v[i]);
+	}
+	s->n = o;
+}
+
+static void names_free(struct names *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		free(s->v[i]);
+	free(s->v);
+	memset(s, 0, sizeof *s);
+}
+
+/* The lines of path added to s (none when it cannot be read). */
+static void names_read(struct names *s, const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return;
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	while ((len = getline(&line, &cap, f)) > 0) {
+		if (line[len - 1] == '\n')
+			len--;
+		if (names_add(s, line, (size_t)len))
+			break;
+	}
+	free(line);
+	fclose(f);
+}
+
+/* ---- the libraries and modules the process loaded -------------------------------------------- */
+
+/* Kept where GPUOS_MPS_KERNELS is set: a client names the code image of each kernel it
+ * launches (its shared object and offset there), and a standby looks its names up in
+ * them.  ours: a library the standby loaded ahead from a client's record, handed to the
+ * first cuLibraryLoadData of the same image (gpuos_preload_take) instead of a second copy. */
+struct code {
+	uint64_t handle;
+	const void *image;
+	int module;
+	int ours;
+	char opts[160]; /* the load's options, as written down (library_options) */
+};
+
+static pthread_mutex_t code_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct code *codes;
+static size_t ncodes, codes_cap;
+
+/* kernel -> function pairs (cuKernelGetFunction): a launch may name either */
+static struct {
+	uint64_t f, k;
+} *fk;
+static size_t nfk, fk_cap;
+
+void gpuos_preload_function(uint64_t f, uint64_t k)
+{
+	if (!__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED) || !f || !k)
+		return;
+	pthread_mutex_lock(&code_mu);
+	for (size_t i = 0; i < nfk; i++)
+		if (fk[i].f == f) {
+			fk[i].k = k;
+			goto out;
+		}
+	if (nfk == fk_cap) {
+		size_t cap = fk_cap ? 2 * fk_cap : 256;
+		void *v = realloc(fk, cap * sizeof *fk);
+		if (!v)
+			goto out;
+		fk = v;
+		fk_cap = cap;
+	}
+	fk[nfk].f = f;
+	fk[nfk++].k = k;
+out:
+	pthread_mutex_unlock(&code_mu);
+}
+
+struct object_of {
+	uintptr_t addr;
+	const char *name;
+	uintptr_t base;
+	int found;
+};
+
+static int find_object_of(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct object_of *o = arg;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && o->addr >= lo && o->addr < lo + ph->p_memsz) {
+			o->name = info->dlpi_name ? info->dlpi_name : "";
+			o->base = info->dlpi_addr;
+			return o->found = 1;
+		}
+	}
+	return 0;
+}
+
+static int find_object_named(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct object_of *o = arg;
+	if (strcmp(info->dlpi_name ? info->dlpi_name : "", o->name))
+		return 0;
+	o->base = info->dlpi_addr;
+	return o->found = 1;
+}
+
+/* A pointer as "OBJECT+OFFSET" when it lies in a loaded object, else its value. */
+static void where_is(const void *p, char *out, size_t cap)
+{
+	struct object_of o = { (uintptr_t)p, NULL, 0, 0 };
+	if (p && dl_iterate_phdr(find_object_of, &o) && o.found)
+		snprintf(out, cap, "%s+%#lx", strrchr(o.name, '/') ? strrchr(o.name, '/') + 1 : o.name,
+			 (unsigned long)((uintptr_t)p - o.base));
+	else
+		snprintf(out, cap, "%#lx", (unsigned long)(uintptr_t)p);
+}
+
+/* "\tOBJECT\tOFFSET" of the image the launched handle h came from, into out; "" if none
+ * (a module, or an image not inside a loaded object: compiled at run time). */
+static void image_of(uint64_t h, char *out, size_t cap)
+{
+	out[0] = 0;
+	if (!gpuos_drv.kernel_get_library)
+		return;
+	uint64_t k = h;
+	pthread_mutex_lock(&code_mu);
+	for (size_t i = 0; i < nfk; i++)
+		if (fk[i].f == h) {
+			k = fk[i].k;
+			break;
+		}
+	pthread_mutex_unlock(&code_mu);
+	CUlibrary lib;
+	if (gpuos_drv.kernel_get_library(&lib, (CUkernel)(uintptr_t)k) != CUDA_SUCCESS)
+		return;
+	const void *image = NULL;
+	char opts[160] = "";
+	pthread_mutex_lock(&code_mu);
+	for (size_t i = 0; i < ncodes; i++)
+		if (!codes[i].module && codes[i].handle == (uint64_t)(uintptr_t)lib) {
+			image = codes[i].image;
+			memcpy(opts, codes[i].opts, sizeof opts);
+		}
+	pthread_mutex_unlock(&code_mu);
+	struct object_of o = { (uintptr_t)image, NULL, 0, 0 };
+	if (!image || !dl_iterate_phdr(find_object_of, &o) || !o.found || strchr(o.name, '\t') || strchr(o.name, '\n'))
+		return;
+	snprintf(out, cap, "\t%s\t%#lx\t%s", o.name, (unsigned long)((uintptr_t)image - o.base), opts);
+}
+
+/* ---- client side: the launched functions ----------------------------------------------------- */
+
+#define SEEN_SLOTS 16384u /* a power of two; noting stops at three quarters full */
+
+static uint64_t seen[SEEN_SLOTS];
+static unsigned seen_count;
+static int seen_dirty;
+static pthread_mutex_t launched_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct names launched; /* their names, taken at the first launch of each */
+static pthread_once_t writer_once = PTHREAD_ONCE_INIT;
+
+static void write_list(void)
+{
+	struct names s = { 0 };
+	names_read(&s, list_path);
+	pthread_mutex_lock(&launched_mu);
+	for (size_t i = 0; i < launched.n; i++)
+		if (names_add(&s, launched.v[i], strlen(launched.v[i])))
+			break;
+	pthread_mutex_unlock(&launched_mu);
+	names_sort_unique(&s);
+	char tmp[4096];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", list_path, (int)getpid()) >= (int)sizeof tmp)
+		goto out;
+	FILE *f = fopen(tmp, "we");
+	if (!f) {
+		gpuos_dbg("preload: cannot write %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	for (size_t i = 0; i < s.n; i++)
+		fprintf(f, "%s\n", s.v[i]);
+	if (fclose(f) || rename(tmp, list_path)) {
+		gpuos_dbg("preload: cannot write %s: %s", list_path, strerror(errno));
+		unlink(tmp);
+	}
+out:
+	names_free(&s);
+}
+
+static void *writer_main(void *arg)
+{
+	(void)arg;
+	const struct timespec half = { 0, 500 * 1000 * 1000 };
+	for (;;) {
+		nanosleep(&half, NULL);
+		if (__atomic_exchange_n(&seen_dirty, 0, __ATOMIC_ACQ_REL))
+			write_list();
+	}
+	return NULL;
+}
+
+/* A program that ends within half a second of a new kernel still leaves its list. */
+__attribute__((destructor)) static void preload_fini(void)
+{
+	if (list_path && __atomic_exchange_n(&seen_dirty, 0, __ATOMIC_ACQ_REL))
+		write_list();
+}
+
+static void start_writer(void)
+{
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &at, writer_main, NULL))
+		gpuos_dbg("preload: no writer thread: the list is written at exit");
+	pthread_attr_destroy(&at);
+}
+
+void gpuos_preload_note_slow(uint64_t h)
+{
+	if (!h)
+		return;
+	uint64_t x = h * 0x9e3779b97f4a7c15ull;
+	unsigned i = (unsigned)(x >> 50) & (SEEN_SLOTS - 1);
+	for (unsigned probes = 0; probes < SEEN_SLOTS; probes++, i = (i + 1) & (SEEN_SLOTS - 1)) {
+		uint64_t v = __atomic_load_n(&seen[i], __ATOMIC_ACQUIRE);
+		if (v == h)
+			return;
+		if (v)
+			continue;
+		if (!__atomic_compare_exchange_n(&seen[i], &v, h, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			if (v == h)
+				return;
+			continue; /* another thread took the slot for another handle */
+		}
+		if (__atomic_add_fetch(&seen_count, 1, __ATOMIC_ACQ_REL) >= SEEN_SLOTS / 4 * 3)
+			__atomic_store_n(&gpuos_preload_noting, 0, __ATOMIC_RELEASE); /* enough */
+		/* A CUfunction or a CUkernel: the driver refuses the other kind.  Named now, while
+		 * the handle is surely valid (once per function, not per launch). */
+		const char *name = NULL;
+		gpuos_resolve();
+		if ((!gpuos_drv.func_get_name || gpuos_drv.func_get_name(&name, (CUfunction)(uintptr_t)h) != CUDA_SUCCESS) &&
+		    (!gpuos_drv.kernel_get_name || gpuos_drv.kernel_get_name(&name, (CUkernel)(uintptr_t)h) != CUDA_SUCCESS))
+			name = NULL;
+		if (!name || strchr(name, '\n') || strchr(name, '\t'))
+			return;
+		char line[8192], where[4200];
+		image_of(h, where, sizeof where);
+		int len = snprintf(line, sizeof line, "%s%s", name, where);
+		if (len < 0 || (size_t)len >= sizeof line)
+			return;
+		pthread_mutex_lock(&launched_mu);
+		int e = names_add(&launched, line, (size_t)len);
+		pthread_mutex_unlock(&launched_mu);
+		if (!e) {
+			__atomic_store_n(&seen_dirty, 1, __ATOMIC_RELEASE);
+			pthread_once(&writer_once, start_writer);
+		}
+		return;
+	}
+}
+
+/* ---- standby side: loading the names while it waits ------------------------------------------ */
+
+static void where_is(const void *p, char *out, size_t cap);
+
+/* A load's options as "jNJIT,ID=VALUE...": written down for the record (the values where
+ * they lie, since a pointer means nothing in another process). */
+static void format_options(char *out, size_t cap, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
+			   unsigned int nl)
+{
+	size_t o = (size_t)snprintf(out, cap, "j%u", njit);
+	for (unsigned int i = 0; i < nl && lo && lv && o < cap; i++) {
+		char w[96];
+		where_is(lv[i], w, sizeof w);
+		o += (size_t)snprintf(out + o, cap - o, ",%d=%s", (int)lo[i], w);
+	}
+}
+
+void gpuos_preload_library_options(uint64_t handle, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
+				   unsigned int nl)
+{
+	if (!__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED) || !handle)
+		return;
+	char opts[160];
+	format_options(opts, sizeof opts, njit, lo, lv, nl);
+	pthread_mutex_lock(&code_mu);
+	for (size_t i = ncodes; i-- > 0;)
+		if (codes[i].handle == handle && !codes[i].module) {
+			snprintf(codes[i].opts, sizeof codes[i].opts, "%s", opts);
+			break;
+		}
+	pthread_mutex_unlock(&code_mu);
+}
+
+void gpuos_preload_code(uint64_t handle, const void *image, int module, int loaded)
+{
+	if (!list_path || !handle)
+		return;
+	pthread_mutex_lock(&code_mu);
+	if (loaded) {
+		if (ncodes == codes_cap) {
+			size_t cap = codes_cap ? 2 * codes_cap : 256;
+			struct code *c = realloc(codes, cap * sizeof *c);
+			if (c) {
+				codes = c;
+				codes_cap = cap;
+			}
+		}
+		if (ncodes < codes_cap)
+			codes[ncodes++] = (struct code){ handle, image, module, 0, { 0 } };
+	} else {
+		for (size_t i = 0; i < ncodes; i++)
+			if (codes[i].handle == handle && codes[i].module == module) {
+				codes[i] = codes[--ncodes];
+				break;
+			}
+	}
+	pthread_mutex_unlock(&code_mu);
+}
+
+struct load_stats {
+	size_t names, loaded, missing, failed, libraries, modules, images;
+	double seconds;
+};
+
+static unsigned taken; /* libraries loaded ahead that the application then asked for */
+static char refused_opts[200]; /* the first ask for one it could not be given, and why */
+
+static int released(void)
+{
+	return __atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE);
+}
+
+/* Load name wherever it is found: 1 when loaded somewhere, 0 not found, -1 refused. */
+static int load_name(const char *name)
+{
+	int found = 0, failed = 0;
+	for (size_t i = 0; i < ncodes; i++) {
+		CUfunction f = NULL;
+		if (codes[i].module) {
+			if (!gpuos_drv.module_get_function ||
+			    gpuos_drv.module_get_function(&f, (CUmodule)(uintptr_t)codes[i].handle, name) != CUDA_SUCCESS)
+				continue;
+		} else {
+			CUkernel k;
+			if (!gpuos_drv.library_get_kernel || !gpuos_drv.kernel_get_function ||
+			    gpuos_drv.library_get_kernel(&k, (CUlibrary)(uintptr_t)codes[i].handle, name) != CUDA_SUCCESS ||
+			    gpuos_drv.kernel_get_function(&f, k) != CUDA_SUCCESS)
+				continue;
+		}
+		found = 1;
+		if (gpuos_drv.func_load && gpuos_drv.func_load(f) != CUDA_SUCCESS)
+			failed = 1;
+	}
+	return found ? (failed ? -1 : 1) : 0;
+}
+
+/* The image a client's record names ("NAME\tOBJECT\tOFFSET"), in this process; NULL when
+ * the record names none or the object is not loaded here.  The name is cut at its tab. */
+static const void *record_image(char *line)
+{
+	char *t1 = strchr(line, '\t');
+	if (!t1)
+		return NULL;
+	*t1 = 0;
+	char *t2 = strchr(t1 + 1, '\t');
+	if (!t2)
+		return NULL;
+	*t2 = 0;
+	char *t3 = strchr(t2 + 1, '\t');
+	if (t3)
+		*t3 = 0; /* the options the client's load had */
+	char *end;
+	errno = 0;
+	unsigned long off = strtoul(t2 + 1, &end, 0);
+	if (errno || *end)
+		return NULL;
+	struct object_of o = { 0, t1 + 1, 0, 0 };
+	dl_iterate_phdr(find_object_named, &o);
+	return o.found ? (const void *)(o.base + off) : NULL;
+}
+
+/* Load image as a library ahead, unless the process has it already (code_mu held). */
+static int load_image(const void *image)
+{
+	for (size_t i = 0; i < ncodes; i++)
+		if (!codes[i].module && codes[i].image == image)
+			return 0;
+	PFN_cuLibraryLoadData_v12000 load = (PFN_cuLibraryLoadData_v12000)gpuos_real_at(HK_cuLibraryLoadData);
+	CUlibrary lib;
+	if (!load || ncodes == codes_cap || load(&lib, image, NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS)
+		return -1;
+	codes[ncodes++] = (struct code){ (uint64_t)(uintptr_t)lib, image, 0, 1, { 0 } };
+	return 1;
+}
+
+int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo, void **lv, unsigned int nl,
+		       CUlibrary *lib)
+{
+	if (!standby_loading)
+		return 0;
+	int refuse = njit != 0;
+	/* Loaded ahead with no options: only a load asking for none, or only for the binary
+	 * to be kept (the driver copies it anyway without), gets it. */
+	for (unsigned int i = 0; i < nl; i++)
+		if (!lo || lo[i] != CU_LIBRARY_BINARY_IS_PRESERVED)
+			refuse = 1;
+	int took = 0;
+	pthread_mutex_lock(&code_mu);
+	if (refuse) {
+		for (size_t i = 0; i < ncodes && !refused_opts[0]; i++)
+			if (codes[i].ours && codes[i].image == image)
+				format_options(refused_opts, sizeof refused_opts, njit, lo, lv, nl);
+		pthread_mutex_unlock(&code_mu);
+		return 0;
+	}
+	for (size_t i = 0; i < ncodes; i++)
+		if (codes[i].ours && !codes[i].module && codes[i].image == image) {
+			*lib = (CUlibrary)(uintptr_t)codes[i].handle;
+			codes[i].ours = 0; /* the application's from now on */
+			format_options(codes[i].opts, sizeof codes[i].opts, njit, lo, lv, nl);
+			took = 1;
+			break;
+		}
+	pthread_mutex_unlock(&code_mu);
+	if (took)
+		__atomic_add_fetch(&taken, 1, __ATOMIC_RELAXED);
+	return took;
+}
+
+static void write_stats(const struct load_stats *st)
+{
+	char path[4096], tmp[4200];
+	if (snprintf(path, sizeof path, "%s.standby.%d", list_path, (int)getpid()) >= (int)sizeof path)
+		return;
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "we");
+	if (!f)
+		return;
+	fprintf(f, "{\"pid\": %d, \"names\": %zu, \"loaded\": %zu, \"not_found\": %zu, \"refused\": %zu, "
+		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"taken\": %u, "
+		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s}\n",
+		(int)getpid(), st->names, st->loaded, st->missing, st->failed, st->libraries, st->modules,
+		st->images, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
+		released() ? "true" : "false");
+	if (fclose(f) || rename(tmp, path))
+		unlink(tmp);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *loader_main(void *arg)
+{
+	CUcontext ctx = arg;
+	if (!gpuos_drv.ctx_push || gpuos_drv.ctx_push(ctx) != CUDA_SUCCESS)
+		return NULL;
+	struct names done = { 0 }; /* loaded, or refused: not tried again */
+	struct timespec seen_mtime = { 0, 0 };
+	off_t seen_size = -1;
+	size_t seen_codes = 0;
+	struct load_stats st = { 0 };
+	const struct timespec tick = { 0, 50 * 1000 * 1000 };
+	while (!released()) {
+		struct stat sb;
+		int changed = !stat(list_path, &sb) &&
+			      (sb.st_mtim.tv_sec != seen_mtime.tv_sec || sb.st_mtim.tv_nsec != seen_mtime.tv_nsec ||
+			       sb.st_size != seen_size);
+		/* Held for the pass: an unload waits for it (the handles stay valid), and the pass
+		 * stops at the release, so the application waits for one name at most. */
+		pthread_mutex_lock(&code_mu);
+		if (!changed && ncodes == seen_codes) {
+			pthread_mutex_unlock(&code_mu);
+			nanosleep(&tick, NULL);
+			continue;
+		}
+		if (changed) {
+			seen_mtime = sb.st_mtim;
+			seen_size = sb.st_size;
+		}
+		double t0 = now_s();
+		struct names want = { 0 };
+		names_read(&want, list_path);
+		names_sort_unique(&want);
+		/* The images the records name, loaded ahead first (room made for them here). */
+		if (codes_cap - ncodes < want.n) {
+			struct code *c = realloc(codes, (ncodes + want.n) * sizeof *c);
+			if (c) {
+				codes = c;
+				codes_cap = ncodes + want.n;
+			}
+		}
+		for (size_t i = 0; i < want.n && !released(); i++) {
+			const void *image = record_image(want.v[i]); /* cuts the record to its name */
+			if (image && load_image(image) > 0)
+				st.images++;
+		}
+		names_sort_unique(&want); /* names now: one name may have had several records */
+		size_t before = done.n;
+		st.names = want.n;
+		st.missing = st.libraries = st.modules = 0;
+		for (size_t i = 0; i < ncodes; i++) {
+			if (codes[i].module)
+				st.modules++;
+			else
+				st.libraries++;
+		}
+		for (size_t i = 0; i < want.n && !released(); i++) {
+			if (before && bsearch(&want.v[i], done.v, before, sizeof *done.v, cmp_str))
+				continue;
+			int r = load_name(want.v[i]);
+			if (r == 0)
+				st.missing++;
+			else if (names_add(&done, want.v[i], strlen(want.v[i])) == 0 && r > 0)
+				st.loaded++;
+			else if (r < 0)
+				st.failed++;
+		}
+		seen_codes = ncodes;
+		pthread_mutex_unlock(&code_mu);
+		names_sort_unique(&done);
+		names_free(&want);
+		st.seconds += now_s() - t0;
+		write_stats(&st);
+	}
+	/* Once more a moment after the release: what the application then took. */
+	const struct timespec settle = { 2, 0 };
+	nanosleep(&settle, NULL);
+	write_stats(&st);
+	names_free(&done);
+	CUcontext old;
+	gpuos_drv.ctx_pop(&old);
+	return NULL;
+}
+
+static void start_loader(void)
+{
+	gpuos_resolve();
+	CUcontext ctx = NULL;
+	if (!gpuos_drv.ctx_get_current || gpuos_drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) {
+		gpuos_dbg("preload: no current context at the first launch: nothing loaded ahead");
+		return;
+	}
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int e = pthread_create(&t, &at, loader_main, ctx);
+	pthread_attr_destroy(&at);
+	if (e)
+		gpuos_dbg("preload: no loader thread: %s", strerror(e));
+}
+
+static pthread_once_t loader_once = PTHREAD_ONCE_INIT;
+
+void gpuos_preload_standby_waits(void)
+{
+	if (standby_loading)
+		pthread_once(&loader_once, start_loader);
+}
+
+void gpuos_preload_forget(void)
+{
+	/* A fork child notes its own launches, with a writer thread of its own. */
+	memset(seen, 0, sizeof seen);
+	seen_count = 0;
+	seen_dirty = 0;
+	pthread_mutex_init(&launched_mu, NULL);
+	pthread_mutex_init(&code_mu, NULL);
+	writer_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+	if (list_path)
+		__atomic_store_n(&gpuos_preload_noting, 1, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""What in a warm standby's first iteration could be done while it is held?  (issue 20; GPU host.)
+
+    python3 tools/probes/first_iteration_probe.py [--repeats 3] [--out FILE.json]
+
+WHY
+  A warm standby (`gpuos mps start --spare-server`) waits at its first kernel launch: its
+  context made, its weights copied in.  After its release its first iteration still took
+  0.17-0.29 s on an H200 with no fault anywhere (standby_release_probe), against about
+  1 ms for the next; that is half of an inference victim's 0.4-0.5 s downtime.  Eager
+  module loading made it 2 s worse.  Which part could libgpuos do while the standby is
+  held, before the fault: cuBLAS's start (its library, handle and workspace), or the
+  first launch of each kernel (lazy loading)?
+
+WHAT IT DOES
+  For each variant, in a fresh process and in the benchmark client's shape (the MLP of
+  gpuos.workloads.mps_client, weights made on the CPU and copied in, so no kernel has
+  run): do the variant's warm-up, then time the client's first iteration (synchronised)
+  and its second.  Variants, each a superset of what the one before it did:
+  - none: nothing (what a standby does today);
+  - cublas: cublasCreate and cublasLtCreate through ctypes, on handles of the probe's
+    own (what libgpuos could do in any process that has loaded cuBLAS);
+  - torch-handle: torch's own cuBLAS handle and workspace (torch.cuda.current_blas_handle);
+  - same-kernels: one iteration on other tensors of the same shapes (every kernel of the
+    iteration loaded: the most any preloading could give).
+  Modes infer and train, the order of variants rotated per repeat.
+
+Everything measured goes to the JSON.  Exit 0 when it ran, 1 when a child failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ("none", "cublas", "torch-handle", "same-kernels")
+
+
+def _loaded(name: str) -> str | None:
+    """Path of a loaded shared object whose file name starts with NAME, from our own maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(name):
+                return path
+    return None
+
+
+def child(mode: str, variant: str, size: int, batch: int) -> dict:
+    t_start = time.perf_counter()
+    import torch
+
+    dev = torch.device("cuda")
+    torch.manual_seed(1)
+
+    def mlp():
+        """The benchmark client's model (made on the CPU, copied in) and its optimizer."""
+        m = torch.nn.Sequential(
+            torch.nn.Linear(size, size), torch.nn.ReLU(),
+            torch.nn.Linear(size, size), torch.nn.ReLU(),
+            torch.nn.Linear(size, 16)).to(dev)
+        o = torch.optim.SGD(m.parameters(), lr=1e-3) if mode == "train" else None
+        if o is None:
+            m.eval()
+        return m, o
+
+    model, opt = mlp()
+    torch.cuda.synchronize()
+    out: dict = {"mode": mode, "variant": variant, "setup_s": time.perf_counter() - t_start,
+                 "memory_before_warm": torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]}
+
+    def step(m, o):
+        x = torch.randn(batch, size, device=dev)
+        if o is not None:
+            y = torch.randn(batch, 16, device=dev)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            o.zero_grad(set_to_none=True)
+            loss.backward()
+            o.step()
+        else:
+            with torch.inference_mode():
+                m(x).sum()
+        torch.cuda.synchronize()
+
+    t0 = time.perf_counter()
+    if variant in ("cublas", "torch-handle", "same-kernels"):
+        handles = []  # kept alive to the end
+        for lib, fn in (("libcublas.so", "cublasCreate_v2"), ("libcublasLt.so", "cublasLtCreate")):
+            path = _loaded(lib)
+            out[f"{lib}_path"] = path
+            if path is None:
+                continue
+            h = ctypes.c_void_p()
+            rc = getattr(ctypes.CDLL(path), fn)(ctypes.byref(h))
+            out[f"{fn}_rc"] = rc
+            handles.append(h)
+        out["cublas_s"] = time.perf_counter() - t0
+    if variant in ("torch-handle", "same-kernels"):
+        torch.cuda.current_blas_handle()
+        torch.cuda.synchronize()
+    if variant == "same-kernels":
+        step(*mlp())
+    out["warm_s"] = time.perf_counter() - t0
+    out["memory_after_warm"] = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
+    t1 = time.perf_counter()
+    step(model, opt)
+    out["iter1_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    step(model, opt)
+    out["iter2_s"] = time.perf_counter() - t2
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="infer,train")
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--out", default="first-iteration-probe.json")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "VARIANT"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child[0], a.child[1], a.size, a.batch)), flush=True)
+        return 0
+    runs, failed = [], 0
+    for r in range(a.repeats):
+        for mode in a.modes.split(","):
+            order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+            for variant in order:
+                p = subprocess.run([sys.executable, __file__, "--size", str(a.size), "--batch",
+                                    str(a.batch), "--child", mode, variant],
+                                   capture_output=True, text=True, timeout=120)
+                if p.returncode != 0:
+                    failed += 1
+                    runs.append({"mode": mode, "variant": variant, "repeat": r,
+                                 "error": p.stderr.strip().splitlines()[-3:]})
+                    continue
+                rec = json.loads(p.stdout.strip().splitlines()[-1]) | {"repeat": r}
+                runs.append(rec)
+                print(f"{mode:5} {variant:13} warm {rec['warm_s']*1e3:7.1f} ms  iter1 "
+                      f"{rec['iter1_s']*1e3:7.1f} ms  iter2 {rec['iter2_s']*1e3:6.1f} ms", flush=True)
+    summary = {}
+    for mode in a.modes.split(","):
+        for variant in VARIANTS:
+            xs = [x for x in runs if x.get("mode") == mode and x.get("variant") == variant
+                  and "iter1_s" in x]
+            if xs:
+                summary[f"{mode}/{variant}"] = {
+                    "iter1_median_s": statistics.median(x["iter1_s"] for x in xs),
+                    "warm_median_s": statistics.median(x["warm_s"] for x in xs),
+                    "memory_added_by_warm": statistics.median(
+                        x["memory_after_warm"] - x["memory_before_warm"] for x in xs)}
+    import torch
+    doc = {"probe": "first-iteration", "date": time.strftime("%Y-%m-%d"),
+           "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "loading": os.environ.get("CUDA_MODULE_LOADING", "lazy"),
+           "size": a.size, "batch": a.batch, "summary": summary, "runs": runs}
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
