@@ -268,8 +268,11 @@ static pthread_mutex_t launched_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct names launched; /* their names, taken at the first launch of each */
 static pthread_once_t writer_once = PTHREAD_ONCE_INIT;
 
+static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER; /* the writer thread, or exit */
+
 static void write_list(void)
 {
+	pthread_mutex_lock(&write_mu); /* one temporary file per process */
 	struct names s = { 0 };
 	names_read(&s, list_path);
 	pthread_mutex_lock(&launched_mu);
@@ -294,6 +297,7 @@ static void write_list(void)
 	}
 out:
 	names_free(&s);
+	pthread_mutex_unlock(&write_mu);
 }
 
 static void *writer_main(void *arg)
@@ -681,6 +685,7 @@ void gpuos_preload_forget(void)
 	seen_count = 0;
 	seen_dirty = 0;
 	pthread_mutex_init(&launched_mu, NULL);
+	pthread_mutex_init(&write_mu, NULL);
 	pthread_mutex_init(&code_mu, NULL);
 	writer_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	if (list_path)

@@ -303,6 +303,15 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
         assert alive(pid) and lines(logs[cid], "launched") == [f"launched {client_pid}"]
     assert (mps.dir / "pipe").resolve() == (mps.dir / "slot0" / "pipe").resolve()
     assert f"{sb[a]} (warm)" in mps("mps", "clients").stdout
+    # Each client, under libgpuos, wrote down the kernel it launched; its standby, waiting
+    # at the same launch, loaded it ahead (libgpuos/src/preload.c).
+    for cid, pid in sb.items():
+        listed = mps.dir / "kernels" / cid / "launched.txt"
+        wait_for(lambda: listed.exists() and listed.read_text().split() == ["fake_noop"], 10,
+                 "the client's kernel list")
+        report = listed.with_name(f"launched.txt.standby.{pid}")
+        wait_for(lambda: report.exists() and json.loads(report.read_text())["loaded"] == 1, 10,
+                 "the standby's kernel loaded ahead")
     old = {cid: m["clients"][cid]["pid"] for cid in (a, b)}
 
     trigger.touch()

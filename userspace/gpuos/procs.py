@@ -76,6 +76,20 @@ def comm(pid: int) -> str | None:
         return None
 
 
+def read_environ(pid: int, proc: Path = PROC) -> dict[str, str] | None:
+    """pid's environment as it started (None: gone, or not ours to read)."""
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()

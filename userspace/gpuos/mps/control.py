@@ -235,19 +235,6 @@ def is_control_daemon(pid: int) -> bool:
     return _argv_is(argv, CONTROL) and ("-d" in argv or "-f" in argv)
 
 
-def read_environ(pid: int, proc: Path = Path("/proc")) -> dict[str, str] | None:
-    try:
-        raw = (proc / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
-    env = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
 @dataclass(frozen=True)
 class DaemonInfo:
     pid: int
@@ -271,7 +258,7 @@ def control_daemons() -> list[DaemonInfo]:
         pid = int(entry)
         if pid == os.getpid() or not is_control_daemon(pid):
             continue
-        env = read_environ(pid)
+        env = procs.read_environ(pid)
         if env is None:
             out.append(DaemonInfo(pid, None, None, False))
         else:

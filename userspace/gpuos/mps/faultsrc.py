@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
-from .control import read_environ
+from .. import procs
 from .gpu import GpuRef
 from .store import tail
 
@@ -306,7 +306,7 @@ class MpsPeers:
         return out
 
     def _names_ours(self, pid: int) -> bool:
-        env = read_environ(pid, self.proc)  # None: gone, or not ours to read
+        env = procs.read_environ(pid, self.proc)  # None: gone, or not ours to read
         return env is not None and env.get("CUDA_MPS_PIPE_DIRECTORY") in self.pipe_dirs
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from .. import procs
 from ..intercept.runner import libgpuos_path
-from .control import read_environ
 from .gpu import GpuRef, MpsDirs
 from .state import Client
 from .store import write_json_atomic
@@ -191,7 +190,7 @@ def find_by_token(token: str) -> tuple[int, int] | None:
         if not entry.isdigit():
             continue
         pid = int(entry)
-        env = read_environ(pid)
+        env = procs.read_environ(pid)
         if not env or env.get(TOKEN_ENV) != token:
             continue
         try:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import procs
+
 
 def suite_cmd(workload: str, args: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "gpuos.workloads.suite", workload, *args, "--json"]
@@ -93,17 +95,10 @@ def last_json_object(text: str) -> dict | None:
 def processes_with_env(var: str, value: str) -> list[int]:
     """Processes whose environment has var=value (what a harness marks everything it
     starts with, to find and kill it all at the end), never this process."""
-    needle = f"{var}={value}".encode()
     out = []
     for d in Path("/proc").glob("[0-9]*"):
         pid = int(d.name)
-        if pid == os.getpid():
-            continue
-        try:
-            env = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
+        if pid != os.getpid() and (procs.read_environ(pid) or {}).get(var) == value:
             out.append(pid)
     return out
 
