@@ -846,6 +846,7 @@ static int res_class_made; /* atomic */
 
 static void resident_gate(int hk)
 {
+	gpuos_res_call_begins();
 	if (!__atomic_load_n(&res_class_made, __ATOMIC_ACQUIRE)) {
 		for (int k = 0; k < HK_COUNT; k++)
 			res_class[k] = (uint8_t)gpuos_hook_res_class(k);

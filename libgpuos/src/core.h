@@ -165,6 +165,7 @@ struct gpuos_drv {
 	PFN_cuEventRecord_v2000 event_record;
 	PFN_cuEventQuery_v2000 event_query;
 	PFN_cuEventSynchronize_v2000 event_sync;
+	PFN_cuStreamWaitEvent_v3020 stream_wait_event;
 	/* measuring touches (touched.c, validate.c) */
 	PFN_cuMemAllocManaged_v6000 mem_alloc_managed;
 	PFN_cuMemGetInfo_v3020 mem_get_info;
@@ -610,6 +611,11 @@ CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
  * a launch or not; the lock is this call's until its outermost wrapper returns. */
 CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
 CUresult gpuos_res_need_all(const char *why);
+/* The stream of the call about to need memory (ops.c, before gpuos_fill_wait_*): with
+ * GPUOS_GPU_MEMORY_EVICT_WAIT=event, an event recorded there after the call tells an
+ * eviction when the call is done with its memory. */
+void gpuos_res_call_stream(uint64_t stream);
+void gpuos_res_call_begins(void); /* at an outermost wrapper's entry (agent.c's gate) */
 void gpuos_res_stats(struct gpuos_res_stats *out);
 /* Evict what the group asked of this process (gpuos_share_release_asked), its lock taken
  * (share.c's release thread; the process's own calls do it under the lock they hold). */

@@ -340,10 +340,12 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 
 /* While filling, a launch that is not recorded (tracking paused): nothing predicts what it
  * touches, so it waits for everything. */
-static inline CUresult fill_untracked(void)
+static inline CUresult fill_untracked(uint64_t stream)
 {
-	if (unlikely(gpuos_fill_checking()))
+	if (unlikely(gpuos_fill_checking())) {
+		gpuos_res_call_stream(stream);
 		return gpuos_fill_wait_all("a launch while tracking is paused");
+	}
 	return CUDA_SUCCESS;
 }
 
@@ -375,6 +377,8 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 			return launch_timed(r_, t0, t1_, t2_);                 \
 		}                                                              \
 		gpuos_defer_drain_self();                                      \
+		if (filling_)                                                  \
+			gpuos_res_call_stream((L).rec.stream);                 \
 		if (!launch_begin(&(L), f, kp, extra)) {                       \
 			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked")) != CUDA_SUCCESS) \
 				return r_;                                     \
@@ -397,7 +401,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
-		CUresult w = fill_untracked();
+		CUresult w = fill_untracked(gpuos_eff_stream(st, pt));
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
 	}
 	uint64_t t0 = ST_NOW();
@@ -412,7 +416,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!config || !gpuos_recording()) {
-		CUresult w = fill_untracked();
+		CUresult w = fill_untracked(config ? gpuos_eff_stream(config->hStream, pt) : 0);
 		return w != CUDA_SUCCESS ? w : real(config, f, kp, extra);
 	}
 	uint16_t flags = GPUOS_LAUNCH_EX;
@@ -433,7 +437,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
-		CUresult w = fill_untracked();
+		CUresult w = fill_untracked(gpuos_eff_stream(st, pt));
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
 	}
 	uint64_t t0 = ST_NOW();
@@ -605,6 +609,7 @@ static CUresult fill_wait_copy(const struct copy_desc *d)
 		struct gpuos_qe *e_;                                     \
 		if (unlikely(gpuos_fill_checking())) {                   \
 			struct copy_desc f_ = (desc);                    \
+			gpuos_res_call_stream(f_.stream);                \
 			CUresult w_ = fill_wait_copy(&f_);               \
 			if (w_ != CUDA_SUCCESS)                          \
 				return w_;                               \

@@ -40,7 +40,8 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
 
 
 def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
-                seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
+                seed: int, modes: list[tuple[str, ...]], extra: tuple[str, ...] = ()
+                ) -> tuple[list[dict], dict, dict]:
     """Members at once (one per mode), beginning their rounds together once all have
     started, the group's file sampled every 2 ms meanwhile:
     each one's stats, the group's at the end, and what the samples saw (the most
@@ -67,7 +68,8 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     try:
         for i, mode in enumerate(modes):
             members.append(Member(build, {**env, "T_RESIDENT_GATE": str(gate)}, tmp / f"m{i}",
-                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)], rounds,
+                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms), *extra],
+                                  rounds,
                                   seed + i, *mode))
         deadline = time.monotonic() + 120
         while (len(list(gate.glob("ready-*"))) < len(members) and time.monotonic() < deadline
@@ -87,11 +89,14 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     return own, g, seen
 
 
-def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
+@pytest.mark.parametrize("wait", ["sync", "event"])
+def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, wait):
     """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
     the group never has more than 16 MiB resident, the GPU changed hands, and members
-    evicted memory for each other."""
-    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11, [()] * 3)
+    evicted memory for each other; so too with evictions waiting for their victims' last
+    calls (--evict-wait event), those asked by the others included."""
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11, [()] * 3,
+                               ("--evict-wait", wait))
     assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
     assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
     assert sorted(m["pid"] for m in g["members"]) == sorted(st["pid"] for st in own)
