@@ -248,11 +248,12 @@ def test_bad_groups_are_refused(libgpuos_build, libgpuos_env, tmp_path, group, a
     assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("lib", ["plain", "tsan"])
-def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, lib):
+@pytest.mark.parametrize("lib,wait", [("plain", "sync"), ("tsan", "sync"), ("tsan", "event")])
+def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, lib, wait):
     """Two processes of four threads each (16 MiB per process) in a 12 MiB pool: each
     process's release thread evicts while its other threads launch; all exact, and with
-    ThreadSanitizer (library and program) no race is reported."""
+    ThreadSanitizer (library and program) no race is reported, evictions waiting for the
+    context or for their victims' last calls' events (--evict-wait event)."""
     env, prog = dict(libgpuos_env), "t_resident"
     if lib == "tsan":
         res = subprocess.run(["make", "-s", "-C", str(Path(__file__).resolve().parents[2] / "libgpuos"),
@@ -264,6 +265,7 @@ def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_p
     for i in range(2):
         (tmp_path / f"stop{i}").touch()  # each ends at once, having checked everything
         procs.append(subprocess.Popen([*GPUOS, "run", "-q", "--share", group, "--gpu-memory", "12M", "--slice", "3",
+                                       "--evict-wait", wait,
                                        "--", str(libgpuos_build / "tests" / prog), str(tmp_path / f"stop{i}"), "100",
                                        str(5 + i), "threads"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
