@@ -302,7 +302,6 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
         assert server_of[client_pid] == m["server_pid"] != server_of[pid]  # the standby: the spare's
         assert alive(pid) and lines(logs[cid], "launched") == [f"launched {client_pid}"]
     assert (mps.dir / "pipe").resolve() == (mps.dir / "slot0" / "pipe").resolve()
-    assert f"{sb[a]} (warm)" in mps("mps", "clients").stdout
     # Each client, under libgpuos, wrote down the kernel it launched; its standby, waiting
     # at the same launch, loaded it ahead (libgpuos/src/preload.c).
     for cid, pid in sb.items():
@@ -312,6 +311,10 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
         report = listed.with_name(f"launched.txt.standby.{pid}")
         wait_for(lambda: report.exists() and json.loads(report.read_text())["loaded"] == 1, 10,
                  "the standby's kernel loaded ahead")
+    code, cl = mps.json("mps", "clients")
+    assert code == 0 and {r["id"]: (r["standby_preload"] or {}).get("loaded") for r in cl["clients"]} == \
+        {a: 1, b: 1}
+    assert f"{sb[a]} (warm, 1/1 kernels ahead)" in mps("mps", "clients").stdout
     old = {cid: m["clients"][cid]["pid"] for cid in (a, b)}
 
     trigger.touch()

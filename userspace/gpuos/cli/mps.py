@@ -17,6 +17,7 @@ from ..mps.control import MpsCommandError, MpsControl, find_mps_binaries, foreig
 from ..mps.gpu import (ComputeMode, GpuRef, MpsDirs, all_dirs, find_nvidia_smi,
                        process_memory, resolve_gpu)
 from ..mps.launch import output_path
+from ..mps.standby import preload_report
 from ..mps.state import POLICIES, TRACKER_SOURCE, Machine, Settings, State
 from ..mps.store import (EventLog, SavedState, StateStore, SupervisorLock, boot_id,
                           describe_event, supervisor_pid)
@@ -643,10 +644,12 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
         alive = bool(c.pid) and procs.alive(c.pid)
         if c.pid:
             managed.add(c.pid)
+        standby = c.standby_pid if c.standby_pid and procs.alive(c.standby_pid) else None
         rows.append({"id": c.id, "pid": c.pid, "state": c.state, "alive": alive,
                      "connected": c.pid in live, "policy": policy, "hook": hook,
-                     "standby_pid": c.standby_pid if c.standby_pid and procs.alive(c.standby_pid)
-                     else None, "standby_warm": c.standby_warm,
+                     "standby_pid": standby, "standby_warm": c.standby_warm,
+                     "standby_preload": preload_report(dirs, c.id, standby)
+                     if standby and c.standby_warm else None,
                      "restarts": c.restarts, "exit_status": c.exit_status,
                      "gpu_memory": mem.get(c.pid) if mem is not None and c.pid else None,
                      "command": c.cmd, "cwd": c.cwd, "uid": c.uid,
@@ -658,7 +661,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
             cmd = []
         rows.append({"id": None, "pid": p, "state": "other", "alive": procs.alive(p),
                      "connected": True, "policy": None, "hook": None, "standby_pid": None,
-                     "standby_warm": False,
+                     "standby_warm": False, "standby_preload": None,
                      "restarts": 0,
                      "exit_status": None, "gpu_memory": mem.get(p) if mem is not None else None,
                      "command": cmd, "cwd": None, "uid": None, "output": None})
@@ -671,10 +674,19 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
     click.echo(table(["ID", "PID", "STATE", "POLICY", "STANDBY", "RESTARTS", "GPU MEM", "COMMAND"],
                      [[r["id"] or "-", r["pid"] if r["pid"] and r["alive"] else "-", r["state"],
                        r["policy"] or "-",
-                       f"{r['standby_pid']} ({'warm' if r['standby_warm'] else 'cold'})"
-                       if r["standby_pid"] else "-",
+                       _standby_cell(r) if r["standby_pid"] else "-",
                        r["restarts"], human_bytes(r["gpu_memory"]) if r["gpu_memory"] is not None
                        else "-", shlex.join(r["command"])[:80]] for r in rows]))
+
+
+def _standby_cell(row: dict) -> str:
+    """"PID (cold)", "PID (warm)", or with what a warm one loaded ahead so far."""
+    pre = row["standby_preload"]
+    if not row["standby_warm"]:
+        return f"{row['standby_pid']} (cold)"
+    if not pre:
+        return f"{row['standby_pid']} (warm)"
+    return f"{row['standby_pid']} (warm, {pre.get('loaded', 0)}/{pre.get('names', 0)} kernels ahead)"
 
 
 # -- run -------------------------------------------------------------------------------------

@@ -136,15 +136,19 @@ def with_libgpuos(env: dict[str, str]) -> None:
     env["LD_PRELOAD"] = f"{lib} {env.get('LD_PRELOAD', '')}".strip()
 
 
+def kernel_list_path(dirs: MpsDirs, client_id: str) -> Path:
+    """Where a client with a warm standby leaves the kernels it launched and its standby
+    reads them, to load them while it waits (libgpuos/src/preload.c)."""
+    return dirs.root / "kernels" / client_id / "launched.txt"
+
+
 def kernel_list(dirs: MpsDirs, client_id: str, uid: int, gid: int) -> Path:
-    """Where a client with a warm standby leaves the names of the kernels it launched and
-    its standby reads them, to load them while it waits (libgpuos/src/preload.c): in a
-    directory of the client's own user, who writes it."""
-    d = dirs.root / "kernels" / client_id
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """kernel_list_path, its directory made as one of the client's own user, who writes it."""
+    path = kernel_list_path(dirs, client_id)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if os.geteuid() == 0:
-        os.chown(d, uid, gid)
-    return d / "launched.txt"
+        os.chown(path.parent, uid, gid)
+    return path
 
 
 def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,

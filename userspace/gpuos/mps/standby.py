@@ -25,13 +25,14 @@ FIFO up just before it was removed.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 from .gpu import GpuRef, MpsDirs
-from .launch import (KERNELS_ENV, TOKEN_ENV, ClientSpec, kernel_list, mps_env, output_path, spawn,
-                     spec_path, with_libgpuos)
+from .launch import (KERNELS_ENV, TOKEN_ENV, ClientSpec, kernel_list, kernel_list_path, mps_env,
+                     output_path, spawn, spec_path, with_libgpuos)
 from .state import Client
 
 STANDBY_ENV = "GPUOS_MPS_STANDBY"
@@ -76,6 +77,17 @@ def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
     except BaseException:
         path.unlink(missing_ok=True)
         raise
+
+
+def preload_report(dirs: MpsDirs, client_id: str, standby_pid: int) -> dict | None:
+    """What a warm standby has loaded ahead while it waits (the report libgpuos's
+    preload.c writes beside its client's kernel list: names, loaded, not_found,
+    images_loaded_ahead, taken, ...), or None."""
+    path = kernel_list_path(dirs, client_id).with_name(f"launched.txt.standby.{standby_pid}")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class Releases:
