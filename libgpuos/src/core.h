@@ -231,12 +231,13 @@ static inline void gpuos_preload_note(const void *f)
 		gpuos_preload_note_slow((uint64_t)(uintptr_t)f);
 }
 void gpuos_preload_standby_waits(void);
-/* A library or module (of image, where known) loaded (loaded=1) or unloaded: where a
- * client's launches come from and a standby looks for names. */
-void gpuos_preload_code(uint64_t handle, const void *image, int module, int loaded);
-/* The options of a library load (after gpuos_preload_code), written down with its kernels. */
-void gpuos_preload_library_options(uint64_t handle, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
-				   unsigned int nl);
+/* A library loaded from image with these options (a client writes the image's place and
+ * the options down with its kernels), or a library loaded from a file, or a module,
+ * loaded (loaded=1) or unloaded: where a client's launches come from and a standby looks
+ * for names. */
+void gpuos_preload_library(uint64_t handle, const void *image, unsigned int njit, const CUlibraryOption *lo,
+			   void *const *lv, unsigned int nl);
+void gpuos_preload_code(uint64_t handle, int module, int loaded);
 /* cuKernelGetFunction's pair, for a client that launches the function */
 void gpuos_preload_function(uint64_t f, uint64_t k);
 /* A library this standby loaded ahead from image, with the same options: 1 and *lib. */
@@ -609,13 +610,8 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx);
 CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
 /* Make the allocations holding n addresses (`stride` bytes apart) resident for this call,
  * a launch or not; the lock is this call's until its outermost wrapper returns. */
-CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
-CUresult gpuos_res_need_all(const char *why);
-/* The stream of the call about to need memory (ops.c, before gpuos_fill_wait_*): with
- * GPUOS_GPU_MEMORY_EVICT_WAIT=event, an event recorded there after the call tells an
- * eviction when the call is done with its memory. */
-void gpuos_res_call_stream(uint64_t stream);
-void gpuos_res_call_begins(void); /* at an outermost wrapper's entry (agent.c's gate) */
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch, uint64_t stream);
+CUresult gpuos_res_need_all(const char *why, uint64_t stream);
 void gpuos_res_stats(struct gpuos_res_stats *out);
 /* Evict what the group asked of this process (gpuos_share_release_asked), its lock taken
  * (share.c's release thread; the process's own calls do it under the lock they hold). */
@@ -722,15 +718,19 @@ static inline int gpuos_fill_checking(void)
 	gpuos_tls_fill_check = 0;
 	return 1;
 }
+/* The stream of the call whose memory the waits below are for (stream arguments): with
+ * --evict-wait event, an event recorded there after the call tells an eviction when the
+ * call is done with its memory.  GPUOS_STREAM_UNKNOWN where the caller cannot say. */
+#define GPUOS_STREAM_UNKNOWN UINT64_MAX
 /* Wait until the movable allocations holding ptrs (if any still being filled do) are
  * filled; under --gpu-memory, make them resident.  Not CUDA_SUCCESS: the call must fail
  * with that (they cannot be made resident). */
-CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n);
+CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n, uint64_t stream);
 /* A launch's predicted buffers (lflags: its GPUOS_LAUNCH_* flags; an unknown layout
  * waits for everything). */
-CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags);
+CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags, uint64_t stream);
 /* Wait until every movable allocation is filled (resident); `why` is counted and reported. */
-CUresult gpuos_fill_wait_all(const char *why);
+CUresult gpuos_fill_wait_all(const char *why, uint64_t stream);
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
 /* Rest the gate at GPUOS_GATE_RESIDENT from now on; returns once every other thread that

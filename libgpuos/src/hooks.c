@@ -373,11 +373,11 @@ __attribute__((visibility("hidden"))) void *gpuos_unhooked_used(int i)
 		gpuos_resolve();
 	int gate = __atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE);
 	if (unlikely(gate == GPUOS_GATE_FILLING))
-		gpuos_fill_wait_all(unhooked_names[i]);
+		gpuos_fill_wait_all(unhooked_names[i], GPUOS_STREAM_UNKNOWN);
 	if (unlikely(gate == GPUOS_GATE_RESIDENT)) {
 		/* No wrapper returns through here to keep the scheduler's lock to the call:
 		 * everything resident now, and another thread's launch could evict before it. */
-		gpuos_fill_wait_all(unhooked_names[i]);
+		gpuos_fill_wait_all(unhooked_names[i], GPUOS_STREAM_UNKNOWN);
 		gpuos_res_release();
 	}
 	gpuos_track_incomplete(GPUOS_INCOMPLETE_UNHOOKED_WRITER,

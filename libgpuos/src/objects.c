@@ -52,7 +52,7 @@ static void destroyed(uint32_t kind, uint32_t objtype, uint64_t handle)
 static CUresult module_loaded(int on, CUresult r, CUmodule *m)
 {
 	if (r == CUDA_SUCCESS)
-		gpuos_preload_code(H(*m), NULL, 1, 1);
+		gpuos_preload_code(H(*m), 1, 1);
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_MODULE, GPUOS_OBJ_MODULE, H(*m), 0);
 	return r;
@@ -123,7 +123,7 @@ CUresult gpuos_h_module_unload(PFN_cuModuleUnload_v2000 real, int pt, CUmodule h
 {
 	(void)pt;
 	int on = gpuos_on();
-	gpuos_preload_code(H(hmod), NULL, 1, 0); /* before the driver forgets it */
+	gpuos_preload_code(H(hmod), 1, 0); /* before the driver forgets it */
 	CUresult r = real(hmod);
 	if (on && r == CUDA_SUCCESS)
 		unloaded(GPUOS_O_MODULE, GPUOS_OBJ_MODULE, H(hmod));
@@ -152,10 +152,8 @@ CUresult gpuos_h_library_load_data(PFN_cuLibraryLoadData_v12000 real, int pt, CU
 		r = CUDA_SUCCESS; /* loaded ahead by this standby (preload.c), known there */
 	} else {
 		r = real(lib, code, jo, jv, nj, lo, lv, nl);
-		if (r == CUDA_SUCCESS) {
-			gpuos_preload_code(H(*lib), code, 0, 1);
-			gpuos_preload_library_options(H(*lib), nj, lo, lv, nl);
-		}
+		if (r == CUDA_SUCCESS)
+			gpuos_preload_library(H(*lib), code, nj, lo, lv, nl);
 	}
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(*lib), 0);
@@ -170,7 +168,7 @@ CUresult gpuos_h_library_load_from_file(PFN_cuLibraryLoadFromFile_v12000 real, i
 	int on = gpuos_on();
 	CUresult r = real(lib, file, jo, jv, nj, lo, lv, nl);
 	if (r == CUDA_SUCCESS)
-		gpuos_preload_code(H(*lib), NULL, 0, 1);
+		gpuos_preload_code(H(*lib), 0, 1);
 	if (on && r == CUDA_SUCCESS)
 		created(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(*lib), 0);
 	return r;
@@ -180,7 +178,7 @@ CUresult gpuos_h_library_unload(PFN_cuLibraryUnload_v12000 real, int pt, CUlibra
 {
 	(void)pt;
 	int on = gpuos_on();
-	gpuos_preload_code(H(lib), NULL, 0, 0); /* before the driver forgets it */
+	gpuos_preload_code(H(lib), 0, 0); /* before the driver forgets it */
 	CUresult r = real(lib);
 	if (on && r == CUDA_SUCCESS)
 		unloaded(GPUOS_O_LIBRARY, GPUOS_OBJ_LIBRARY, H(lib));

@@ -342,10 +342,8 @@ void gpuos_play_launch(const struct gpuos_qe *e)
  * touches, so it waits for everything. */
 static inline CUresult fill_untracked(uint64_t stream)
 {
-	if (unlikely(gpuos_fill_checking())) {
-		gpuos_res_call_stream(stream);
-		return gpuos_fill_wait_all("a launch while tracking is paused");
-	}
+	if (unlikely(gpuos_fill_checking()))
+		return gpuos_fill_wait_all("a launch while tracking is paused", stream);
 	return CUDA_SUCCESS;
 }
 
@@ -377,15 +375,13 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 			return launch_timed(r_, t0, t1_, t2_);                 \
 		}                                                              \
 		gpuos_defer_drain_self();                                      \
-		if (filling_)                                                  \
-			gpuos_res_call_stream((L).rec.stream);                 \
 		if (!launch_begin(&(L), f, kp, extra)) {                       \
-			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked")) != CUDA_SUCCESS) \
+			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked", (L).rec.stream)) != CUDA_SUCCESS) \
 				return r_;                                     \
 			return (call);                                         \
 		}                                                              \
 		/* predicted before the call: wait for them (make them resident) */ \
-		if (filling_ && (r_ = gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags)) != CUDA_SUCCESS) \
+		if (filling_ && (r_ = gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags, (L).rec.stream)) != CUDA_SUCCESS) \
 			return launch_end(&(L), r_);                           \
 		t1_ = ST_NOW();                                                \
 		r_ = (call);                                                   \
@@ -598,7 +594,7 @@ static CUresult fill_wait_copy(const struct copy_desc *d)
 		p[n++] = d->dst;
 	if (d->src_side != SIDE_NONE && d->src_side != SIDE_HOST)
 		p[n++] = d->src;
-	return gpuos_fill_wait_ptrs(p, n);
+	return gpuos_fill_wait_ptrs(p, n, d->stream);
 }
 
 /* Around the real call `call`: queued, else recorded inline, else only called.  `call`
@@ -609,7 +605,6 @@ static CUresult fill_wait_copy(const struct copy_desc *d)
 		struct gpuos_qe *e_;                                     \
 		if (unlikely(gpuos_fill_checking())) {                   \
 			struct copy_desc f_ = (desc);                    \
-			gpuos_res_call_stream(f_.stream);                \
 			CUresult w_ = fill_wait_copy(&f_);               \
 			if (w_ != CUDA_SUCCESS)                          \
 				return w_;                               \

@@ -143,7 +143,7 @@ struct code {
 	const void *image;
 	int module;
 	int ours;
-	char opts[160]; /* the load's options, as written down (library_options) */
+	char opts[160]; /* the load's options, as written down (format_options) */
 };
 
 static pthread_mutex_t code_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -376,8 +376,6 @@ void gpuos_preload_note_slow(uint64_t h)
 
 /* ---- standby side: loading the names while it waits ------------------------------------------ */
 
-static void where_is(const void *p, char *out, size_t cap);
-
 /* A load's options as "jNJIT,ID=VALUE...": written down for the record (the values where
  * they lie, since a pointer means nothing in another process). */
 static void format_options(char *out, size_t cap, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
@@ -391,46 +389,50 @@ static void format_options(char *out, size_t cap, unsigned int njit, const CUlib
 	}
 }
 
-void gpuos_preload_library_options(uint64_t handle, unsigned int njit, const CUlibraryOption *lo, void *const *lv,
-				   unsigned int nl)
+static void add_code(uint64_t handle, const void *image, int module, const char *opts)
 {
-	if (!__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED) || !handle)
-		return;
-	char opts[160];
-	format_options(opts, sizeof opts, njit, lo, lv, nl);
 	pthread_mutex_lock(&code_mu);
-	for (size_t i = ncodes; i-- > 0;)
-		if (codes[i].handle == handle && !codes[i].module) {
-			snprintf(codes[i].opts, sizeof codes[i].opts, "%s", opts);
-			break;
+	if (ncodes == codes_cap) {
+		size_t cap = codes_cap ? 2 * codes_cap : 256;
+		struct code *c = realloc(codes, cap * sizeof *c);
+		if (c) {
+			codes = c;
+			codes_cap = cap;
 		}
+	}
+	if (ncodes < codes_cap) {
+		codes[ncodes] = (struct code){ handle, image, module, 0, { 0 } };
+		snprintf(codes[ncodes++].opts, sizeof codes->opts, "%s", opts);
+	}
 	pthread_mutex_unlock(&code_mu);
 }
 
-void gpuos_preload_code(uint64_t handle, const void *image, int module, int loaded)
+void gpuos_preload_library(uint64_t handle, const void *image, unsigned int njit, const CUlibraryOption *lo,
+			   void *const *lv, unsigned int nl)
 {
 	if (!list_path || !handle)
 		return;
-	pthread_mutex_lock(&code_mu);
+	char opts[160] = "";
+	if (__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED)) /* a client writes them down */
+		format_options(opts, sizeof opts, njit, lo, lv, nl);
+	add_code(handle, image, 0, opts);
+}
+
+void gpuos_preload_code(uint64_t handle, int module, int loaded)
+{
+	if (!list_path || !handle)
+		return;
 	if (loaded) {
-		if (ncodes == codes_cap) {
-			size_t cap = codes_cap ? 2 * codes_cap : 256;
-			struct code *c = realloc(codes, cap * sizeof *c);
-			if (c) {
-				codes = c;
-				codes_cap = cap;
-			}
-		}
-		if (ncodes < codes_cap)
-			codes[ncodes++] = (struct code){ handle, image, module, 0, { 0 } };
+		add_code(handle, NULL, module, "");
 	} else {
+		pthread_mutex_lock(&code_mu);
 		for (size_t i = 0; i < ncodes; i++)
 			if (codes[i].handle == handle && codes[i].module == module) {
 				codes[i] = codes[--ncodes];
 				break;
 			}
+		pthread_mutex_unlock(&code_mu);
 	}
-	pthread_mutex_unlock(&code_mu);
 }
 
 struct load_stats {
@@ -600,7 +602,6 @@ static void *loader_main(void *arg)
 		double t0 = now_s();
 		struct names want = { 0 };
 		names_read(&want, list_path);
-		names_sort_unique(&want);
 		/* The images the records name, loaded ahead first (room made for them here). */
 		if (codes_cap - ncodes < want.n) {
 			struct code *c = realloc(codes, (ncodes + want.n) * sizeof *c);

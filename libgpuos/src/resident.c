@@ -1037,24 +1037,10 @@ static int enter(int turn)
 	return 0;
 }
 
-/* --evict-wait event: the stream of the call in progress (this thread's), if one. */
-static GPUOS_TLS uint64_t call_stream;
-static GPUOS_TLS int call_streams; /* 0: none said, 1: call_stream, 2: several (unknown) */
-
-void gpuos_res_call_begins(void)
-{
-	call_streams = 0; /* a call that needed no memory left its stream said, unreleased */
-}
-
-void gpuos_res_call_stream(uint64_t stream)
-{
-	if (!call_streams) {
-		call_stream = stream;
-		call_streams = 1;
-	} else if (call_stream != stream) {
-		call_streams = 2;
-	}
-}
+/* --evict-wait event: the stream of the call holding the lock (this thread's), set by
+ * its need and dropped at its release; GPUOS_STREAM_UNKNOWN where it cannot be said (a
+ * call without one, or nested calls naming different ones). */
+static GPUOS_TLS uint64_t call_stream = GPUOS_STREAM_UNKNOWN;
 
 /* After the call's real call was submitted (R.mu held): an event on its stream, which
  * the allocations it used keep as their last use's (EV_UNKNOWN where it cannot be had).
@@ -1066,7 +1052,7 @@ static void event_after_call(void)
 		return; /* it needed no movable memory */
 	uint64_t ctx = gpuos_current_ctx(), gen = 0;
 	int32_t slot = EV_UNKNOWN;
-	struct swap_ctx *sc = call_streams == 1 ? swap_ctx() : NULL;
+	struct swap_ctx *sc = call_stream != GPUOS_STREAM_UNKNOWN ? swap_ctx() : NULL;
 	if (sc) {
 		gen = ++sc->ev_next;
 		int32_t k = (int32_t)(gen % EVENTS);
@@ -1113,7 +1099,7 @@ void gpuos_res_release(void)
 	if (gpuos_tls_res_held && R.ev_wait && R.oversubscribed)
 		event_after_call();
 	unlock_call();
-	call_streams = 0;
+	call_stream = GPUOS_STREAM_UNKNOWN;
 }
 
 static void mark(uint64_t p)
@@ -1192,12 +1178,17 @@ static void evict_asked(void)
  * waited for, and the call marked again as the same tick (one call: one use, one
  * signature).  A call nested in another that holds the lock cannot let it go: it makes
  * its room as a member without the turn can (free room, else its own memory). */
-static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what)
+static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what,
+		     uint64_t stream)
 {
 	uint64_t t0 = gpuos_now_ns();
 	int ticked = 0;
 	for (int again = 0;; again = 1) {
 		int outermost = enter(again) == 0;
+		if (outermost)
+			call_stream = stream;
+		else if (stream != call_stream)
+			call_stream = GPUOS_STREAM_UNKNOWN; /* a nested call on another stream */
 		if (!again) {
 			R.st.launches += !!launch;
 			R.st.need_all += !!all;
@@ -1223,14 +1214,14 @@ static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int la
 	}
 }
 
-CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch, uint64_t stream)
 {
-	return need(p, n, stride, 0, launch, launch ? "a launch" : "a copy or memset");
+	return need(p, n, stride, 0, launch, launch ? "a launch" : "a copy or memset", stream);
 }
 
-CUresult gpuos_res_need_all(const char *why)
+CUresult gpuos_res_need_all(const char *why, uint64_t stream)
 {
-	return need(NULL, 0, 0, 1, 0, why);
+	return need(NULL, 0, 0, 1, 0, why, stream);
 }
 
 void gpuos_res_evict_for_others(void)
