@@ -15,6 +15,9 @@ each fault kind of gpuos-inject, and each mode:
 - spare: `gpuos mps start --spare-server --policy standby`: the copies are warm, clients of
   a second MPS server waiting at their first kernel launch (the fault is injected once
   every copy waits there), released the moment the fault is seen;
+- spare-end: spare with `--end-faulted-server`: the faulted MPS server is killed when the
+  incident opens, not left until its clients have exited (the measurement that decides
+  whether that option earns a place);
 
 before the fault, each client's iterations per second over --sample seconds (the
 fault-free cost of a mode is its clients' rate against another mode's, same N and kind);
@@ -90,10 +93,13 @@ READY_TIMEOUT = 90.0      # all clients' first heartbeat (8 cold torch starts un
 PROBE_TIMEOUT = 20.0
 SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
-SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0, "spare": 20.0}  # progress this
+SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0, "spare": 20.0,
+             "spare-end": 20.0}  # progress this
                           # long past the fault: a survivor (supervised: past the drain's signals)
-POLICY = {"supervised": "restart", "standby": "standby", "spare": "standby"}  # under `gpuos mps`
-STANDBYS = ("standby", "spare")  # modes whose clients have standbys
+POLICY = {"supervised": "restart", "standby": "standby", "spare": "standby",  # under `gpuos mps`
+          "spare-end": "standby"}
+STANDBYS = ("standby", "spare", "spare-end")  # modes whose clients have standbys
+WARM = ("spare", "spare-end")   # modes with a spare server (warm standbys)
 MODES = ("stock", *POLICY)
 NO_INCIDENT_S = 5.0       # supervised: the faulter gone this long and no incident: none will come
 GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
@@ -226,7 +232,8 @@ class Scenario:
     def start_supervised(self) -> None:
         self.home = self.dir / "h"
         self.env["GPUOS_HOME"] = str(self.home)
-        extra = ["--spare-server"] if self.mode == "spare" else []
+        extra = (["--spare-server"] if self.mode in WARM else []) + (
+            ["--end-faulted-server"] if self.mode == "spare-end" else [])
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
                                           *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
@@ -320,7 +327,7 @@ class Scenario:
                                     self.dir / "clients.out")
             rows = (last_json_object(out) or {}).get("clients", [])
             pids = [r.get("standby_pid") for r in rows if r.get("id")
-                    and r.get("standby_warm") == (self.mode == "spare")]
+                    and r.get("standby_warm") == (self.mode in WARM)]
             if len(pids) == self.n and all(pids):
                 looks = []
                 for _ in range(2):

@@ -216,6 +216,31 @@ def test_fault_recovery_end_to_end(mps, home):
     assert again.returncode == 0 and "not running" in again.stdout
 
 
+def test_end_faulted_server_kills_it_at_the_incident(mps):
+    """--end-faulted-server: the faulted server is SIGKILLed as the incident opens (not left
+    FAULT until its clients have gone); its clients' connections break, they exit, and are
+    restarted on a new server."""
+    mps.start("--end-faulted-server")
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client(name="victim")
+    b, blog = mps.client("--fault-when", str(trigger), name="faulter")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "both clients connected")
+    faulted = wait_for(lambda: mps.machine()["server_pid"], 10, "the server seen")
+    assert mps.machine()["settings"]["end_faulted_server"] is True
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert inc["outcome"] == "recovered"
+    assert {v["recovery"] for v in inc["victims"]} == {"restarted"}
+    ended = [e for e in mps.events() if e["event"] == "server-ended"]
+    assert [e["server_pid"] for e in ended] == [faulted]
+    names = mps.names()
+    assert names.index("incident-opened") < names.index("server-ended") < names.index("server-ready")
+    wait_for(lambda: not alive(faulted), 5, "the faulted server gone")
+    assert mps.machine()["server_pid"] not in (None, faulted)
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "victims reconnected")
+    assert mps("mps", "stop").returncode == 0
+
+
 def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_build):
     """Policy standby with the real libgpuos on its fake driver: each client's standby runs
     up to its first cuInit and waits there, outside the server; after the fault it is

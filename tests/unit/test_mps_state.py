@@ -13,7 +13,8 @@ import pytest
 
 from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
-                             Emit, Fault, HookFinished, KillHook, Machine, PolicySet, ProbeServer,
+                             Emit, EndServer, Fault, HookFinished, KillHook, Machine, PolicySet,
+                             ProbeServer,
                              ReleaseStandby, RestartServer, RunHook, ServerGone, ServerRestarted,
                              ServerSeen, ServerStatus, Settings, SignalClient, SpawnClient,
                              SpawnStandby, StandbyExited, StandbySpawnFailed, StandbyStarted,
@@ -987,6 +988,24 @@ def test_spare_server_swaps_at_the_fault_and_releases_warm_standbys_once_the_vic
                     SpawnStandby("c2", standby_token("c2", 3), slot=0, warm=True)]
     h = r.m.history[-1]
     assert h["outcome"] == "recovered" and [v["recovery"] for v in h["victims"]] == ["took-over"] * 2
+
+
+def test_end_faulted_server_kills_the_faulted_server_at_the_incident_and_changes_nothing_else():
+    r = with_spare(2)
+    r.m.settings.end_faulted_server = True
+    # the faulted server (slot 0's) is killed as the incident opens; the swap is as without it
+    assert r.fault(pid=2002) == [EndServer(SERVER, 0)]
+    assert r.last("server-ended")["server_pid"] == SERVER
+    assert (r.m.slot, r.m.state) == (1, S.DRAINING)
+    r.feed(ClientExited("c1", 3, 2001))
+    acts = r.feed(ClientExited("c2", 3, 2002))
+    assert of(acts, ReleaseStandby) and of(acts, RestartServer) == [RestartServer(1000, SERVER, 0)]
+    # without a spare, and once per incident: a second fault during the drain kills nothing
+    r = Run(Settings(end_faulted_server=True)).running(2)
+    assert r.fault(pid=2001) == [EndServer(SERVER, None)]
+    assert of(r.fault(pid=2002), EndServer) == []
+    # off (the default): nothing is killed
+    assert of(Run().running(2).fault(pid=2001), EndServer) == []
 
 
 def test_spare_server_victims_without_standby_start_on_the_new_server():

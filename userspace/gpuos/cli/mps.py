@@ -178,6 +178,10 @@ def mps() -> None:
                    "first kernel launch), and take over the moment a fault hits the active server; "
                    "then the two swap roles. Costs each standby's GPU memory and a second MPS "
                    "server. Set when a supervisor starts afresh; a resumed one keeps its setting.")
+@click.option("--end-faulted-server/--keep-faulted-server", default=None,
+              help="On a fault, kill the faulted MPS server at once (SIGKILL), so that the driver "
+                   "tears its context down now, not when the last of its clients has exited; "
+                   "its clients' next CUDA calls fail. Experimental [default: keep].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
@@ -210,7 +214,8 @@ def mps() -> None:
               metavar="S", help="Seconds to wait for the supervisor to be up.")
 @json_option
 @click.pass_obj
-def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server, feeds,
+def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server,
+              end_faulted_server, feeds,
               no_kmsg, no_nvml,
               no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
               hook_timeout, poll,
@@ -319,7 +324,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
                             ("restart_attempts", restart_attempts), ("max_restarts", max_restarts),
                             ("max_faults", max_faults),
                             ("hook_timeout", hook_timeout), ("default_policy", policy),
-                            ("default_hook", hook)):
+                            ("default_hook", hook), ("end_faulted_server", end_faulted_server)):
             if value is not None:
                 setattr(settings, name, value)
         if kill_grace is not None:

@@ -225,6 +225,14 @@ def _argv_is(argv: list[str], name: str) -> bool:
     return any(os.path.basename(a) == name for a in argv[:2])
 
 
+def is_server(pid: int) -> bool:
+    """A live MPS server (what a control daemon starts per user)."""
+    try:
+        return procs.stat(pid).state != "Z" and _argv_is(procs.cmdline(pid), SERVER)
+    except Exception:
+        return False
+
+
 def is_control_daemon(pid: int) -> bool:
     try:
         argv = procs.cmdline(pid)

@@ -42,13 +42,14 @@ from ..errors import (ALL_ERRORS, Busy, GpuosError, MpsFailed, MpsNotReady, MpsN
                       NotPermitted)
 from ..journal import HOLD_ENV, HOLD_FILE_ENV
 from .control import (MpsCommandError, MpsControl, find_mps_binaries, foreign_daemons,
-                      server_ready)
+                      is_server, server_ready)
 from .faultsrc import FeedFiles, MpsPeers, gpu_match, open_sources
 from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
 from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
                      spec_path, start_client, start_hook, starttime)
 from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFailed,
-                    ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit, Fault,
+                    ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit,
+                    EndServer, Fault,
                     HookFinished, KillHook, Machine, PolicySet, ProbeServer, ReleaseStandby,
                     RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
                     SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
@@ -528,6 +529,14 @@ class Supervisor:
             self.controls[a.slot].terminate_client(a.server_pid, a.pid)
         except MpsCommandError as exc:
             self._note("TerminateMpsClient", str(exc))
+
+    def _do_EndServer(self, a: EndServer) -> None:
+        # Only a live MPS server: by now the pid may be gone, or (rarely) someone else's.
+        if is_server(a.pid):
+            try:
+                os.kill(a.pid, signal.SIGKILL)
+            except OSError as exc:
+                self._note("EndServer", f"cannot kill MPS server {a.pid}: {exc}")
 
     def _do_ProbeServer(self, a: ProbeServer) -> None:
         try:
