@@ -139,3 +139,37 @@ def test_peers_are_the_processes_whose_environment_names_a_pipe_of_ours(tmp_path
     assert sorted(peers.scan()) == [10, 14] and 11 not in peers.seen
     process(11, "HOME=/root")
     assert sorted(peers.scan()) == [10, 14]
+
+
+def test_an_exited_processs_trackers_are_closed_off_the_callers_thread():
+    """The close of a tracker may be the driver's teardown of an exited process's VA space
+    (seconds after a fault): track() lets it go to the closer thread and returns; close()
+    waits for it."""
+    import threading
+
+    from gpuos.faults.uvm_tools import _Process
+
+    release, closed = threading.Event(), []
+
+    class EmptyQueue:
+        def pending(self):
+            return 0
+
+    class SlowTracker:
+        queue = EmptyQueue()
+
+        def close(self):
+            release.wait(30)
+            closed.append(True)
+
+    t = FaultTrackers()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    t.procs[child.pid] = _Process(t.sys.pidfd_open(child.pid), [SlowTracker()], frozenset())
+    child.wait()
+    done = threading.Event()
+    threading.Thread(target=lambda: (t.track([child.pid]), done.set()), daemon=True).start()
+    assert done.wait(10), "track() waited for the tracker's close"
+    assert t.procs == {} and not closed and not t.wait_closed(0)
+    release.set()
+    t.close()
+    assert closed == [True] and t.wait_closed(0)

@@ -15,8 +15,13 @@ pidfd_getfd), a tracker is made on /dev/nvidia-uvm-tools for it
 (UVM_TOOLS_INIT_EVENT_TRACKER_V2 on a queue and a control page of our own memory), and
 only fatal-fault events are enabled: nothing else is recorded, so the process pays
 nothing while it runs. A tracker holds a reference to the VA space, so a process's
-trackers are closed as soon as it exits. SM exceptions (Xid 13/43) never reach UVM and
-are not seen here.
+trackers are closed as soon as it exits, on a thread of their own: the last reference
+to an exited process's VA space is then ours, and its close is the driver's teardown of
+that VA space. After a fault under MPS that may take long: the MPS supervisor's loop,
+which closed them itself, stood still after faults (H200, 2026-11-27: victims that the
+benchmark saw gone 0.01-0.17 s after the fault were reaped, and their standbys released,
+0.05-0.27 s later, and 4.7 s later in an N = 8 run), most likely here. SM exceptions
+(Xid 13/43) never reach UVM and are not seen here.
 
 Layouts are those of NVIDIA's open kernel modules, 580.142, `kernel-open/` (the line
 numbers in the comments); the probe's --self-test checks them against gcc's sizes.
@@ -268,6 +273,9 @@ class FaultTrackers:
         self.procs: dict[int, _Process] = {}
         self.failed: dict[int, str] = {}  # pid -> why it has no tracker (said once)
         self.late: list[FatalFault] = []  # read from a process's trackers as they closed
+        self._closing: list[_Process] = []  # dropped, for the closer thread
+        self._closing_cv = threading.Condition()
+        self._closer: threading.Thread | None = None
 
     def track(self, pids: Iterable[int]) -> list[str]:
         """Follow these processes; returns notes (why one could not be tracked, once each)."""
@@ -323,12 +331,34 @@ class FaultTrackers:
         return bool(r)
 
     def _drop(self, pid: int) -> None:
-        """Close pid's trackers (a fault it took just before it exited is kept for poll)."""
+        """Let pid's trackers go (a fault it took just before it exited is kept for poll);
+        the closer thread closes them (module doc: the close may be the VA space's teardown)."""
         self.late += self._read(pid)
-        p = self.procs.pop(pid)
-        for t in p.trackers:
-            t.close()
-        os.close(p.pidfd)
+        with self._closing_cv:
+            self._closing.append(self.procs.pop(pid))
+            if self._closer is None:
+                self._closer = threading.Thread(target=self._close_dropped, daemon=True,
+                                                name="gpuos-uvm-tracker-closer")
+                self._closer.start()
+            self._closing_cv.notify()
+
+    def _close_dropped(self) -> None:
+        while True:
+            with self._closing_cv:
+                while not self._closing:
+                    self._closing_cv.wait()
+                p = self._closing[0]
+            for t in p.trackers:
+                t.close()
+            os.close(p.pidfd)
+            with self._closing_cv:
+                self._closing.pop(0)
+                self._closing_cv.notify_all()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Whether every dropped process's trackers are closed (waiting up to timeout)."""
+        with self._closing_cv:
+            return self._closing_cv.wait_for(lambda: not self._closing, timeout)
 
     def _read(self, pid: int) -> list[FatalFault]:
         out = []
@@ -347,9 +377,13 @@ class FaultTrackers:
             out += self._read(pid)
         return out
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Let every tracker go, and wait up to timeout for their closes (a teardown the
+        driver does not finish is left to the closer thread, which does not keep the
+        program from exiting)."""
         for pid in list(self.procs):
             self._drop(pid)
+        self.wait_closed(timeout)
 
 
 def fault_event(f: FatalFault) -> FaultEvent:
