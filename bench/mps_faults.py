@@ -511,7 +511,7 @@ class Scenario:
             self.r["supervisor_events"] = [{k: e.get(k) for k in
                                             ("time", "event", "state", "incident", "client", "pid",
                                              "old_pid", "cause", "outcome", "seconds", "why",
-                                             "detail", "victims")}
+                                             "detail", "victims", "note", "action", "parts")}
                                            for e in evs]
 
             def first_of(*names: str) -> float | None:

@@ -189,3 +189,25 @@ def test_event_log_and_descriptions(tmp_path):
     broken = EventLog(tmp_path / "e2", mirror=lambda e: 1 / 0)
     broken.append(ev)  # a broken mirror never loses our own log
     assert broken.read() == [ev] and "division" in broken.mirror_error
+
+
+def test_a_slow_loop_turn_of_an_incident_is_said_with_where_it_went():
+    """The supervisor's loop sees nothing else while it works: a turn of an incident that
+    took SLOW_TURN_S or more is an event naming its parts; outside an incident, none."""
+    from gpuos.mps.state import Incident, Machine, Settings
+    from gpuos.mps.supervisor import SLOW_PART_S, SLOW_TURN_S, Supervisor
+
+    sup = object.__new__(Supervisor)  # only what _timed and _say_slow_turn use
+    sup.machine, sup.events, sup.say, sup._turn = Machine("GPU-x", Settings()), [], None, {}
+    with sup._timed("faults"):
+        pass
+    sup._turn.update({"source TrackerSource": 0.2, "reap": SLOW_PART_S / 2})
+    sup._say_slow_turn(0.25)
+    assert sup.events == []  # no incident: nothing waits on the loop
+    sup.machine.incident = Incident(id=3, opened=0.0, cause="fault", server_pid=7)
+    sup._say_slow_turn(SLOW_TURN_S / 2)
+    assert sup.events == []
+    sup._say_slow_turn(0.25)
+    (ev,) = sup.events
+    assert (ev["event"], ev["incident"], ev["seconds"]) == ("slow-turn", 3, 0.25)
+    assert ev["parts"] == {"source TrackerSource": 0.2}  # the parts under SLOW_PART_S left out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import select
@@ -59,6 +60,8 @@ from .standby import Releases, fifo_path, start_standby
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
 MAX_REQUEST = 1 << 20
+SLOW_TURN_S = 0.05   # a loop turn's work this long is said (event slow-turn), with
+SLOW_PART_S = 0.005  # each part of it this long
 
 
 @dataclass
@@ -174,6 +177,7 @@ class Supervisor:
         self.peers: MpsPeers | None = None  # with trackers: our servers' clients, found by their environment
         self._last_saved: str | None = None
         self._stop_signal = False
+        self._turn: dict[str, float] = {}  # this loop turn's seconds by part (_timed)
         self._next_mps = 0.0
         self._next_status = 0.0
         self._watch_error: str | None = None
@@ -274,18 +278,46 @@ class Supervisor:
                 except BlockingIOError:
                     pass
             woken_by_source = bool(set(ready) & set(fault_fds))
+            self._turn, turn_start = {}, time.monotonic()
             if self._stop_signal:
                 self._stop_signal = False
                 self._feed(StopRequested())
-            self._reap()
-            got = self._faults()
+            with self._timed("reap"):
+                self._reap()
+            with self._timed("faults"):
+                got = self._faults()
             quiet = 0 if got or not woken_by_source else quiet + 1
-            self._watch_mps()
-            self._feed(Tick())
+            with self._timed("mps"):
+                self._watch_mps()
+            with self._timed("tick"):
+                self._feed(Tick())
+            self._say_slow_turn(time.monotonic() - turn_start)
         if self.machine.state is State.STOPPED:
             self._restore_compute_mode()
             return 0
         return MpsFailed.exit_code
+
+    @contextlib.contextmanager
+    def _timed(self, part: str):
+        """Adds the time spent in the block to this loop turn's `part` (_say_slow_turn)."""
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self._turn[part] = self._turn.get(part, 0.0) + time.monotonic() - t
+
+    def _say_slow_turn(self, seconds: float) -> None:
+        """A loop turn of an incident whose work took SLOW_TURN_S or more: an event naming
+        where it went.  While the loop works it sees nothing else (a victim gone, a fault),
+        so a slow turn is time added to the recovery; bench/mps_faults.py keeps these."""
+        if seconds < SLOW_TURN_S or self.machine.incident is None:
+            return  # outside an incident nothing waits on the loop (and MPS commands are slow)
+        parts = {k: round(v, 4) for k, v in sorted(self._turn.items(), key=lambda kv: -kv[1])
+                 if v >= SLOW_PART_S}
+        m = self.machine
+        self._event({"time": time.time(), "gpu": m.gpu, "event": "slow-turn", "state": m.state.value,
+                     "incident": m.incident.id if m.incident else None,
+                     "seconds": round(seconds, 4), "parts": parts})
 
     def _listen(self) -> None:
         try:
@@ -356,11 +388,13 @@ class Supervisor:
         for a in actions:
             if isinstance(a, Emit):
                 self._event(a.event)
-        self._persist()
-        self._point_pipe()
+        with self._timed("persist"):
+            self._persist()
+            self._point_pipe()
         for a in actions:
             if not isinstance(a, Emit):
-                self._act(a)
+                with self._timed("action " + type(a).__name__):
+                    self._act(a)
 
     def _persist(self) -> None:
         self.saved.machine = self.machine.snapshot()
@@ -681,7 +715,8 @@ class Supervisor:
         got = 0
         for src in self.sources:
             try:
-                evs, notes = src.poll()
+                with self._timed("source " + type(src).__name__):
+                    evs, notes = src.poll()
             except Exception as exc:  # a source broke: say so once, keep the others
                 self.sources.remove(src)
                 self.inbox.append(("note", f"fault source stopped: {exc}"))
