@@ -64,12 +64,9 @@ transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
                              [--pressures 100,150,200,300] [--slice 1000] [--repeat 3] [--steps-times 1]
-                             [--overhead-rounds K] [--evict-wait sync|event]
+                             [--overhead-rounds K]
 
---evict-wait event runs every limited system with evictions that wait for their victims'
-last calls instead of synchronising the context (gpuos run --evict-wait; the JSON says
-which).  Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a
-Markdown table.
+Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -132,17 +129,11 @@ def why_failed(fin) -> dict:
             "gpuos_said": [ln for ln in fin.stderr.splitlines() if ln.startswith("gpuos:")][:5]}
 
 
-def evict_options(evict: str, wait: str) -> list[str]:
-    """gpuos run's options for a limited run: what to evict, and what an eviction waits for."""
-    return ["--evict", evict, "--evict-wait", wait]
-
-
-def limited(workload: str, limit: int, evict: str, ideal: dict, wait: str = "sync") -> dict:
+def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     fin, stats = run_polling_mem_stats(
-        under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(limit),
-                    *evict_options(evict, wait)),
+        under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(limit), "--evict", evict),
         timeout=TIMEOUT)
-    out = {"evict": evict, "evict_wait": wait, "limit": limit, "returncode": fin.returncode}
+    out = {"evict": evict, "limit": limit, "returncode": fin.returncode}
     res = last_json_object(fin.stdout) if fin.returncode == 0 else None
     if res is None:
         out.update(why_failed(fin))
@@ -160,8 +151,7 @@ def limited(workload: str, limit: int, evict: str, ideal: dict, wait: str = "syn
     return out
 
 
-def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0,
-                 wait: str = "sync") -> dict:
+def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0) -> dict:
     fin, stats = run_polling_mem_stats(
         under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
     if fin.returncode != 0 or stats is None:
@@ -175,7 +165,7 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: 
         limit = peak * 100 // p
         cell = {"pressure": p, "limit": limit}
         for evict, name in (("lru", "reactive"), ("future", "proactive")):
-            cell[name] = limited(workload, limit, evict, ideal, wait)
+            cell[name] = limited(workload, limit, evict, ideal)
             r = cell[name]
             print(f"{workload} {p}% {name}: " + (f"{r['relative']:.3f} of ideal, checksum "
                                                  f"{'equal' if r['checksum_equal'] else 'DIFFERS'}, "
@@ -183,7 +173,7 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: 
                                                  if "relative" in r else r["error"][:300]), flush=True)
         row["pressures"].append(cell)
     if overhead:
-        row["overhead"] = overhead_rounds(workload, overhead, peak, gpu_bytes, wait)
+        row["overhead"] = overhead_rounds(workload, overhead, peak, gpu_bytes)
     return row
 
 
@@ -191,14 +181,13 @@ OVERHEAD_STEPS_TIMES = 4
 SYSTEMS = ("plain", "ideal", "limited")
 
 
-def overhead_rounds(workload: str, rounds: int, limit: int, gpu_bytes: int, wait: str = "sync") -> dict:
+def overhead_rounds(workload: str, rounds: int, limit: int, gpu_bytes: int) -> dict:
     """`rounds` rounds of plain, ideal and limited-at-100% runs, in rotated order; each
     round's limited time over the others'."""
     args = longer(WORKLOADS[workload], OVERHEAD_STEPS_TIMES)
     cmds = {"plain": suite_cmd(workload, args),
             "ideal": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)),
-            "limited": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(limit),
-                                   *evict_options("future", wait))}
+            "limited": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(limit), "--evict", "future")}
     runs: list[dict] = []
     for r in range(rounds):
         got = {}
@@ -370,7 +359,7 @@ def longer(args: list[str], times: int) -> list[str]:
 
 
 def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, repeat: int,
-              steps_times: int = 1, wait: str = "sync") -> dict:
+              steps_times: int = 1) -> dict:
     """Every cell (and the ideal) run `repeat` times, the median kept: single runs of a
     group disagreed by up to 2x on an H100, more than the effects measured."""
     members = [(w, longer(args, steps_times)) for w, args in GROUPS[name]]
@@ -399,8 +388,7 @@ def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, re
                 share = f"oversub-{os.getpid()}-{name}-{p}-{evict}-{k}"
                 try:
                     runs.append(run_members(members, ["--share", share, "--gpu-memory", str(limit),
-                                                      "--slice", str(slice_ms), *evict_options(evict, wait)],
-                                            share))
+                                                      "--slice", str(slice_ms), "--evict", evict], share))
                 finally:
                     group_path(share).unlink(missing_ok=True)
             r = median_run(runs)
@@ -472,26 +460,22 @@ def main() -> None:
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
     ap.add_argument("--overhead-rounds", type=non_negative, default=0, metavar="K",
                     help="rounds of plain / ideal / limited-at-100%% runs per workload, 4x longer (0: none)")
-    ap.add_argument("--evict-wait", choices=("sync", "event"), default="sync",
-                    help="what the limited runs' evictions wait for (gpuos run --evict-wait) [sync]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
-    result["evict_wait"] = args.evict_wait
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
     pressures = [int(p) for p in args.pressures.split(",")]
     for w in filter(None, args.workloads.split(",")):
-        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_rounds,
-                                           args.evict_wait))
+        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_rounds))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []
     for g in filter(None, args.groups.split(",")):
         result["groups"].append(run_group(g, pressures, args.slice, result["gpu_memory_total"], args.repeat,
-                                           args.steps_times, args.evict_wait))
+                                           args.steps_times))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{g} done; wrote {path}", flush=True)
     print(markdown(result))

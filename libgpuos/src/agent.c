@@ -836,7 +836,7 @@ static void fill_gate(int hk)
 	if (c == GPUOS_FILL_PRECISE)
 		gpuos_tls_fill_check = 1;
 	else if (c == GPUOS_FILL_ALL)
-		gpuos_fill_wait_all(gpuos_hook_name(hk), GPUOS_STREAM_UNKNOWN);
+		gpuos_fill_wait_all(gpuos_hook_name(hk));
 }
 
 /* Under --gpu-memory: a launch, copy or memset makes resident what it touches (its
@@ -855,7 +855,7 @@ static void resident_gate(int hk)
 	if (c == GPUOS_FILL_PRECISE)
 		gpuos_tls_fill_check = 1;
 	else if (c == GPUOS_FILL_ALL)
-		gpuos_fill_wait_all(gpuos_hook_name(hk), GPUOS_STREAM_UNKNOWN); /* if that fails, the call may fault: said on stderr */
+		gpuos_fill_wait_all(gpuos_hook_name(hk)); /* if that fails, the call may fault: said on stderr */
 }
 
 /* Wait for allocation i of H (SIZE_MAX: all) to be filled. */
@@ -870,12 +870,12 @@ static void fill_wait(size_t i)
 	pthread_mutex_unlock(&fill_mu);
 }
 
-CUresult gpuos_fill_wait_all(const char *why, uint64_t stream)
+CUresult gpuos_fill_wait_all(const char *why)
 {
 	if (tls_is_agent)
 		return CUDA_SUCCESS;
 	if (gate_set() == GPUOS_GATE_RESIDENT)
-		return gpuos_res_need_all(why, stream);
+		return gpuos_res_need_all(why);
 	pthread_mutex_lock(&fill_mu);
 	int pending = fill_left && fill_pending;
 	if (pending) {
@@ -904,31 +904,30 @@ static void fill_wait_ptr(uint64_t ptr)
 
 /* n addresses `stride` bytes apart (a launch's buffers, a copy's sides): waited for while
  * filling, made resident under --gpu-memory. */
-static CUresult wait_for(const uint64_t *p, size_t n, size_t stride, int launch, uint64_t stream)
+static CUresult wait_for(const uint64_t *p, size_t n, size_t stride, int launch)
 {
 	if (tls_is_agent)
 		return CUDA_SUCCESS;
 	if (gate_set() == GPUOS_GATE_RESIDENT)
-		return gpuos_res_need(p, n, stride, launch, stream);
+		return gpuos_res_need(p, n, stride, launch);
 	if (__atomic_load_n(&fill_left, __ATOMIC_ACQUIRE))
 		for (size_t i = 0; i < n; i++)
 			fill_wait_ptr(*(const uint64_t *)((const char *)p + i * stride));
 	return CUDA_SUCCESS;
 }
 
-CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n, uint64_t stream)
+CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n)
 {
-	return wait_for(ptrs, n, sizeof *ptrs, 0, stream);
+	return wait_for(ptrs, n, sizeof *ptrs, 0);
 }
 
-CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags, uint64_t stream)
+CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags)
 {
 	if (lflags & (GPUOS_LAUNCH_LAYOUT_UNKNOWN | GPUOS_LAUNCH_TOUCH_ALL | GPUOS_LAUNCH_TRUNCATED))
 		return gpuos_fill_wait_all(lflags & GPUOS_LAUNCH_LAYOUT_UNKNOWN ? "a launch of unknown layout" :
 					   lflags & GPUOS_LAUNCH_TOUCH_ALL ? "a launch that touches everything" :
-									     "a launch with more buffers than recorded",
-					   stream);
-	return wait_for(&b->base, n, sizeof *b, 1, stream);
+									     "a launch with more buffers than recorded");
+	return wait_for(&b->base, n, sizeof *b, 1);
 }
 
 /* FILL with GPUOS_AGENT_FILL_LATER: new memory for every allocation, its contents to come. */

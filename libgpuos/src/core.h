@@ -165,7 +165,6 @@ struct gpuos_drv {
 	PFN_cuEventRecord_v2000 event_record;
 	PFN_cuEventQuery_v2000 event_query;
 	PFN_cuEventSynchronize_v2000 event_sync;
-	PFN_cuStreamWaitEvent_v3020 stream_wait_event;
 	/* measuring touches (touched.c, validate.c) */
 	PFN_cuMemAllocManaged_v6000 mem_alloc_managed;
 	PFN_cuMemGetInfo_v3020 mem_get_info;
@@ -610,8 +609,8 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx);
 CUmemGenericAllocationHandle gpuos_res_forget(uint64_t base);
 /* Make the allocations holding n addresses (`stride` bytes apart) resident for this call,
  * a launch or not; the lock is this call's until its outermost wrapper returns. */
-CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch, uint64_t stream);
-CUresult gpuos_res_need_all(const char *why, uint64_t stream);
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch);
+CUresult gpuos_res_need_all(const char *why);
 void gpuos_res_stats(struct gpuos_res_stats *out);
 /* Evict what the group asked of this process (gpuos_share_release_asked), its lock taken
  * (share.c's release thread; the process's own calls do it under the lock they hold). */
@@ -718,19 +717,15 @@ static inline int gpuos_fill_checking(void)
 	gpuos_tls_fill_check = 0;
 	return 1;
 }
-/* The stream of the call whose memory the waits below are for (stream arguments): with
- * --evict-wait event, an event recorded there after the call tells an eviction when the
- * call is done with its memory.  GPUOS_STREAM_UNKNOWN where the caller cannot say. */
-#define GPUOS_STREAM_UNKNOWN UINT64_MAX
 /* Wait until the movable allocations holding ptrs (if any still being filled do) are
  * filled; under --gpu-memory, make them resident.  Not CUDA_SUCCESS: the call must fail
  * with that (they cannot be made resident). */
-CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n, uint64_t stream);
+CUresult gpuos_fill_wait_ptrs(const uint64_t *ptrs, size_t n);
 /* A launch's predicted buffers (lflags: its GPUOS_LAUNCH_* flags; an unknown layout
  * waits for everything). */
-CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags, uint64_t stream);
+CUresult gpuos_fill_wait_bufs(const struct gpuos_rec_buf *b, uint32_t n, uint16_t lflags);
 /* Wait until every movable allocation is filled (resident); `why` is counted and reported. */
-CUresult gpuos_fill_wait_all(const char *why, uint64_t stream);
+CUresult gpuos_fill_wait_all(const char *why);
 
 int gpuos_agent_start(void);    /* 0 or an errno: the agent's socket and thread */
 /* Rest the gate at GPUOS_GATE_RESIDENT from now on; returns once every other thread that

@@ -282,7 +282,6 @@ static const struct {
 	DRV(event_record, "cuEventRecord"),
 	DRV(event_query, "cuEventQuery"),
 	DRV(event_sync, "cuEventSynchronize"),
-	DRV(stream_wait_event, "cuStreamWaitEvent"),
 	DRV(mem_alloc_managed, "cuMemAllocManaged"),
 	DRV(mem_get_info, "cuMemGetInfo_v2"),
 	DRV(mem_prefetch, "cuMemPrefetchAsync_v2"),
@@ -373,11 +372,11 @@ __attribute__((visibility("hidden"))) void *gpuos_unhooked_used(int i)
 		gpuos_resolve();
 	int gate = __atomic_load_n(&gpuos_hot.gate, __ATOMIC_ACQUIRE);
 	if (unlikely(gate == GPUOS_GATE_FILLING))
-		gpuos_fill_wait_all(unhooked_names[i], GPUOS_STREAM_UNKNOWN);
+		gpuos_fill_wait_all(unhooked_names[i]);
 	if (unlikely(gate == GPUOS_GATE_RESIDENT)) {
 		/* No wrapper returns through here to keep the scheduler's lock to the call:
 		 * everything resident now, and another thread's launch could evict before it. */
-		gpuos_fill_wait_all(unhooked_names[i], GPUOS_STREAM_UNKNOWN);
+		gpuos_fill_wait_all(unhooked_names[i]);
 		gpuos_res_release();
 	}
 	gpuos_track_incomplete(GPUOS_INCOMPLETE_UNHOOKED_WRITER,

@@ -340,10 +340,10 @@ void gpuos_play_launch(const struct gpuos_qe *e)
 
 /* While filling, a launch that is not recorded (tracking paused): nothing predicts what it
  * touches, so it waits for everything. */
-static inline CUresult fill_untracked(uint64_t stream)
+static inline CUresult fill_untracked(void)
 {
 	if (unlikely(gpuos_fill_checking()))
-		return gpuos_fill_wait_all("a launch while tracking is paused", stream);
+		return gpuos_fill_wait_all("a launch while tracking is paused");
 	return CUDA_SUCCESS;
 }
 
@@ -376,12 +376,12 @@ static CUresult launch_timed(CUresult r, uint64_t t0, uint64_t t1, uint64_t t2)
 		}                                                              \
 		gpuos_defer_drain_self();                                      \
 		if (!launch_begin(&(L), f, kp, extra)) {                       \
-			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked", (L).rec.stream)) != CUDA_SUCCESS) \
+			if (filling_ && (r_ = gpuos_fill_wait_all("a launch not tracked")) != CUDA_SUCCESS) \
 				return r_;                                     \
 			return (call);                                         \
 		}                                                              \
 		/* predicted before the call: wait for them (make them resident) */ \
-		if (filling_ && (r_ = gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags, (L).rec.stream)) != CUDA_SUCCESS) \
+		if (filling_ && (r_ = gpuos_fill_wait_bufs((L).s->bufs, (L).s->nbuf, (L).flags)) != CUDA_SUCCESS) \
 			return launch_end(&(L), r_);                           \
 		t1_ = ST_NOW();                                                \
 		r_ = (call);                                                   \
@@ -397,7 +397,7 @@ CUresult gpuos_h_launch_kernel(PFN_cuLaunchKernel_v4000 real, int pt, CUfunction
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
-		CUresult w = fill_untracked(gpuos_eff_stream(st, pt));
+		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp, extra);
 	}
 	uint64_t t0 = ST_NOW();
@@ -412,7 +412,7 @@ CUresult gpuos_h_launch_kernel_ex(PFN_cuLaunchKernelEx_v11060 real, int pt, cons
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!config || !gpuos_recording()) {
-		CUresult w = fill_untracked(config ? gpuos_eff_stream(config->hStream, pt) : 0);
+		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(config, f, kp, extra);
 	}
 	uint16_t flags = GPUOS_LAUNCH_EX;
@@ -433,7 +433,7 @@ CUresult gpuos_h_launch_cooperative(PFN_cuLaunchCooperativeKernel_v9000 real, in
 	gpuos_standby_at_launch();
 	gpuos_preload_note(f);
 	if (!gpuos_recording()) {
-		CUresult w = fill_untracked(gpuos_eff_stream(st, pt));
+		CUresult w = fill_untracked();
 		return w != CUDA_SUCCESS ? w : real(f, gx, gy, gz, bx, by, bz, shmem, st, kp);
 	}
 	uint64_t t0 = ST_NOW();
@@ -594,7 +594,7 @@ static CUresult fill_wait_copy(const struct copy_desc *d)
 		p[n++] = d->dst;
 	if (d->src_side != SIDE_NONE && d->src_side != SIDE_HOST)
 		p[n++] = d->src;
-	return gpuos_fill_wait_ptrs(p, n, d->stream);
+	return gpuos_fill_wait_ptrs(p, n);
 }
 
 /* Around the real call `call`: queued, else recorded inline, else only called.  `call`

@@ -34,11 +34,7 @@
  * resident allocation used farthest in the future is evicted (Belady's choice); one
  * unused for a whole period goes first.  Without P, the least recently used goes, and the
  * stats say so (period 0).  GPUOS_GPU_MEMORY_EVICT=lru keeps LRU (the baseline).
- * Copies run on a stream of gpuos's own per context, one synchronisation per batch.  With
- * GPUOS_GPU_MEMORY_EVICT_WAIT=event (`--evict-wait event`), once oversubscribed each
- * checked call records an event on its stream after its real call (gpuos_res_release),
- * kept by the allocations it used; an eviction then has gpuos's stream wait for its
- * victims' events instead of synchronising the whole context (event_after_call).
+ * Copies run on a stream of gpuos's own per context, one synchronisation per batch.
  *
  * Copies ahead.  With a period learned (and no group), each call, after its own copies,
  * brings in the evicted allocations the sequence will use next (within a period,
@@ -102,9 +98,6 @@
 #define AHEAD_MAX 16     /* allocations brought in ahead of their use at once, at most */
 #define TURN_TRIES 16    /* allocations a turn's batches may bring in unused before they stop */
 #define GAP_CHUNKS 16    /* changed chunks at most this far apart are copied as one run */
-#define EVENTS 1024      /* per context: events after calls, reused in turn (--evict-wait event) */
-#define EV_NONE (-2)     /* no call has used it since it was made resident: nothing to wait for */
-#define EV_UNKNOWN (-1)  /* a call on an unknown stream used it: synchronise the context */
 
 struct res {
 	uint64_t base;
@@ -124,10 +117,6 @@ struct res {
 	uint64_t tick;                  /* the last call that needed it */
 	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
 	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
-	int32_t ev;                     /* --evict-wait event: the event after its last use (its
-					 * context's slot), EV_NONE or EV_UNKNOWN (sticky until evicted) */
-	uint64_t ev_gen;                /* ... as recorded then: older means already done */
-	uint64_t ev_stream;             /* ... the stream it was recorded on */
 };
 
 static struct {
@@ -141,8 +130,6 @@ static struct {
 	uint32_t ticked;            /* the call that took the last tick (R.call: this one) */
 	uint32_t swapped;           /* the call that last brought memory in (R.call: this one) */
 	int lru_only;               /* GPUOS_GPU_MEMORY_EVICT=lru */
-	int ev_wait;                /* GPUOS_GPU_MEMORY_EVICT_WAIT=event: evictions wait for
-				     * their victims' last calls, not the whole context */
 	uint64_t period;            /* learned, in ticks; 0: none (LRU) */
 	uint32_t doubts;
 	uint64_t sigs[SIGS];        /* signature of tick t at t % SIGS */
@@ -163,9 +150,6 @@ static struct {
 		CUdeviceptr d_hash; /* hash_cap hashes */
 		uint64_t hash_cap;
 		CUevent ahead;      /* recorded after the last copies ahead (NULL: none made yet) */
-		CUevent evs[EVENTS]; /* --evict-wait event: after calls, slot gen % EVENTS */
-		uint64_t ev_gen[EVENTS]; /* the generation each slot was last recorded for */
-		uint64_t ev_next;   /* the next generation (from 1) */
 	} swap[MAX_CTX];
 	pthread_cond_t prepare;     /* signalled when an allocation may need host memory prepared */
 	int preparer;               /* 1: its thread runs; -1: it failed for good */
@@ -199,9 +183,6 @@ uint64_t gpuos_res_limit(void)
 		R.st.limit = R.limit;
 		const char *ev = getenv("GPUOS_GPU_MEMORY_EVICT");
 		R.lru_only = ev && !strcmp(ev, "lru");
-		const char *wait = getenv("GPUOS_GPU_MEMORY_EVICT_WAIT");
-		R.ev_wait = wait && !strcmp(wait, "event") && gpuos_drv.stream_wait_event && gpuos_drv.event_create &&
-			    gpuos_drv.event_record && gpuos_drv.event_query && gpuos_drv.event_sync;
 		R.st.lru_only = (uint64_t)R.lru_only;
 		__atomic_store_n(&limit_read, 1, __ATOMIC_RELEASE);
 	}
@@ -300,8 +281,7 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	while (i && R.v[i - 1].base > base)
 		i--;
 	memmove(&R.v[i + 1], &R.v[i], (R.n - i) * sizeof *R.v);
-	/* Calls that used it before they were checked left no event: the first eviction syncs. */
-	R.v[i] = (struct res){ .base = base, .size = size, .ctx = ctx, .device = device, .h = h, .ev = EV_UNKNOWN };
+	R.v[i] = (struct res){ .base = base, .size = size, .ctx = ctx, .device = device, .h = h };
 	R.n++;
 	R.st.allocations++;
 	R.st.reserved_bytes += size;
@@ -401,9 +381,8 @@ static uint64_t chunks(uint64_t size)
 	return (size + CHUNK - 1) / CHUNK;
 }
 
-/* The victims' chunk hashes, in victim order, read back to R.h_hash (their last calls
- * are done, or waited for on sc's stream: their contents are final), or NULL if they
- * cannot be had. */
+/* The victims' chunk hashes, in victim order, read back to R.h_hash (the context is
+ * synchronised: their contents are final), or NULL if they cannot be had. */
 static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *victims, size_t nv)
 {
 	if (!sc || sc->fp_broken || !gpuos_drv.mem_alloc || !gpuos_drv.mem_free || !gpuos_drv.launch_kernel)
@@ -692,23 +671,10 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 	}
 	if (!nv)
 		return -1;
-	/* The victims may still be in use by work already submitted, on any stream: gpuos's
-	 * stream waits for their last calls' events (--evict-wait event), else the context is
-	 * synchronised. */
+	/* The victims may still be in use by work already submitted, on any stream. */
+	int ok = !gpuos_drv.ctx_sync || gpuos_drv.ctx_sync() == CUDA_SUCCESS;
 	struct swap_ctx *sc = swap_ctx();
 	CUstream s = swap_stream(sc);
-	int sync = !R.ev_wait || !sc;
-	for (size_t k = 0; !sync && k < nv; k++) {
-		const struct res *r = victims[k];
-		if (r->ev == EV_NONE || (r->ev >= 0 && sc->ev_gen[r->ev] != r->ev_gen))
-			continue; /* nothing used it, or its event's slot was used again: done */
-		sync = r->ev < 0 || gpuos_drv.stream_wait_event(s, sc->evs[r->ev], 0) != CUDA_SUCCESS;
-	}
-	int ok = !sync || !gpuos_drv.ctx_sync || gpuos_drv.ctx_sync() == CUDA_SUCCESS;
-	if (sync && ok && R.ev_wait && gpuos_drv.ctx_sync)
-		for (size_t i = 0; i < R.n; i++)
-			if (R.v[i].ctx == ctx)
-				R.v[i].ev = EV_NONE; /* all its work is done */
 	uint64_t t0 = gpuos_now_ns(), copied = 0;
 	const uint64_t *hashes = ok ? hash_victims(sc, victims, nv) : NULL;
 	uint64_t out[EVICT_BATCH] = {0};
@@ -730,7 +696,6 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 		gpuos_drv.mem_release(r->h);
 		r->h = 0;
 		r->has_content = 1;
-		r->ev = EV_NONE; /* whatever used it is done; brought back in on gpuos's stream */
 		GPUOS_USDT3(evict, r->base, r->size, out[k]);
 		R.st.evicted_bytes += r->size;
 		R.st.evictions_future += !!R.period;
@@ -1037,69 +1002,12 @@ static int enter(int turn)
 	return 0;
 }
 
-/* --evict-wait event: the stream of the call holding the lock (this thread's), set by
- * its need and dropped at its release; GPUOS_STREAM_UNKNOWN where it cannot be said (a
- * call without one, or nested calls naming different ones). */
-static GPUOS_TLS uint64_t call_stream = GPUOS_STREAM_UNKNOWN;
-
-/* After the call's real call was submitted (R.mu held): an event on its stream, which
- * the allocations it used keep as their last use's (EV_UNKNOWN where it cannot be had).
- * A slot's event is done before the slot is used again, so an allocation whose slot has
- * been used again since has nothing to wait for. */
-static void event_after_call(void)
-{
-	if (R.ticked != R.call)
-		return; /* it needed no movable memory */
-	uint64_t ctx = gpuos_current_ctx(), gen = 0;
-	int32_t slot = EV_UNKNOWN;
-	struct swap_ctx *sc = call_stream != GPUOS_STREAM_UNKNOWN ? swap_ctx() : NULL;
-	if (sc) {
-		gen = ++sc->ev_next;
-		int32_t k = (int32_t)(gen % EVENTS);
-		if (!sc->evs[k] && gpuos_drv.event_create(&sc->evs[k], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-			sc->evs[k] = NULL;
-		else if (sc->ev_gen[k] && gpuos_drv.event_query(sc->evs[k]) != CUDA_SUCCESS)
-			gpuos_drv.event_sync(sc->evs[k]); /* EVENTS calls ago: rarely still running */
-		if (sc->evs[k] && gpuos_drv.event_record(sc->evs[k], (CUstream)(uintptr_t)call_stream) == CUDA_SUCCESS) {
-			sc->ev_gen[k] = gen;
-			slot = k;
-		}
-	}
-	for (size_t i = 0; i < R.n; i++) {
-		struct res *r = &R.v[i];
-		if (r->call != R.call || r->ev == EV_UNKNOWN)
-			continue; /* unknown stays so until an eviction synchronises for it */
-		/* One event per allocation: a use on another stream whose event may still be
-		 * pending would be lost. */
-		int pending = r->ev >= 0 && r->ev_stream != call_stream && sc && sc->ev_gen[r->ev] == r->ev_gen &&
-			      gpuos_drv.event_query(sc->evs[r->ev]) != CUDA_SUCCESS;
-		if (slot < 0 || r->ctx != ctx || pending) {
-			r->ev = EV_UNKNOWN;
-			continue;
-		}
-		r->ev = slot;
-		r->ev_gen = gen;
-		r->ev_stream = call_stream;
-	}
-}
-
-static void unlock_call(void)
-{
-	if (gpuos_tls_res_held) {
-		gpuos_tls_res_held = 0;
-		pthread_mutex_unlock(&R.mu);
-	}
-}
-
-/* Where the outermost wrapper's real call has been submitted (gpuos_gate_exit); also
- * hooks.c's untracked writers, before theirs, with no stream said: what they marked
- * becomes EV_UNKNOWN. */
 void gpuos_res_release(void)
 {
-	if (gpuos_tls_res_held && R.ev_wait && R.oversubscribed)
-		event_after_call();
-	unlock_call();
-	call_stream = GPUOS_STREAM_UNKNOWN;
+	if (!gpuos_tls_res_held)
+		return;
+	gpuos_tls_res_held = 0;
+	pthread_mutex_unlock(&R.mu);
 }
 
 static void mark(uint64_t p)
@@ -1178,17 +1086,12 @@ static void evict_asked(void)
  * waited for, and the call marked again as the same tick (one call: one use, one
  * signature).  A call nested in another that holds the lock cannot let it go: it makes
  * its room as a member without the turn can (free room, else its own memory). */
-static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what,
-		     uint64_t stream)
+static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int launch, const char *what)
 {
 	uint64_t t0 = gpuos_now_ns();
 	int ticked = 0;
 	for (int again = 0;; again = 1) {
 		int outermost = enter(again) == 0;
-		if (outermost)
-			call_stream = stream;
-		else if (stream != call_stream)
-			call_stream = GPUOS_STREAM_UNKNOWN; /* a nested call on another stream */
 		if (!again) {
 			R.st.launches += !!launch;
 			R.st.need_all += !!all;
@@ -1210,18 +1113,18 @@ static CUresult need(const uint64_t *p, size_t n, size_t stride, int all, int la
 		CUresult c = bring_in(outermost ? &need_turn : NULL);
 		if (!need_turn)
 			return finish(t0, c, what);
-		unlock_call(); /* its real call is not submitted: no event after it */
+		gpuos_res_release();
 	}
 }
 
-CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch, uint64_t stream)
+CUresult gpuos_res_need(const uint64_t *p, size_t n, size_t stride, int launch)
 {
-	return need(p, n, stride, 0, launch, launch ? "a launch" : "a copy or memset", stream);
+	return need(p, n, stride, 0, launch, launch ? "a launch" : "a copy or memset");
 }
 
-CUresult gpuos_res_need_all(const char *why, uint64_t stream)
+CUresult gpuos_res_need_all(const char *why)
 {
-	return need(NULL, 0, 0, 1, 0, why, stream);
+	return need(NULL, 0, 0, 1, 0, why);
 }
 
 void gpuos_res_evict_for_others(void)

@@ -84,31 +84,6 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 
-def test_evictions_can_wait_for_their_victims_last_calls_only(libgpuos_build, libgpuos_env, tmp_path):
-    """--evict-wait event: an event is recorded after each call that needs movable memory,
-    and an eviction has gpuos's stream wait for its victims' last calls' events instead of
-    synchronising the context (only an allocation no call on a known stream used since
-    it was checked makes it synchronise).  Exact all the same; the driver was asked to
-    wait for events, and to synchronise the context far less."""
-    got = {}
-    for wait in ("sync", "event"):
-        d = tmp_path / wait
-        env = dict(libgpuos_env, FAKECUDA_STATS=str(d / "calls.%p.json"))
-        app = App(libgpuos_build, env, d, ["--gpu-memory", "12M", "--evict-wait", wait], 300, 7)
-        try:
-            st = app.stats(libgpuos_env)
-        finally:
-            assert app.finish()[0] == 0
-        runs = [json.loads(p.read_text()) for p in d.glob("calls.*.json")]
-        app_calls = max(runs, key=lambda r: r["launches"])["per_call"]  # t_resident's process
-        got[wait] = (st, app_calls)
-    (sync_st, sync_calls), (ev_st, ev_calls) = got["sync"], got["event"]
-    assert sync_st["evictions"] > 10 and ev_st["evictions"] > 10
-    assert ev_calls.get("cuStreamWaitEvent", 0) > sync_calls.get("cuStreamWaitEvent", 0)
-    assert ev_calls.get("cuEventRecord", 0) > sync_calls.get("cuEventRecord", 0)
-    assert ev_calls.get("cuCtxSynchronize", 0) < sync_calls["cuCtxSynchronize"] / 2, (ev_calls, sync_calls)
-
-
 def test_memory_only_read_is_copied_out_once(libgpuos_build, libgpuos_env, tmp_path):
     """Rounds that read the six large allocations in turn (an inference's weights): each
     is evicted and brought back every round, but copied out only at its first eviction;
@@ -200,7 +175,6 @@ def test_a_process_under_a_limit_is_not_held(libgpuos_build, libgpuos_env, tmp_p
     (["--gpu-memory", "100k"], "at least 1M"),
     (["--gpu-memory", "4G", "--memory", "driver"], "needs --memory movable"),
     (["--evict", "lru"], "only means something with --gpu-memory"),
-    (["--evict-wait", "event"], "only means something with --gpu-memory"),
 ])
 def test_bad_limits_are_refused(libgpuos_env, args, message):
     res = subprocess.run([*GPUOS, "run", *args, "--", "true"], env=libgpuos_env, capture_output=True, text=True)

@@ -40,8 +40,7 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
 
 
 def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
-                seed: int, modes: list[tuple[str, ...]], extra: tuple[str, ...] = ()
-                ) -> tuple[list[dict], dict, dict]:
+                seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
     """Members at once (one per mode), beginning their rounds together once all have
     started, the group's file sampled every 2 ms meanwhile:
     each one's stats, the group's at the end, and what the samples saw (the most
@@ -68,8 +67,7 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     try:
         for i, mode in enumerate(modes):
             members.append(Member(build, {**env, "T_RESIDENT_GATE": str(gate)}, tmp / f"m{i}",
-                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms), *extra],
-                                  rounds,
+                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)], rounds,
                                   seed + i, *mode))
         deadline = time.monotonic() + 120
         while (len(list(gate.glob("ready-*"))) < len(members) and time.monotonic() < deadline
@@ -89,14 +87,11 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     return own, g, seen
 
 
-@pytest.mark.parametrize("wait", ["sync", "event"])
-def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, wait):
+def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
     """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
     the group never has more than 16 MiB resident, the GPU changed hands, and members
-    evicted memory for each other; so too with evictions waiting for their victims' last
-    calls (--evict-wait event), those asked by the others included."""
-    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11, [()] * 3,
-                               ("--evict-wait", wait))
+    evicted memory for each other."""
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11, [()] * 3)
     assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
     assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
     assert sorted(m["pid"] for m in g["members"]) == sorted(st["pid"] for st in own)
@@ -248,12 +243,11 @@ def test_bad_groups_are_refused(libgpuos_build, libgpuos_env, tmp_path, group, a
     assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("lib,wait", [("plain", "sync"), ("tsan", "sync"), ("tsan", "event")])
-def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, lib, wait):
+@pytest.mark.parametrize("lib", ["plain", "tsan"])
+def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, lib):
     """Two processes of four threads each (16 MiB per process) in a 12 MiB pool: each
     process's release thread evicts while its other threads launch; all exact, and with
-    ThreadSanitizer (library and program) no race is reported, evictions waiting for the
-    context or for their victims' last calls' events (--evict-wait event)."""
+    ThreadSanitizer (library and program) no race is reported."""
     env, prog = dict(libgpuos_env), "t_resident"
     if lib == "tsan":
         res = subprocess.run(["make", "-s", "-C", str(Path(__file__).resolve().parents[2] / "libgpuos"),
@@ -265,7 +259,6 @@ def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_p
     for i in range(2):
         (tmp_path / f"stop{i}").touch()  # each ends at once, having checked everything
         procs.append(subprocess.Popen([*GPUOS, "run", "-q", "--share", group, "--gpu-memory", "12M", "--slice", "3",
-                                       "--evict-wait", wait,
                                        "--", str(libgpuos_build / "tests" / prog), str(tmp_path / f"stop{i}"), "100",
                                        str(5 + i), "threads"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))

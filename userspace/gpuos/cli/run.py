@@ -161,13 +161,6 @@ def _check_cpu_list(text: str) -> None:
                    "farthest, from the call sequence learned as it repeats (training steps, decode "
                    "loops), least recently used until one is learned; lru: least recently used "
                    "always (the baseline the benchmark compares with).")
-@click.option("--evict-wait", "evict_wait", type=click.Choice(["sync", "event"]), default="sync",
-              show_default=True,
-              help="With --gpu-memory, what an eviction waits for before copying its victims out: "
-                   "sync: all work submitted in the context; event: only the victims' last calls "
-                   "(an event recorded after each call that needs movable memory, once "
-                   "oversubscribed), so the GPU goes on with the rest meanwhile. event is new: "
-                   "host-tested, not yet measured on a GPU.")
 @click.option("--share", "share", metavar="NAME",
               help="Join group NAME: processes that share one pool of --gpu-memory LIMIT bytes. "
                    "They run side by side while their memory fits together, and take turns on the "
@@ -188,8 +181,7 @@ def _check_cpu_list(text: str) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(log, validate, touched, report, as_json, touch_all, dump_params, ring_slots, record_cpus,
-            paused, memory, gpu_memory, evict, evict_wait, share, slice_ms, managed_ahead, quiet,
-            cmd) -> None:
+            paused, memory, gpu_memory, evict, share, slice_ms, managed_ahead, quiet, cmd) -> None:
     """Run CMD with libgpuos preloaded and report what it did on the GPU.
 
     \b
@@ -234,8 +226,6 @@ def run_cmd(log, validate, touched, report, as_json, touch_all, dump_params, rin
         gpu_memory = _group_limit(share, gpu_memory)
     if evict != "future" and not gpu_memory:
         raise click.BadParameter("only means something with --gpu-memory", param_hint="--evict")
-    if evict_wait != "sync" and not gpu_memory:
-        raise click.BadParameter("only means something with --gpu-memory", param_hint="--evict-wait")
     if gpu_memory and memory != "movable":
         raise click.BadParameter("needs --memory movable (gpuos moves only the memory it owns)",
                                  param_hint="--gpu-memory")
@@ -243,7 +233,7 @@ def run_cmd(log, validate, touched, report, as_json, touch_all, dump_params, rin
                                 touch_all=list(touch_all), dump_params=list(dump_params),
                                 ring_slots=ring_slots, record_cpus=record_cpus,
                                 paused=paused, memory=memory, gpu_memory=gpu_memory,
-                                evict=evict, evict_wait=evict_wait, share=share, slice_ms=slice_ms,
+                                evict=evict, share=share, slice_ms=slice_ms,
                                 managed_ahead=managed_ahead)).run()
     doc = res.to_json()
     if report:

@@ -66,7 +66,6 @@ class RunOptions:
     memory: str = "movable"  # GPUOS_MEMORY: "movable" (libgpuos/src/memory.c) or "driver"
     gpu_memory: int | None = None  # GPUOS_GPU_MEMORY: bytes of movable memory resident at most (resident.c)
     evict: str = "future"  # GPUOS_GPU_MEMORY_EVICT: "future" (learned sequence) or "lru"
-    evict_wait: str = "sync"  # GPUOS_GPU_MEMORY_EVICT_WAIT: "sync" (the context) or "event" (the victims' last calls)
     share: str | None = None  # GPUOS_SHARE: the group sharing the pool (share.c)
     slice_ms: int | None = None  # GPUOS_SHARE_SLICE_MS: a new group's time slice
     managed_ahead: bool = False  # feed managed memory's working sets to the patched driver (managed/)
@@ -141,14 +140,12 @@ class Supervisor:
             env["ASAN_OPTIONS"] = f"{asan}:verify_asan_link_order=0".lstrip(":")
         env["GPUOS_CTL"] = str(ctl)
         for var in ("GPUOS_VALIDATE", "GPUOS_TOUCH_ALL", "GPUOS_DUMP_PARAMS", "GPUOS_RING_SLOTS", "GPUOS_GPU_MEMORY",
-                    "GPUOS_GPU_MEMORY_EVICT", "GPUOS_GPU_MEMORY_EVICT_WAIT", "GPUOS_SHARE",
-                    "GPUOS_SHARE_SLICE_MS"):
+                    "GPUOS_GPU_MEMORY_EVICT", "GPUOS_SHARE", "GPUOS_SHARE_SLICE_MS"):
             env.pop(var, None)  # only what this run asks for
         env["GPUOS_MEMORY"] = self.opts.memory
         if self.opts.gpu_memory:
             env["GPUOS_GPU_MEMORY"] = str(self.opts.gpu_memory)
             env["GPUOS_GPU_MEMORY_EVICT"] = self.opts.evict
-            env["GPUOS_GPU_MEMORY_EVICT_WAIT"] = self.opts.evict_wait
         if self.opts.share:
             env["GPUOS_SHARE"] = self.opts.share
         if self.opts.slice_ms:

@@ -309,7 +309,8 @@ class Supervisor:
     def _say_slow_turn(self, seconds: float) -> None:
         """A loop turn of an incident whose work took SLOW_TURN_S or more: an event naming
         where it went.  While the loop works it sees nothing else (a victim gone, a fault),
-        so a slow turn is time added to the recovery; bench/mps_faults.py keeps these."""
+        so a slow turn is time added to the recovery; bench/mps_faults.py keeps these.
+        Parts overlap: an action's events are also in "events", a source in "faults"."""
         if seconds < SLOW_TURN_S or self.machine.incident is None:
             return  # outside an incident nothing waits on the loop (and MPS commands are slow)
         parts = {k: round(v, 4) for k, v in sorted(self._turn.items(), key=lambda kv: -kv[1])
@@ -408,7 +409,8 @@ class Supervisor:
             self._last_saved = text
 
     def _event(self, ev: dict) -> None:
-        self.events.append(ev)
+        with self._timed("events"):  # one fsynced line each
+            self.events.append(ev)
         if self.say is not None:
             self.say(describe_event(ev))
 
