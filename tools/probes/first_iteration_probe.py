@@ -57,37 +57,15 @@ def child(mode: str, variant: str, size: int, batch: int) -> dict:
     t_start = time.perf_counter()
     import torch
 
+    from gpuos.workloads.mps_client import iteration, make_model
+
     dev = torch.device("cuda")
     torch.manual_seed(1)
 
-    def mlp():
-        """The benchmark client's model (made on the CPU, copied in) and its optimizer."""
-        m = torch.nn.Sequential(
-            torch.nn.Linear(size, size), torch.nn.ReLU(),
-            torch.nn.Linear(size, size), torch.nn.ReLU(),
-            torch.nn.Linear(size, 16)).to(dev)
-        o = torch.optim.SGD(m.parameters(), lr=1e-3) if mode == "train" else None
-        if o is None:
-            m.eval()
-        return m, o
-
-    model, opt = mlp()
+    model, opt = make_model(torch, dev, mode, size)  # the benchmark client's
     torch.cuda.synchronize()
     out: dict = {"mode": mode, "variant": variant, "setup_s": time.perf_counter() - t_start,
                  "memory_before_warm": torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]}
-
-    def step(m, o):
-        x = torch.randn(batch, size, device=dev)
-        if o is not None:
-            y = torch.randn(batch, 16, device=dev)
-            loss = torch.nn.functional.mse_loss(m(x), y)
-            o.zero_grad(set_to_none=True)
-            loss.backward()
-            o.step()
-        else:
-            with torch.inference_mode():
-                m(x).sum()
-        torch.cuda.synchronize()
 
     t0 = time.perf_counter()
     if variant in ("cublas", "torch-handle", "same-kernels"):
@@ -106,14 +84,14 @@ def child(mode: str, variant: str, size: int, batch: int) -> dict:
         torch.cuda.current_blas_handle()
         torch.cuda.synchronize()
     if variant == "same-kernels":
-        step(*mlp())
+        iteration(torch, dev, *make_model(torch, dev, mode, size), size, batch)
     out["warm_s"] = time.perf_counter() - t0
     out["memory_after_warm"] = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
     t1 = time.perf_counter()
-    step(model, opt)
+    iteration(torch, dev, model, opt, size, batch)
     out["iter1_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    step(model, opt)
+    iteration(torch, dev, model, opt, size, batch)
     out["iter2_s"] = time.perf_counter() - t2
     return out
 

@@ -45,6 +45,33 @@ def _beat(path: str, tmp: str, iteration: int) -> None:
     os.replace(tmp, path)
 
 
+def make_model(torch, dev, mode: str, size: int):
+    """The client's MLP (made on the CPU, copied in) and, to train it, its optimizer."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(size, size), torch.nn.ReLU(),
+        torch.nn.Linear(size, size), torch.nn.ReLU(),
+        torch.nn.Linear(size, 16)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3) if mode == "train" else None
+    if opt is None:
+        model.eval()
+    return model, opt
+
+
+def iteration(torch, dev, model, opt, size: int, batch: int) -> None:
+    """One iteration on fresh random inputs, synchronized: the GPU did the work."""
+    x = torch.randn(batch, size, device=dev)
+    if opt is not None:
+        y = torch.randn(batch, 16, device=dev)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    else:
+        with torch.inference_mode():
+            model(x).sum()
+    torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("infer", "train"), required=True)
@@ -76,26 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dev = torch.device("cuda")
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-        model = torch.nn.Sequential(
-            torch.nn.Linear(a.size, a.size), torch.nn.ReLU(),
-            torch.nn.Linear(a.size, a.size), torch.nn.ReLU(),
-            torch.nn.Linear(a.size, 16)).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3) if a.mode == "train" else None
-        if opt is None:
-            model.eval()
+        model, opt = make_model(torch, dev, a.mode, a.size)
         it = 0
         while not stop and time.monotonic() < deadline:
-            x = torch.randn(a.batch, a.size, device=dev)
-            if opt is not None:
-                y = torch.randn(a.batch, 16, device=dev)
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            else:
-                with torch.inference_mode():
-                    model(x).sum()
-            torch.cuda.synchronize()
+            iteration(torch, dev, model, opt, a.size, a.batch)
             it += 1
             _beat(path, tmp, it)
             if it == 1 and a.hold_file:
