@@ -141,6 +141,12 @@ def test_state_file_round_trip_and_versions(tmp_path):
     dirs.state.write_text("{not json")
     with pytest.raises(GpuosError, match="not a gpuos MPS state file"):
         store.load()
+    # unreadable and written before this boot (nothing is fsynced: a crash of the machine
+    # can cut it short): set aside, as a previous boot's state is, and there is none
+    os.utime(dirs.state, (1, 1))
+    assert store.load() is None and not dirs.state.exists()
+    (aside,) = dirs.root.glob("state-*-unreadable-previous-boot.json")
+    assert aside.read_text() == "{not json"
     assert oct(os.stat(dirs.clients).st_mode & 0o777) == "0o700"
 
 

@@ -1,10 +1,18 @@
 """The supervisor's files: its state (atomic rewrites), its event log, its lock.
 
-state.json is replaced whole at every step: written beside, fsynced, renamed over
-the old one, the directory fsynced; a reader sees the old state or the new, never
-half of one.  A reader refuses a format_version it does not know.  events.jsonl
-grows by one fsynced line per event.  supervisor.lock is flocked by the running
-supervisor; a lock that can be taken means none runs.
+state.json is replaced whole at every step: written beside and renamed over the old
+one; a reader sees the old state or the new, never half of one.  A reader refuses a
+format_version it does not know.  events.jsonl grows by one line per event.
+supervisor.lock is flocked by the running supervisor; a lock that can be taken means
+none runs.
+
+Nothing is fsynced.  What the files describe (MPS daemons, clients, standbys) does not
+outlive the machine: a killed supervisor is resumed from the page cache, and after a
+reboot the state is set aside anyway (`gpuos mps start`, boot_id).  An fsync, on the
+other hand, is time on the recovery's path: every step persists before it acts, so a
+standby's release waited for the state file's two fsyncs and one per event before it
+(about seven).  A state file that a crash of the machine left unreadable is set aside
+like one from before the boot (StateStore.load).
 """
 
 from __future__ import annotations
@@ -32,20 +40,22 @@ def boot_id() -> str:
         return ""
 
 
+def _written_before_boot(path: Path) -> bool:
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return path.stat().st_mtime < time.time() - uptime
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def write_json_atomic(path: Path, obj: Any, mode: int = 0o644) -> None:
@@ -93,6 +103,9 @@ class StateStore:
         try:
             return SavedState.from_dict(json.loads(raw))
         except (ValueError, KeyError, TypeError) as exc:
+            if _written_before_boot(self.dirs.state):
+                self.archive("unreadable-previous-boot")  # a crash of the machine cut it short
+                return None
             raise GpuosError(f"{self.dirs.state}: not a gpuos MPS state file ({exc})") from None
 
     def save(self, st: SavedState) -> None:
@@ -121,7 +134,6 @@ class EventLog:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, line)
-            os.fsync(fd)
         finally:
             os.close(fd)
         if self.mirror is not None:
