@@ -44,7 +44,8 @@ still start runs alone; the JSON's started_together says whether all reached the
               process at a time could reach at best (the members of a group share the
               GPU's compute in the ideal; a pool that holds only some of them at once
               gives that up)
-  per pressure P: one pool of sum-of-peaks * 100 / P, time slices of --slice ms, each
+  per pressure P (and per slice of --slice, a list to compare slices in one run): one
+              pool of sum-of-peaks * 100 / P, time slices of that many ms, each
               process evicting by LRU (reactive) or by its learned sequence (proactive);
               in both the process whose turn it is makes the others evict first.  The
               figure is the group's throughput against the ideal's: the items of every
@@ -63,7 +64,7 @@ the GPU; MSched measured demand paging at about 0.12 GB/s against 41.7 GB/s for 
 transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
-                             [--pressures 100,150,200,300] [--slice 1000] [--repeat 3] [--steps-times 1]
+                             [--pressures 100,150,200,300] [--slice 1000[,3000]] [--repeat 3] [--steps-times 1]
                              [--overhead-rounds K]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
@@ -358,7 +359,7 @@ def longer(args: list[str], times: int) -> list[str]:
     return [*args[:at], str(int(args[at]) * times), *args[at + 1:]]
 
 
-def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, repeat: int,
+def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int, repeat: int,
               steps_times: int = 1) -> dict:
     """Every cell (and the ideal) run `repeat` times, the median kept: single runs of a
     group disagreed by up to 2x on an H100, more than the effects measured."""
@@ -375,13 +376,13 @@ def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, re
                      if all("seconds" in m for m in alone) else None)
     row = {"group": name, "members": [w for w, _ in members], "ideal": ideal, "peak_reserved": peak,
            "ideal_items_per_s": total, "alone": alone, "one_at_a_time": one_at_a_time,
-           "slice_ms": slice_ms, "repeat": repeat, "steps_times": steps_times, "pressures": []}
+           "slices_ms": slices, "repeat": repeat, "steps_times": steps_times, "pressures": []}
     print(f"{name}: ideal {total:.1f} items/s in all (runs {ideal['items_per_s_runs']}), "
           f"peaks {peak / 2**30:.2f} GiB; one at a time: "
           + (f"{one_at_a_time:.1%} of the ideal" if one_at_a_time else "a member failed alone"), flush=True)
-    for p in pressures:
+    for p, slice_ms in ((p, s) for p in pressures for s in slices):
         limit = peak * 100 // p
-        cell = {"pressure": p, "limit": limit}
+        cell = {"pressure": p, "slice_ms": slice_ms, "limit": limit}
         for evict, system in (("lru", "reactive"), ("future", "proactive")):
             runs = []
             for k in range(repeat):
@@ -403,7 +404,7 @@ def run_group(name: str, pressures: list[int], slice_ms: int, gpu_bytes: int, re
                 r["bytes_out"] = sum(x.get("bytes_out", 0) for x in st)
                 r["in_GBps"] = own_copy_rate(st)
             cell[system] = r
-            print(f"{name} {p}% {system}: " + (f"{r['relative']:.3f} of ideal (runs "
+            print(f"{name} {p}% {slice_ms} ms {system}: " + (f"{r['relative']:.3f} of ideal (runs "
                                                f"{', '.join(f'{x:.3f}' for x in r['relative_runs'] if x)}), "
                                                f"checksums {'equal' if r['checksums_equal'] else 'DIFFER'}, "
                                                f"{r.get('group', {}).get('switches', 0)} switches"
@@ -421,15 +422,17 @@ def group_markdown(result: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result.get("groups", []):
         alone = f"{row['one_at_a_time']:.1%}" if row.get("one_at_a_time") else "-"
+        several = len(row.get("slices_ms", [])) > 1
         for cell in row["pressures"]:
             r, f = cell["reactive"], cell["proactive"]
+            pressure = f"{cell['pressure']}%" + (f", {cell['slice_ms']} ms slices" if several else "")
             if "relative" not in r or "relative" not in f:
                 why = lambda c: next((failure(m) for m in c["members"] if "error" in m), "-")  # noqa: E731
-                lines.append(f"| {row['group']} | {cell['pressure']}% | {why(r)} | {why(f)} | {alone} "
+                lines.append(f"| {row['group']} | {pressure} | {why(r)} | {why(f)} | {alone} "
                              "| - | - | - | - | - | - |")
                 continue
             rate = f.get("in_GBps")
-            lines.append(f"| {row['group']} | {cell['pressure']}% | {r['relative']:.1%} | {f['relative']:.1%} "
+            lines.append(f"| {row['group']} | {pressure} | {r['relative']:.1%} | {f['relative']:.1%} "
                          f"| {alone} "
                          f"| {r['checksums_equal'] and f['checksums_equal']} "
                          f"| {r['bytes_in'] / 1e9:.1f} / {f['bytes_in'] / 1e9:.1f} GB | "
@@ -439,6 +442,16 @@ def group_markdown(result: dict) -> str:
                          + (f"{f['switch_mean_ms']:.1f} / {f['switch_p99_ms']:.1f} ms"
                             if f.get("switch_mean_ms") is not None else "-") + " |")
     return "\n".join(lines)
+
+
+def slice_list(text: str) -> list[int]:
+    try:
+        slices = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: milliseconds, comma-separated") from None
+    if not slices or min(slices) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: each slice must be positive")
+    return slices
 
 
 def non_negative(text: str) -> int:
@@ -452,7 +465,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="gpt-train,resnet50-train,gpt-infer")
     ap.add_argument("--groups", default="llm-replicas,dnn-mix", help="groups of processes sharing a pool; '' for none")
-    ap.add_argument("--slice", type=int, default=1000, help="the groups' time slice, ms")
+    ap.add_argument("--slice", type=slice_list, default=[1000],
+                    help="the groups' time slice, ms; several (1000,3000): each pressure with each")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each group cell and of its ideal; the median is kept (all are in the JSON)")
     ap.add_argument("--pressures", default="100,150,200,300")

@@ -255,3 +255,22 @@ def test_overhead_rounds_rotate_the_order_and_pair_each_round(monkeypatch):
     assert out["limited_over_plain"]["median"] == pytest.approx(1.01) and out["checksums_equal"]
     table = rows(oversub.overhead_markdown({"rows": [{"workload": "gpt-train", "overhead": out}]}))
     assert table[2] == ["gpt-train", "3", "+1.0%", "-1.0% to +3.0%", "+1.0%", "-1.0% to +3.0%", "True"]
+
+
+def test_group_cells_of_several_slices_say_their_slice():
+    import argparse
+
+    import oversub
+
+    cell = {"relative": 0.5, "checksums_equal": True, "bytes_in": 2e9, "in_GBps": 40.0, "switch_mean_ms": 10.0,
+            "switch_p99_ms": 20.0, "group": {"switches": 3, "beside_turns": 1}}
+    row = {"group": "g", "one_at_a_time": 0.42, "slices_ms": [1000, 3000],
+           "pressures": [{"pressure": 150, "slice_ms": s, "reactive": cell, "proactive": cell} for s in (1000, 3000)]}
+    lines = oversub.group_markdown({"groups": [row]}).splitlines()
+    assert [line.split("|")[2].strip() for line in lines[2:]] == ["150%, 1000 ms slices", "150%, 3000 ms slices"]
+    row["slices_ms"], row["pressures"] = [1000], row["pressures"][:1]
+    assert oversub.group_markdown({"groups": [row]}).splitlines()[2].startswith("| g | 150% |")
+    assert oversub.slice_list("1000,3000") == [1000, 3000]
+    for bad in ("0", "1000,x", "-5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            oversub.slice_list(bad)
