@@ -409,7 +409,7 @@ class Supervisor:
             self._last_saved = text
 
     def _event(self, ev: dict) -> None:
-        with self._timed("events"):  # one fsynced line each
+        with self._timed("events"):  # a line of events.jsonl and the fault journal's copy
             self.events.append(ev)
         if self.say is not None:
             self.say(describe_event(ev))
