@@ -47,6 +47,7 @@ class StandIn:
     def __init__(self):
         self.pending: list[FatalFault] = []
         self.tracked: list[list[int]] = []
+        self.procs: dict[int, object] = {}  # those with a tracker
         self.closed = False
 
     def poll(self):
@@ -63,8 +64,10 @@ class StandIn:
 
 def test_tracker_source_reports_each_fatal_fault_as_the_faulters_xid_31():
     stand_in, pids = StandIn(), [[5, 6]]
+    stand_in.procs = {5: object()}
     src = TrackerSource(lambda: pids[0], stand_in)
     assert src.poll() == ([], []) and stand_in.tracked == [[5, 6]]
+    assert src.untracked == [6]  # followed, no tracker yet: the supervisor looks again soon
     stand_in.pending = [FatalFault(6, 0x83bf1a800000, "write", "invalid_pde", "invalid_address", 7)]
     pids[0] = [5, 9]  # 6 left: its fault was read before it was let go
     faults, notes = src.poll()

@@ -247,11 +247,15 @@ class TrackerSource:
             trackers = FaultTrackers()
         self.pids = pids
         self.trackers = trackers
+        self.untracked: list[int] = []  # followed, but no tracker yet (no CUDA context yet)
 
     def poll(self) -> tuple[list[dict], list[str]]:
         from ..faults.uvm_tools import fault_event
         faults = [event_dict(fault_event(f)) for f in self.trackers.poll()]
-        return faults, self.trackers.track(self.pids())  # after the poll: a leaver's faults are kept
+        pids = list(self.pids())
+        notes = self.trackers.track(pids)  # after the poll: a leaver's faults are kept
+        self.untracked = [p for p in pids if p not in self.trackers.procs]
+        return faults, notes
 
     def fds(self) -> list[int]:
         return self.trackers.fds()
