@@ -522,6 +522,12 @@ class Scenario:
             self.r["incident_opened_s"] = first_of("incident-opened")
             self.r["supervisor_server_ready_s"] = first_of("server-ready", "servers-swapped")
             self.r["incident_closed_s"] = first_of("incident-closed")
+            # where the recovery's time went on the supervisor's side: its standbys' release,
+            # and its loop's turns that took 0.05 s or more (what it saw nothing else during)
+            self.r["released_s"] = first_of("standby-releasing")
+            self.r["slow_turns"] = [{"at_s": e["time"] - t0, "seconds": e.get("seconds"),
+                                     "parts": e.get("parts")}
+                                    for e in evs if e.get("event") == "slow-turn"]
             closed = next((e for e in evs if e.get("event") == "incident-closed"), None)
             self.r["incident_outcome"] = closed.get("outcome") if closed else None
         rows = []
@@ -732,6 +738,12 @@ def markdown(r: dict[str, Any]) -> str:
                 "no incident" if s.get("incident_opened_s") is None else "incident not closed")
             if s["mode"] in STANDBYS and died:
                 what += f"; {s.get('took_over', 0)}/{died} taken over by standbys"
+                if s.get("released_s") is not None:
+                    what += f", released at {fmt_s(s['released_s'])}"
+            if s.get("slow_turns"):
+                worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
+                top = next(iter(worst.get("parts") or {}), "?")
+                what += f"; slowest supervisor turn {fmt_s(worst['seconds'])} ({top})"
             notes = what + (f"; {notes}" if notes else "")
         rate = "—" if s.get("rate_median") is None else f"{s['rate_median']:.0f}"
         back = fmt_s(s.get("server_back_s")) if died else "never down"

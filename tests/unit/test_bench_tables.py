@@ -109,8 +109,19 @@ def test_mps_table_says_what_happened():
                        "standby/2/oob-write": scenario("standby", 2, incident_opened_s=0.6,
                                                        incident_outcome="recovered", took_over=1,
                                                        victims_recovered=2, downtime_median_s=1.5,
-                                                       downtime_max_s=2.0)}}
+                                                       downtime_max_s=2.0),
+                       "spare/2/oob-write": scenario("spare", 2, incident_opened_s=0.0,
+                                                     incident_outcome="recovered", took_over=2,
+                                                     victims_recovered=2, downtime_median_s=0.4,
+                                                     downtime_max_s=0.4, released_s=0.28,
+                                                     slow_turns=[{"at_s": 0.1, "seconds": 0.06,
+                                                                  "parts": {"persist": 0.05}},
+                                                                 {"at_s": 0.2, "seconds": 0.12,
+                                                                  "parts": {"faults": 0.1, "reap": 0.01}}])}}
     table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
+    # a spare's row says when the standbys were let go and the supervisor's slowest turn
+    assert table[("spare", "oob-write")][8] == ("incident recovered; 2/2 taken over by standbys, released "
+                                                "at 0.28; slowest supervisor turn 0.12 (faults)")
     assert table[("stock", "assert")][5] == "never down" and table[("stock", "assert")][6] == "no victims"
     assert table[("supervised", "assert")][8] == "no incident"
     assert table[("stock", "oob-write")][6] == "not recovered"
@@ -120,7 +131,7 @@ def test_mps_table_says_what_happened():
     assert table[("standby", "oob-write")][6] == "1.50 / 2.00"
     assert table[("standby", "oob-write")][8] == "incident recovered; 1/2 taken over by standbys"
     assert [c[0] for c in rows(mps_faults.markdown(r))[2:] if c[2] == "oob-write"] == [
-        "stock", "supervised", "standby"]
+        "stock", "supervised", "standby", "spare"]
 
 
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():
