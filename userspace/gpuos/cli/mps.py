@@ -181,7 +181,8 @@ def mps() -> None:
 @click.option("--end-faulted-server/--keep-faulted-server", default=None,
               help="On a fault, kill the faulted MPS server at once (SIGKILL), so that the driver "
                    "tears its context down now, not when the last of its clients has exited; "
-                   "its clients' next CUDA calls fail. Experimental [default: keep].")
+                   "its clients' next CUDA calls fail, even one the fault would have spared. "
+                   "Experimental [default: keep].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
