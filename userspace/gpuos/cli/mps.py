@@ -210,7 +210,8 @@ def mps() -> None:
 @click.option("--hook-timeout", type=click.FloatRange(0.1, 86400), default=None, metavar="S",
               help="Seconds a recovery hook may run before it is killed [default: 300].")
 @click.option("--poll", type=click.FloatRange(0.02, 10), default=None, metavar="S",
-              help="Seconds between the supervisor's checks [default: 0.25].")
+              help="Seconds between the supervisor's checks [default: 0.25]; 0.02 while a "
+                   "process it follows is under 10 s old and has no fault tracker yet.")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=60, show_default=True,
               metavar="S", help="Seconds to wait for the supervisor to be up.")
 @json_option
