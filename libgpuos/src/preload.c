@@ -564,13 +564,6 @@ static void write_stats(const struct load_stats *st)
 		unlink(tmp);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void *loader_main(void *arg)
 {
 	CUcontext ctx = arg;
@@ -599,7 +592,7 @@ static void *loader_main(void *arg)
 			seen_mtime = sb.st_mtim;
 			seen_size = sb.st_size;
 		}
-		double t0 = now_s();
+		uint64_t t0 = gpuos_now_ns();
 		struct names want = { 0 };
 		names_read(&want, list_path);
 		/* The images the records name, loaded ahead first (room made for them here). */
@@ -640,7 +633,7 @@ static void *loader_main(void *arg)
 		pthread_mutex_unlock(&code_mu);
 		names_sort_unique(&done);
 		names_free(&want);
-		st.seconds += now_s() - t0;
+		st.seconds += (double)(gpuos_now_ns() - t0) / 1e9;
 		write_stats(&st);
 	}
 	/* Once more a moment after the release: what the application then took. */
