@@ -143,6 +143,16 @@ static inline void check_floats(const char *what, const float *out, const float 
 		}
 }
 
+/* Check out[0..n) == value, exactly (what a fill or a memset of it must leave). */
+static inline void check_all(const char *what, const float *out, size_t n, float value)
+{
+	for (size_t i = 0; i < n; i++)
+		if (out[i] != value) {
+			CHECK(0, "%s[%zu] = %g, expected %g", what, i, out[i], value);
+			return;
+		}
+}
+
 /* What the program did, by category (printed, and compared with the fake's counts). */
 struct counts {
 	long long allocs, frees;

@@ -90,11 +90,7 @@ static void capture_errors(CUstream s, CUstream nb)
 	CU_ERR(CUDA_ERROR_ILLEGAL_STATE, cuStreamEndCapture, s, &g);
 	CU(cuStreamSynchronize, nb);
 	dtoh(out, z2, N * 4);
-	for (int i = 0; i < N; i++)
-		if (out[i] != 5.0f) {
-			CHECK(0, "z2[%d] = %g after the capture errors", i, out[i]);
-			break;
-		}
+	check_all("after the capture errors: z2", out, N, 5.0f);
 }
 
 static void launch_graph(CUgraphExec ge, CUstream s, int times)
@@ -126,11 +122,9 @@ static void check_y(const char *what, float k)
 			break;
 		}
 	dtoh(out, z2, N * 4);
-	for (int i = 0; i < N; i++)
-		if (out[i] != 7.0f) {
-			CHECK(0, "%s: z2[%d] = %g", what, i, out[i]);
-			break;
-		}
+	char z2_what[160];
+	snprintf(z2_what, sizeof z2_what, "%s: z2", what);
+	check_all(z2_what, out, N, 7.0f);
 }
 
 int main(int argc, char **argv)
@@ -241,11 +235,7 @@ int main(int argc, char **argv)
 	C.graph_kernels++;
 	CU(cuStreamSynchronize, s);
 	dtoh(out, z2, N * 4);
-	for (int i = 0; i < N; i++)
-		if (out[i] != 2.5f) {
-			CHECK(0, "hand-built graph: z2[%d] = %g", i, out[i]);
-			break;
-		}
+	check_all("hand-built graph: z2", out, N, 2.5f);
 	sum_bytes(out, N * 4);
 	memset(&info, 0, sizeof(info));
 	CU_ERR(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, cuGraphExecUpdate_v2, ge3, g, &info);
@@ -271,11 +261,7 @@ int main(int argc, char **argv)
 		C.graph_kernels += 2;
 		CU(cuStreamSynchronize, s);
 		dtoh(out, z2, N * 4);
-		for (int i = 0; i < N; i++)
-			if (out[i] != -1.0f) {
-				CHECK(0, "captured into a graph: z2[%d] = %g", i, out[i]);
-				break;
-			}
+		check_all("captured into a graph: z2", out, N, -1.0f);
 		CU(cuGraphExecDestroy, ge4);
 	}
 	CU(cuGraphExecDestroy, ge3);

@@ -33,11 +33,7 @@ int main(void)
 	fill((CUfunction)k, d, 2.0f, N);
 	CU(cuCtxSynchronize);
 	dtoh(out, d, N * 4);
-	for (int i = 0; i < N; i++)
-		if (out[i] != 2.0f) {
-			CHECK(0, "out[%d] = %g after the library's fill", i, out[i]);
-			break;
-		}
+	check_all("after the library's fill: out", out, N, 2.0f);
 	sum_bytes(out, N * 4);
 	CU(cuLibraryUnload, lib);
 	dfree(d);
