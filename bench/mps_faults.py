@@ -93,14 +93,13 @@ READY_TIMEOUT = 90.0      # all clients' first heartbeat (8 cold torch starts un
 PROBE_TIMEOUT = 20.0
 SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
-SURVIVE_S = {"stock": 5.0, "supervised": 20.0, "standby": 20.0, "spare": 20.0,
-             "spare-end": 20.0}  # progress this
-                          # long past the fault: a survivor (supervised: past the drain's signals)
 POLICY = {"supervised": "restart", "standby": "standby", "spare": "standby",  # under `gpuos mps`
           "spare-end": "standby"}
 STANDBYS = ("standby", "spare", "spare-end")  # modes whose clients have standbys
 WARM = ("spare", "spare-end")   # modes with a spare server (warm standbys)
 MODES = ("stock", *POLICY)
+# progress this long past the fault: a survivor (under gpuos mps: past the drain's signals)
+SURVIVE_S = {"stock": 5.0} | dict.fromkeys(POLICY, 20.0)
 NO_INCIDENT_S = 5.0       # supervised: the faulter gone this long and no incident: none will come
 GIVE_UP_S = 30.0          # stock: probes failing this long after the clients are resolved: not back
 

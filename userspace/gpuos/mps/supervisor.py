@@ -333,8 +333,7 @@ class Supervisor:
                  if v >= SLOW_PART_S}
         m = self.machine
         self._event({"time": time.time(), "gpu": m.gpu, "event": "slow-turn", "state": m.state.value,
-                     "incident": m.incident.id if m.incident else None,
-                     "seconds": round(seconds, 4), "parts": parts})
+                     "incident": m.incident.id, "seconds": round(seconds, 4), "parts": parts})
 
     def _listen(self) -> None:
         try:
