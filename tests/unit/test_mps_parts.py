@@ -221,21 +221,27 @@ def test_a_slow_loop_turn_of_an_incident_is_said_with_where_it_went():
 
 def test_the_loop_looks_again_soon_while_a_young_followed_process_has_no_tracker():
     """A client may fault within 0.1 s of making its context: while a process the trackers
-    follow is young and has none yet, the loop polls every TRACK_SOON_S, else every poll."""
+    follow is young and has none yet, the loop polls every TRACK_SOON_S, else every poll;
+    and every LEAVING_POLL_S while a swapped incident waits for victims to begin exiting."""
     import subprocess
     import sys
     from types import SimpleNamespace
 
-    from gpuos.mps.supervisor import TRACK_SOON_S, Options, Supervisor
+    from gpuos.mps.supervisor import LEAVING_POLL_S, TRACK_SOON_S, Options, Supervisor
 
     sup = object.__new__(Supervisor)
     sup.options = Options()
+    leaving: list = []
+    sup.machine = SimpleNamespace(leaving_victims=lambda: leaving)
     young = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         sup.sources = [SimpleNamespace(), SimpleNamespace(untracked=[1])]  # init: old
         assert sup._poll_timeout() == sup.options.poll
         sup.sources[1].untracked = [1, young.pid]
         assert sup._poll_timeout() == TRACK_SOON_S
+        leaving.append(("c1", young.pid))
+        assert sup._poll_timeout() == LEAVING_POLL_S < TRACK_SOON_S
+        leaving.clear()
         sup.sources[1].untracked = [1, 2 ** 22 + 7]  # gone: no reason to hurry
         assert sup._poll_timeout() == sup.options.poll
     finally:

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientRequest, ClientSpawnFailed,
+from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
                              Emit, EndServer, Fault, HookFinished, KillHook, Machine, PolicySet,
                              ProbeServer,
@@ -990,6 +990,38 @@ def test_spare_server_swaps_at_the_fault_and_releases_warm_standbys_once_the_vic
     assert h["outcome"] == "recovered" and [v["recovery"] for v in h["victims"]] == ["took-over"] * 2
 
 
+def test_spare_server_releases_standbys_once_every_victim_is_exiting_and_restarts_when_gone():
+    """A victim whose every thread is exiting runs no code of its own again: its standby is
+    released then, not when the driver has torn its context down (its reap); the faulted
+    server is restarted only once they are gone."""
+    r = with_spare(2)
+    assert r.m.leaving_victims() == []
+    r.fault(pid=2002)
+    assert r.m.leaving_victims() == [("c1", 2001), ("c2", 2002)]
+    assert r.feed(ClientExiting("c1", 2001)) == []
+    assert r.last("victim-exiting")["pid"] == 2001 and r.m.leaving_victims() == [("c2", 2002)]
+    assert r.feed(ClientExiting("c2", 9999)) == []  # not the victim's process: ignored
+    acts = r.feed(ClientExiting("c2", 2002))
+    assert acts == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
+                    ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]
+    assert r.m.state is S.DRAINING and r.m.leaving_victims() == []
+    assert r.feed(ClientExiting("c2", 2002)) == []  # said twice: nothing more
+    r.feed(ClientStarted("c1", 4001, 88))
+    assert r.feed(ClientExited("c1", 3, 2001)) == []
+    # the old processes' exits, after the take-over: the drain ends, the faulted server
+    # is restarted to be the spare, the taken-over clients run on
+    assert r.feed(ClientExited("c2", 3, 2002)) == [RestartServer(1000, SERVER, 0)]
+    r.feed(ClientStarted("c2", 4002, 88))
+    assert [r.m.clients[c].pid for c in ("c1", "c2")] == [4001, 4002]
+    r.feed(ServerRestarted(True, 777, DAEMON, slot=0))
+    assert r.m.state is S.RUNNING
+    assert [v["recovery"] for v in r.m.history[-1]["victims"]] == ["took-over"] * 2
+    # without a spare nothing is released before the server is back: exiting is not asked
+    r = Run().running(2)
+    r.fault(pid=2001)
+    assert r.m.leaving_victims() == []
+
+
 def test_end_faulted_server_kills_the_faulted_server_at_the_incident_and_changes_nothing_else():
     r = with_spare(2)
     r.m.settings.end_faulted_server = True
@@ -1225,7 +1257,8 @@ def _inputs(m: Machine) -> list:
         Fault({}, None),
         ClientRequest(Client(id="new", cmd=["x"], cwd="/", uid=0, gid=0)),
         ClientStarted(cid, 3001), ClientSpawnFailed(cid, "x"), ClientExited(cid, 1, pid),
-        ClientExited(cid, 0), ClientExited("nobody", 1),
+        ClientExited(cid, 0), ClientExited("nobody", 1), ClientExiting(cid, pid),
+        ClientExiting("nobody", 1),
         StandbyStarted(cid, f"GPU-test:{cid}:standby:1", 4001), StandbyExited(cid, 4001, 1),
         StandbySpawnFailed(cid, f"GPU-test:{cid}:standby:1", "x"), UnmanagedClients((7777,)),
         UnmanagedGone(7777), HookFinished(cid, 0), HookFinished(cid, None),

@@ -52,6 +52,28 @@ def test_zombie_is_not_alive_and_not_a_target(processes):
         procs.check_target(z.pid)
 
 
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}  # exit(2): the calling thread alone ends
+
+
+def test_ending_means_every_thread_is_leaving(processes):
+    """A leader thread that ended alone leaves a zombie leader and a live process: not
+    ending (the supervisor would hand the process's role to its standby)."""
+    if os.uname().machine not in SYS_EXIT:
+        pytest.skip(f"exit(2)'s number on {os.uname().machine}")
+    code = ("import ctypes, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(1000,)).start()\n"
+            f"ctypes.CDLL(None).syscall({SYS_EXIT[os.uname().machine]}, 0)\n")
+    p = processes.start([sys.executable, "-c", code])
+    wait_for(lambda: procs.stat(p.pid).state == "Z" and len(procs.tids(p.pid)) == 2,
+             what="the leader's exit alone")
+    assert procs.ending(p.pid) is False
+    p.kill()
+    p.wait(timeout=10)
+    assert procs.ending(p.pid) is True  # reaped: gone
+    z = zombie(processes)
+    assert procs.ending(z.pid) is True and procs.ending(os.getpid()) is False
+
+
 @pytest.mark.parametrize("pid", [0, -1])
 def test_invalid_pid_is_no_target(pid):
     with pytest.raises(NoSuchProcess):

@@ -55,17 +55,37 @@ def alive(pid: int) -> bool:
         return False
 
 
-PF_EXITING = 0x4  # include/linux/sched.h: the process has begun to exit
+PF_EXITING = 0x4  # include/linux/sched.h: the thread has begun to exit
+
+
+def _leaving(stat_text: str) -> bool:
+    fields = stat_text.rpartition(")")[2].split()
+    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & PF_EXITING)
 
 
 def ending(pid: int) -> bool:
-    """Gone, a zombie, or exiting (its CUDA driver may already be shut down)."""
+    """Gone, or every thread of it a zombie or exiting: no code of its own runs again, though
+    its exit (closing its GPU files: the driver's teardown of its context, 0.1-0.4 s under
+    MPS on an H200) may still be under way.  Every thread, not only the leader's: a leader
+    that called pthread_exit is a zombie while the others run on; a process that exits
+    (exit_group, a fatal signal) cannot start new threads."""
+    task = PROC / str(pid) / "task"
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
+        if not _leaving((PROC / str(pid) / "stat").read_text()):
+            return False
+        before = set(os.listdir(task))
     except FileNotFoundError:
         return True
-    fields = raw.rpartition(")")[2].split()
-    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & PF_EXITING)
+    for tid in before:
+        try:
+            if not _leaving((task / tid / "stat").read_text()):
+                return False
+        except FileNotFoundError:
+            continue  # that thread is gone
+    try:
+        return set(os.listdir(task)) <= before  # no thread started while we read
+    except FileNotFoundError:
+        return True
 
 
 def comm(pid: int) -> str | None:

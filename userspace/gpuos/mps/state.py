@@ -142,6 +142,7 @@ class Victim:
                                     # that need not be the faulter: docs/mps.md); "faulter"
                                     # when UVM's fault tracker on its VA space took the fault
     exited: bool = False
+    exiting: bool = False           # every thread has begun to exit (ClientExiting)
     exit_status: int | None = None
     signalled: str | None = None    # what gpuos sent to make it go
     # pending | in-progress | restarted | hook-ok | hook-failed | hook-unknown | not-recovered
@@ -276,6 +277,15 @@ class ClientExited:
 
 
 @dataclass(frozen=True)
+class ClientExiting:
+    """Every thread of a victim's process has begun to exit (procs.ending): none of its
+    code runs again, while the driver may still be tearing its context down."""
+
+    client_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
 class StandbyStarted:
     client_id: str
     token: str
@@ -337,7 +347,7 @@ class Tick:
 SLOTTED = (DaemonUp, DaemonFailed, DaemonStopped, ServerRestarted)  # inputs that name a daemon
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
           ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
-          ClientExited, StandbyStarted, StandbySpawnFailed, StandbyExited, UnmanagedClients,
+          ClientExited, ClientExiting, StandbyStarted, StandbySpawnFailed, StandbyExited, UnmanagedClients,
           UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
 
 
@@ -589,6 +599,15 @@ class Machine:
         if inc is None or self.state is not State.DRAINING:
             return []
         return [v.pid for v in inc.victims if v.client is None and not v.exited and v.pid]
+
+    def leaving_victims(self) -> list[tuple[str, int]]:
+        """(client id, pid) of the victims gpuos started that a swapped incident's drain
+        waits for and that have not begun to exit (the runtime says when: ClientExiting)."""
+        inc = self.incident
+        if inc is None or self.state is not State.DRAINING or not inc.swapped:
+            return []
+        return [(v.client, v.pid) for v in inc.victims
+                if v.client is not None and v.pid and not v.exited and not v.exiting]
 
     def policy_of(self, c: Client) -> tuple[str, str | None]:
         return self._policy(c), c.hook or self.settings.default_hook
@@ -849,10 +868,12 @@ class Machine:
         if self.state is not State.DRAINING:
             return
         inc = self.incident
-        if inc.swapped and all(v.exited for v in inc.victims if v.client is not None):
-            # The victims gpuos started are gone: recover them on the new active server now
-            # (not waiting for clients it did not start: seen on an H200, a stuck injector
-            # did not keep the other server from working once the others had exited).
+        if inc.swapped and all(v.exited or v.exiting for v in inc.victims if v.client is not None):
+            # The victims gpuos started are gone, or all their threads are exiting: recover
+            # them on the new active server now, not when the driver has torn their
+            # contexts down (seen on an H200: victims exiting at 0.01-0.17 s after the fault
+            # were reaped at 0.22-0.40 s), nor waiting for clients it did not start (a stuck
+            # injector did not keep the other server from working once the others had gone).
             for v in inc.victims:
                 if v.recovery == "pending" and v.client is not None:
                     self._recover(v)
@@ -1279,6 +1300,15 @@ class Machine:
         if self.state is State.STOPPING:
             self._stop_progress()
 
+    def _on_client_exiting(self, i: ClientExiting) -> None:
+        inc = self.incident
+        v = inc.victim_of(i.client_id) if inc else None
+        if v is None or v.pid != i.pid or v.exited or v.exiting:
+            return  # stale, or already known: nothing waits on it
+        v.exiting = True
+        self._emit("victim-exiting", client=i.client_id, pid=i.pid)
+        self._check_drained()
+
     def _on_client_exited(self, i: ClientExited) -> None:
         c = self.clients.get(i.client_id)
         inc = self.incident
@@ -1522,6 +1552,7 @@ _HANDLERS = {
     ClientStarted: Machine._on_client_started,
     ClientSpawnFailed: Machine._on_client_spawn_failed,
     ClientExited: Machine._on_client_exited,
+    ClientExiting: Machine._on_client_exiting,
     StandbyStarted: Machine._on_standby_started,
     StandbySpawnFailed: Machine._on_standby_spawn_failed,
     StandbyExited: Machine._on_standby_exited,

@@ -48,7 +48,7 @@ from .faultsrc import FeedFiles, MpsPeers, gpu_match, open_sources
 from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
 from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
                      spec_path, start_client, start_hook, starttime)
-from .state import (POLICIES, Client, ClientExited, ClientRequest, ClientSpawnFailed,
+from .state import (POLICIES, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
                     ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit,
                     EndServer, Fault,
                     HookFinished, KillHook, Machine, PolicySet, ProbeServer, ReleaseStandby,
@@ -64,6 +64,7 @@ SLOW_TURN_S = 0.05   # a loop turn's work this long is said (event slow-turn), w
 SLOW_PART_S = 0.005  # each part of it this long
 TRACK_YOUNG_S = 10.0  # a followed process this young without a fault tracker yet is looked
 TRACK_SOON_S = 0.02   # at this often, to have its tracker from its first context on
+LEAVING_POLL_S = 0.01  # a swapped incident's victims are looked at this often until they exit
 
 
 @dataclass
@@ -300,10 +301,14 @@ class Supervisor:
         return MpsFailed.exit_code
 
     def _poll_timeout(self) -> float:
-        """The poll interval, or TRACK_SOON_S while a process the fault trackers follow is
+        """The poll interval; LEAVING_POLL_S while a swapped incident waits for its victims
+        to begin their exit (no signal says so: SIGCHLD comes when the exit is done); or
+        TRACK_SOON_S while a process the fault trackers follow is
         younger than TRACK_YOUNG_S and has no tracker yet: a client may fault within 0.1 s
         of making its context (H200: 4 of 13 injectors, faulting 0.3 s after their start,
         went unnamed with a 0.25 s poll; the incident then went by an Xid naming a victim)."""
+        if self.machine.leaving_victims():
+            return min(self.options.poll, LEAVING_POLL_S)
         for src in self.sources:
             for pid in getattr(src, "untracked", ()):
                 try:
@@ -685,6 +690,9 @@ class Supervisor:
         for pid in self.machine.watched_unmanaged():
             if not procs.alive(pid):
                 self.inbox.append(UnmanagedGone(pid))
+        for cid, pid in self.machine.leaving_victims():
+            if procs.ending(pid):
+                self.inbox.append(ClientExiting(cid, pid))
         for pid, (kind, cid, p) in list(self.children.items()):
             rc = p.poll()
             if rc is None:
