@@ -38,7 +38,7 @@ faults right after, --delay 0):
   next heartbeat.
 
     python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised,standby]
-                                [--budget 540] [--scenario-timeout 150] [--quick]
+                                [--budget 540] [--scenario-timeout 150] [--quick] [--bystander warm|alloc|copy]
                                 [--out bench/results] [--update-readme]
     python3 bench/mps_faults.py --readme-from bench/results/mps-faults-H100-DATE.json
     python3 bench/mps_faults.py --cost-rounds 10 [--cost-window 5] [--n 4] [--modes standby,spare]
@@ -110,6 +110,18 @@ def log(msg: str) -> None:
 
 def gpuos_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpuos.cli", *args]
+
+
+def bystander_stall(beats: list[float], t0: float) -> dict[str, Any] | None:
+    """The longest gap between a bystander's iterations that ends after the fault (its
+    stall), from the iteration before it to the one after, in seconds from the fault;
+    and its usual iteration time (the median gap) to compare it with."""
+    gaps = [(b - a, a, b) for a, b in zip(beats, beats[1:]) if b > t0]
+    if not gaps:
+        return None
+    usual = statistics.median(b - a for a, b in zip(beats, beats[1:]))
+    g, a, b = max(gaps)
+    return {"stall_s": g, "from_s": a - t0, "to_s": b - t0, "usual_s": usual}
 
 
 def client_cmd(mode: str, heartbeat: Path, size: int) -> list[str]:
@@ -194,8 +206,10 @@ class ScenarioFailed(Exception):
 
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
-                 size: int, sample_s: float = 3.0):
+                 size: int, sample_s: float = 3.0, bystander: str = ""):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.bystander = bystander if mode in WARM else ""
+        self.bystander_proc: subprocess.Popen | None = None
         self.sample_s = sample_s
         self.deadline = time.monotonic() + limit
         self.dir = workdir
@@ -241,11 +255,15 @@ class Scenario:
             raise ScenarioFailed(f"gpuos mps start: exit {code}: {out.strip()[-800:]}")
         self.r["supervisor_pid"], self.r["daemon_pid"] = info["supervisor_pid"], info["daemon_pid"]
         self.mps_env = dict(self.env, **info["env"])
+        self.pipe_dir = Path(info["pipe_dir"])
         self.events_file = Path(info["pipe_dir"]).parent / "events.jsonl"
 
     def stop(self) -> None:
         for c in self.children:
             c.kill()
+        if self.bystander_proc is not None and self.bystander_proc.poll() is None:
+            kill_tree(self.bystander_proc.pid)
+            self.bystander_proc.wait()
         if self.mode == "stock" and hasattr(self, "ctl"):
             for c in self.clients:
                 if c.get("proc") is not None and c["proc"].poll() is None:
@@ -315,6 +333,34 @@ class Scenario:
             time.sleep(0.1)
         raise ScenarioFailed("not every client made progress in time "
                              f"({sum(1 for c in self.clients if read_heartbeat(c['heartbeat']))}/{self.n})")
+
+    def start_bystander(self) -> None:
+        """--bystander: one more inference loop, a client of the spare server from the start
+        (not gpuos's: nothing recovers it), whose every iteration is logged: its longest gap
+        across the fault says whether the faulted server's teardown holds up contexts that
+        have nothing to do with it (the standbys' first kernels, on the same server).
+        "alloc": it gives its memory back after each iteration, so that each one also
+        allocates from the driver (what a standby's first iteration does); "copy": each
+        iteration also copies its inputs in from the host (a copy engine's work, as a
+        module's code loaded at a first launch is)."""
+        active = self.pipe_dir.resolve()  # <home>/mps/<gpu>/slot<k>/pipe
+        spare = active.parent.parent / f"slot{1 - int(active.parent.name[-1])}" / "pipe"
+        self.beats_file = self.dir / "bystander.beats"
+        cmd = client_cmd("infer", self.dir / "hb-bystander", self.size) + ["--beats", str(self.beats_file)] \
+            + {"alloc": ["--fresh-memory"], "copy": ["--copy-in"]}.get(self.bystander, [])
+        with open(self.dir / "bystander.log", "w") as out:
+            self.bystander_proc = subprocess.Popen(
+                cmd, env=dict(self.env, CUDA_MPS_PIPE_DIRECTORY=str(spare)), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
+        while time.monotonic() < deadline:
+            if read_heartbeat(self.dir / "hb-bystander"):
+                return
+            if self.bystander_proc.poll() is not None:
+                raise ScenarioFailed(f"the bystander exited {self.bystander_proc.returncode} before "
+                                     f"its first iteration (see {self.dir}/bystander.log)")
+            time.sleep(0.1)
+        raise ScenarioFailed("the bystander made no progress in time")
 
     def wait_standbys(self) -> None:
         """Every client's standby started (warm ones for mode spare) and waiting at its cuInit
@@ -524,6 +570,10 @@ class Scenario:
             # where the recovery's time went on the supervisor's side: its standbys' release,
             # and its loop's turns that took 0.05 s or more (what it saw nothing else during)
             self.r["released_s"] = first_of("standby-releasing")
+            # and when the victims' exits were done (reaped): a release waits for every
+            # thread of them to have begun exiting, no longer for this (state.py)
+            reaped = [e["time"] - t0 for e in evs if e.get("event") == "victim-exited"]
+            self.r["reaped_s"] = max(reaped) if reaped else None
             self.r["slow_turns"] = [{"at_s": e["time"] - t0, "seconds": e.get("seconds"),
                                      "parts": e.get("parts")}
                                     for e in evs if e.get("event") == "slow-turn"]
@@ -540,6 +590,14 @@ class Scenario:
                 row["downtime_s"] = c.get("next_beat_s")
             rows.append(row)
         self.r["clients"] = rows
+        if self.bystander:
+            try:
+                beats = [float(x) for x in self.beats_file.read_text().split()]
+            except (OSError, ValueError):
+                beats = []
+            self.r["bystander"] = bystander_stall(beats, t0)
+            if self.r["bystander"]:
+                self.r["bystander"]["kind"] = self.bystander
         died = [c for c in rows if c["died"]]
         self.r["clients_died"] = len(died)
         downs = [c["downtime_s"] for c in died]
@@ -553,6 +611,8 @@ class Scenario:
         self.start_clients()
         if self.mode in STANDBYS:
             self.wait_standbys()
+        if self.bystander:
+            self.start_bystander()
         self.sample_rates()
         self.fault()
         self.observe()
@@ -706,10 +766,11 @@ def markdown(r: dict[str, Any]) -> str:
              "(modes under gpuos mps: / the supervisor's first fault event). Server back: first probe "
              "client that succeeds. Downtime: fault to a victim's first iteration of its new run. "
              "Fault-free rate: the median client's iterations per second before the fault."
-             + (" **Smoke run (--quick).**" if r.get("quick") else ""), "",
-             "| mode | N | kind | clients died | detection s | server back s | victim downtime median / max s "
-             "| fault-free rate, it/s | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + (" **Smoke run (--quick).**" if r.get("quick") else "")]
+    if r["scenarios"]:  # none: a --cost-rounds run alone
+        lines += ["", "| mode | N | kind | clients died | detection s | server back s "
+                  "| victim downtime median / max s | fault-free rate, it/s | notes |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(MODES)}
     for k in sorted(r["scenarios"], key=lambda k: (int(k.split("/")[1]), k.split("/")[2],
                                                     order.get(k.split("/")[0], 2))):
@@ -739,6 +800,12 @@ def markdown(r: dict[str, Any]) -> str:
                 what += f"; {s.get('took_over', 0)}/{died} taken over by standbys"
                 if s.get("released_s") is not None:
                     what += f", released at {fmt_s(s['released_s'])}"
+                if s.get("reaped_s") is not None:
+                    what += f", victims reaped by {fmt_s(s['reaped_s'])}"
+            by = s.get("bystander")
+            if by:
+                what += (f"; {by.get('kind', 'warm')} bystander on the spare stalled {fmt_s(by['stall_s'])} "
+                         f"({fmt_s(by['from_s'])} to {fmt_s(by['to_s'])}; usually {by['usual_s'] * 1e3:.1f} ms)")
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")
@@ -772,6 +839,11 @@ def main() -> None:
     ap.add_argument("--sample", type=float, default=3.0, metavar="S",
                     help="Seconds over which the clients' fault-free rate is taken [3]: 3 s "
                          "shows differences of about 20%%, not 1%%.")
+    ap.add_argument("--bystander", choices=("warm", "alloc", "copy"), default="",
+                    help="Spare modes: one more inference loop on the spare server, its iterations "
+                         "logged; alloc: each iteration allocates from the driver; copy: copies "
+                         "its inputs in "
+                         "(Scenario.start_bystander).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
     ap.add_argument("--cost-rounds", type=int, default=0, metavar="R",
                     help="No faults: R rounds of the fault-free cost of standbys per standby mode "
@@ -853,7 +925,7 @@ def main() -> None:
                     log(f"{mode} N={n} {kind}: starting ({left:.0f} s of budget left)")
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
-                                 result, a.size, a.sample).run()
+                                 result, a.size, a.sample, a.bystander).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

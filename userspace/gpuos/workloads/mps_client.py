@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="Pause between iterations (a serving loop's idle time) [0].")
     ap.add_argument("--hold-file", metavar="FILE",
                     help="After the first iteration, write FILE.ready and wait until FILE exists.")
+    ap.add_argument("--beats", metavar="FILE",
+                    help="Also append each iteration's end (unix time) to FILE, one per line.")
+    ap.add_argument("--fresh-memory", action="store_true",
+                    help="Give the caching allocator's memory back after each iteration: every "
+                         "iteration allocates from the driver (cuMemAlloc).")
+    ap.add_argument("--copy-in", action="store_true",
+                    help="Each iteration also copies a batch of inputs in from the host.")
     ap.add_argument("--max-seconds", type=float, default=3600.0,
                     help="Exit 0 after this long, whatever happens [3600].")
     a = ap.parse_args(argv)
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.abspath(a.heartbeat)
     tmp = f"{path}.{os.getpid()}.tmp"
     deadline = time.monotonic() + a.max_seconds
+    beats = open(a.beats, "a", buffering=1) if a.beats else None  # noqa: SIM115 - the whole run
 
     import torch
 
@@ -107,8 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         it = 0
         while not stop and time.monotonic() < deadline:
             iteration(torch, dev, model, opt, a.size, a.batch)
+            if a.copy_in:
+                torch.randn(a.batch, a.size).to(dev)
+                torch.cuda.synchronize()
             it += 1
+            if a.fresh_memory:
+                torch.cuda.empty_cache()
             _beat(path, tmp, it)
+            if beats is not None:
+                beats.write(f"{time.time():.6f}\n")
             if it == 1 and a.hold_file:
                 with open(a.hold_file + ".ready", "w") as f:
                     f.write(f"{time.time():.6f}\n")
