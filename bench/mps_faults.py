@@ -124,9 +124,21 @@ def bystander_stall(beats: list[float], t0: float) -> dict[str, Any] | None:
     return {"stall_s": g, "from_s": a - t0, "to_s": b - t0, "usual_s": usual}
 
 
-def client_cmd(mode: str, heartbeat: Path, size: int) -> list[str]:
+def client_cmd(mode: str, heartbeat: Path, size: int, phases: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "gpuos.workloads.mps_client", "--mode", mode,
-            "--heartbeat", str(heartbeat), "--size", str(size), "--max-seconds", "900"]
+            "--heartbeat", str(heartbeat), "--size", str(size), "--max-seconds", "900"] \
+        + (["--phases", str(phases)] if phases else [])
+
+
+def first_phases(text: str, pid: int, t0: float) -> dict[str, float]:
+    """From an mps_client --phases file: when each phase of pid's first iteration ended, in
+    seconds from t0."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == str(pid) and parts[1] == "1":
+            out[parts[2]] = float(parts[3]) - t0
+    return out
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -206,8 +218,9 @@ class ScenarioFailed(Exception):
 
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
-                 size: int, sample_s: float = 3.0, bystander: str = ""):
+                 size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.phases = phases
         self.bystander = bystander if mode in WARM else ""
         self.bystander_proc: subprocess.Popen | None = None
         self.sample_s = sample_s
@@ -300,8 +313,9 @@ class Scenario:
         for i in range(self.n):
             role = "train" if i == self.n - 1 else "infer"
             hb = self.dir / f"hb{i}"
-            cmd = client_cmd(role, hb, self.size)
-            c: dict[str, Any] = {"id": i, "role": role, "heartbeat": hb}
+            c: dict[str, Any] = {"id": i, "role": role, "heartbeat": hb,
+                                 "phases": self.dir / f"phases{i}" if self.phases else None}
+            cmd = client_cmd(role, hb, self.size, c["phases"])
             if self.mode == "stock":
                 out = open(self.dir / f"client{i}.log", "w")
                 c["proc"] = subprocess.Popen(cmd, env=self.mps_env, stdin=subprocess.DEVNULL,
@@ -584,6 +598,11 @@ class Scenario:
             row = {k: c.get(k) for k in ("id", "role", "pid", "client", "died", "exit", "exited_s",
                                          "stalled", "new_pid", "back_s", "next_beat_s", "survived")}
             row["before"] = list(c["before"]) if c.get("before") else None
+            if c.get("phases") and c.get("new_pid"):
+                try:
+                    row["first_phases"] = first_phases(c["phases"].read_text(), c["new_pid"], t0)
+                except OSError:
+                    row["first_phases"] = {}
             if c.get("died"):
                 row["downtime_s"] = c.get("back_s")  # None: not recovered
             else:
@@ -806,6 +825,10 @@ def markdown(r: dict[str, Any]) -> str:
             if by:
                 what += (f"; {by.get('kind', 'warm')} bystander on the spare stalled {fmt_s(by['stall_s'])} "
                          f"({fmt_s(by['from_s'])} to {fmt_s(by['to_s'])}; usually {by['usual_s'] * 1e3:.1f} ms)")
+            ph = next((c for c in reversed(s.get("clients", [])) if c.get("first_phases")), None)
+            if ph:
+                what += (f"; the {ph['role']} victim's new first iteration: "
+                         + ", ".join(f"{k} {fmt_s(v)}" for k, v in ph["first_phases"].items()))
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")
@@ -844,6 +867,10 @@ def main() -> None:
                          "logged; alloc: each iteration allocates from the driver; copy: copies "
                          "its inputs in "
                          "(Scenario.start_bystander).")
+    ap.add_argument("--phases", action="store_true",
+                    help="The clients write down when each phase of a process's first iterations "
+                         "ended (mps_client --phases): where a recovered victim's first iteration "
+                         "went, per client in the JSON (first_phases), the last one's in the notes.")
     ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
     ap.add_argument("--cost-rounds", type=int, default=0, metavar="R",
                     help="No faults: R rounds of the fault-free cost of standbys per standby mode "
@@ -925,7 +952,7 @@ def main() -> None:
                     log(f"{mode} N={n} {kind}: starting ({left:.0f} s of budget left)")
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
-                                 result, a.size, a.sample, a.bystander).run()
+                                 result, a.size, a.sample, a.bystander, a.phases).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

@@ -118,15 +118,25 @@ def test_mps_table_says_what_happened():
                        "spare/2/oob-write": scenario("spare", 2, incident_opened_s=0.0,
                                                      incident_outcome="recovered", took_over=2,
                                                      victims_recovered=2, downtime_median_s=0.4,
-                                                     downtime_max_s=0.4, released_s=0.28,
+                                                     downtime_max_s=0.4, released_s=0.28, reaped_s=0.3,
+                                                     bystander={"stall_s": 0.15, "from_s": 0.0, "to_s": 0.15,
+                                                                "usual_s": 0.0008, "kind": "alloc"},
+                                                     clients=[{"role": "infer", "first_phases": {"inputs": 0.1}},
+                                                              {"role": "train", "first_phases": {
+                                                                  "inputs": 0.05, "forward": 0.31}},
+                                                              {"role": "infer"}],
                                                      slow_turns=[{"at_s": 0.1, "seconds": 0.06,
                                                                   "parts": {"persist": 0.05}},
                                                                  {"at_s": 0.2, "seconds": 0.12,
                                                                   "parts": {"faults": 0.1, "reap": 0.01}}])}}
     table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
-    # a spare's row says when the standbys were let go and the supervisor's slowest turn
-    assert table[("spare", "oob-write")][8] == ("incident recovered; 2/2 taken over by standbys, released "
-                                                "at 0.28; slowest supervisor turn 0.12 (faults)")
+    # a spare's row says when the standbys were let go and the victims reaped, what a
+    # bystander saw, where the last victim's new first iteration went, and the
+    # supervisor's slowest turn
+    assert table[("spare", "oob-write")][8] == (
+        "incident recovered; 2/2 taken over by standbys, released at 0.28, victims reaped by 0.30; "
+        "alloc bystander on the spare stalled 0.15 (0.00 to 0.15; usually 0.8 ms); the train victim's "
+        "new first iteration: inputs 0.05, forward 0.31; slowest supervisor turn 0.12 (faults)")
     assert table[("stock", "assert")][5] == "never down" and table[("stock", "assert")][6] == "no victims"
     assert table[("supervised", "assert")][8] == "no incident"
     assert table[("stock", "oob-write")][6] == "not recovered"
@@ -137,6 +147,16 @@ def test_mps_table_says_what_happened():
     assert table[("standby", "oob-write")][8] == "incident recovered; 1/2 taken over by standbys"
     assert [c[0] for c in rows(mps_faults.markdown(r))[2:] if c[2] == "oob-write"] == [
         "stock", "supervised", "standby", "spare"]
+
+
+def test_mps_first_phases_and_bystander_stall_read_their_logs():
+    text = "5 1 inputs 10.5\n5 1 forward 10.7\n5 2 inputs 11.0\n6 1 inputs 9.0\nbad line\n"
+    assert mps_faults.first_phases(text, 5, 10.0) == pytest.approx({"inputs": 0.5, "forward": 0.7})
+    assert mps_faults.first_phases(text, 7, 10.0) == {}
+    # the longest gap that ends after the fault, against the median gap
+    st = mps_faults.bystander_stall([1.0, 2.0, 3.0, 4.5, 5.0, 6.0], 3.2)
+    assert st == pytest.approx({"stall_s": 1.5, "from_s": -0.2, "to_s": 1.3, "usual_s": 1.0})
+    assert mps_faults.bystander_stall([1.0, 2.0], 5.0) is None
 
 
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():

@@ -25,8 +25,10 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 EXIT_CUDA = 3
+PHASED = 2  # --phases: the first iterations of a process whose phases are written down
 
 
 def read_heartbeat(path: str | os.PathLike) -> tuple[float, int, int] | None:
@@ -57,18 +59,25 @@ def make_model(torch, dev, mode: str, size: int):
     return model, opt
 
 
-def iteration(torch, dev, model, opt, size: int, batch: int) -> None:
-    """One iteration on fresh random inputs, synchronized: the GPU did the work."""
+def iteration(torch, dev, model, opt, size: int, batch: int,
+              mark: Callable[[str], None] = lambda phase: None) -> None:
+    """One iteration on fresh random inputs, synchronized: the GPU did the work.  mark(phase)
+    after each phase's calls ("inputs", "forward", "backward", "step")."""
     x = torch.randn(batch, size, device=dev)
+    mark("inputs")
     if opt is not None:
         y = torch.randn(batch, 16, device=dev)
         loss = torch.nn.functional.mse_loss(model(x), y)
+        mark("forward")
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        mark("backward")
         opt.step()
+        mark("step")
     else:
         with torch.inference_mode():
             model(x).sum()
+        mark("forward")
     torch.cuda.synchronize()
 
 
@@ -89,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                          "iteration allocates from the driver (cuMemAlloc).")
     ap.add_argument("--copy-in", action="store_true",
                     help="Each iteration also copies a batch of inputs in from the host.")
+    ap.add_argument("--phases", metavar="FILE",
+                    help="Append 'pid iteration phase unix-time' to FILE after each phase of this "
+                         "process's first PHASED iterations, the GPU synchronized first (where a "
+                         "first iteration's time goes; a standby copy writes its own lines).")
     ap.add_argument("--max-seconds", type=float, default=3600.0,
                     help="Exit 0 after this long, whatever happens [3600].")
     a = ap.parse_args(argv)
@@ -105,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = f"{path}.{os.getpid()}.tmp"
     deadline = time.monotonic() + a.max_seconds
     beats = open(a.beats, "a", buffering=1) if a.beats else None  # noqa: SIM115 - the whole run
+    phases = open(a.phases, "a", buffering=1) if a.phases else None  # noqa: SIM115 - the whole run
 
     import torch
 
@@ -113,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
         model, opt = make_model(torch, dev, a.mode, a.size)
         it = 0
+        def mark(phase: str) -> None:
+            torch.cuda.synchronize()
+            phases.write(f"{os.getpid()} {it + 1} {phase} {time.time():.6f}\n")
+
         while not stop and time.monotonic() < deadline:
-            iteration(torch, dev, model, opt, a.size, a.batch)
+            iteration(torch, dev, model, opt, a.size, a.batch,
+                      mark if phases is not None and it < PHASED else lambda phase: None)
             if a.copy_in:
                 torch.randn(a.batch, a.size).to(dev)
                 torch.cuda.synchronize()
