@@ -572,6 +572,9 @@ class Scenario:
                                              "old_pid", "cause", "outcome", "seconds", "why",
                                              "detail", "victims", "note", "action", "parts")}
                                            for e in evs]
+            for row, e in zip(self.r["supervisor_events"], evs):  # whose fault, by what
+                if isinstance(e.get("fault"), dict):
+                    row["fault"] = {k: e["fault"].get(k) for k in ("source", "pid", "xid")}
 
             def first_of(*names: str) -> float | None:
                 e = next((e for e in evs if e.get("event") in names), None)
@@ -588,6 +591,11 @@ class Scenario:
             # thread of them to have begun exiting, no longer for this (state.py)
             reaped = [e["time"] - t0 for e in evs if e.get("event") == "victim-exited"]
             self.r["reaped_s"] = max(reaped) if reaped else None
+            # deliverable 1: the supervisor's fault tracker named the injector
+            self.r["faulter_named_s"] = next(
+                (e["time"] - t0 for e in evs if e.get("event") == "fault"
+                 and isinstance(e.get("fault"), dict) and e["fault"].get("source") == "uvm-tracker"
+                 and e["fault"].get("pid") == self.r.get("faulter_pid")), None)
             self.r["slow_turns"] = [{"at_s": e["time"] - t0, "seconds": e.get("seconds"),
                                      "parts": e.get("parts")}
                                     for e in evs if e.get("event") == "slow-turn"]
@@ -821,6 +829,9 @@ def markdown(r: dict[str, Any]) -> str:
                     what += f", released at {fmt_s(s['released_s'])}"
                 if s.get("reaped_s") is not None:
                     what += f", victims reaped by {fmt_s(s['reaped_s'])}"
+            if died and "faulter_named_s" in s and s.get("incident_opened_s") is not None:
+                what += ("; faulter not named by the supervisor" if s.get("faulter_named_s") is None
+                         else f"; faulter named at {fmt_s(s['faulter_named_s'])}")
             by = s.get("bystander")
             if by:
                 what += (f"; {by.get('kind', 'warm')} bystander on the spare stalled {fmt_s(by['stall_s'])} "

@@ -119,6 +119,7 @@ def test_mps_table_says_what_happened():
                                                      incident_outcome="recovered", took_over=2,
                                                      victims_recovered=2, downtime_median_s=0.4,
                                                      downtime_max_s=0.4, released_s=0.28, reaped_s=0.3,
+                                                     faulter_named_s=0.004,
                                                      bystander={"stall_s": 0.15, "from_s": 0.0, "to_s": 0.15,
                                                                 "usual_s": 0.0008, "kind": "alloc"},
                                                      clients=[{"role": "infer", "first_phases": {"inputs": 0.1}},
@@ -135,7 +136,7 @@ def test_mps_table_says_what_happened():
     # supervisor's slowest turn
     assert table[("spare", "oob-write")][8] == (
         "incident recovered; 2/2 taken over by standbys, released at 0.28, victims reaped by 0.30; "
-        "alloc bystander on the spare stalled 0.15 (0.00 to 0.15; usually 0.8 ms); the train victim's "
+        "faulter named at 0.00; alloc bystander on the spare stalled 0.15 (0.00 to 0.15; usually 0.8 ms); the train victim's "
         "new first iteration: inputs 0.05, forward 0.31; slowest supervisor turn 0.12 (faults)")
     assert table[("stock", "assert")][5] == "never down" and table[("stock", "assert")][6] == "no victims"
     assert table[("supervised", "assert")][8] == "no incident"

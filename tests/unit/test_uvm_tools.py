@@ -41,6 +41,35 @@ def test_a_process_without_a_uvm_file_gets_no_tracker_and_no_note():
         t.close()
 
 
+def test_a_process_whose_uvm_file_refuses_a_tracker_is_not_followed_until_one_is_made(monkeypatch):
+    """A uvm file opened but not initialised yet refuses a tracker (NV_STATUS 0x16 on an
+    H200): the process must not count as tracked (the supervisor then looks sooner), and
+    its file is tried again."""
+    from types import SimpleNamespace
+
+    import gpuos.faults.uvm_tools as ut
+
+    monkeypatch.setattr(ut, "uvm_fds", lambda pid, major: [5])
+    t = FaultTrackers()
+    refuse = [True]
+
+    def tracker(pidfd, fd):
+        if refuse[0]:
+            raise ut.TrackerError(22, "UVM_TOOLS_INIT_EVENT_TRACKER_V2: NV_STATUS 0x16")
+        return SimpleNamespace(tools_fd=-1, close=lambda: None, queue=SimpleNamespace(pending=lambda: 0))
+    monkeypatch.setattr(t, "_tracker", tracker)
+    me = os.getpid()
+    try:
+        assert t.track([me]) == [f"no fault tracker on pid {me}: [Errno 22] UVM_TOOLS_INIT_EVENT_TRACKER_V2: "
+                                 "NV_STATUS 0x16"]
+        assert me not in t.procs
+        assert t.track([me]) == [] and me not in t.procs  # tried again, said once
+        refuse[0] = False
+        assert t.track([me]) == [] and len(t.procs[me].trackers) == 1
+    finally:
+        t.close()
+
+
 class StandIn:
     """FaultTrackers' face: what poll() returns, and the pids track() was given."""
 
