@@ -23,8 +23,9 @@
  *     call's memory was in) and no call of the set is busy making memory resident, the
  *     one waiting longest first.  Taking it, it admits beside itself the other waiting
  *     members, longest waiting first, whose working sets fit in the limit together
- *     with its own and those admitted before them: members whose memory fits together
- *     take their turns together (a member's working_set is the bytes its calls needed
+ *     with its own and those admitted before them, then the members that do not wait
+ *     but have memory resident (they run on it now), the most first, whose resident
+ *     bytes fit too: members whose memory fits together take their turns together (a member's working_set is the bytes its calls needed
  *     over its last two turns and between them, as it took its next one; its
  *     reservations until then).  A member of the set whose slice is over while members outside it wait
  *     ends the turn for the whole set at its next call.

@@ -425,8 +425,31 @@ static uint64_t working_set(const struct gpuos_share_member *m)
 	return m->working_set ? m->working_set : m->reserved;
 }
 
+/* Whether member a goes before b into the new holder's set: a waiting member before one
+ * that does not wait, the longest waiting first; of those that do not wait, the one with
+ * the most memory resident. */
+static int admits_before(const struct gpuos_share_member *a, const struct gpuos_share_member *b)
+{
+	if (!!a->waiting != !!b->waiting)
+		return a->waiting != 0;
+	return a->waiting ? a->waiting_since < b->waiting_since : a->resident > b->resident;
+}
+
+/* The bytes member m takes in a set: a waiting member's working set; one that does not
+ * wait runs (if at all) on what it has resident. */
+static uint64_t set_bytes(const struct gpuos_share_member *m)
+{
+	return m->waiting ? working_set(m) : m->resident;
+}
+
 /* The new holder admits beside itself the waiting members, longest waiting first, whose
- * working sets fit in the limit with its own and those admitted before them. */
+ * working sets fit in the limit with its own and those admitted before them; then the
+ * members that do not wait but have memory resident, if that fits too.  Those run now,
+ * their memory resident: outside the set they would be asked to evict first
+ * (the holder asks outside the set before inside, those not waiting before those
+ * waiting), and their next calls would wait for it to come back.  Measured on an H200:
+ * in the DNN mix at 150% resnet50-infer, 0.66 GB that fits beside every other member,
+ * stalled 1.2-4.6 s of a 3-8 s run. */
 static void admit(struct gpuos_share *g)
 {
 	uint64_t used = working_set(&g->m[g->holder]);
@@ -434,13 +457,13 @@ static void admit(struct gpuos_share *g)
 		int pick = -1;
 		for (int i = 0; i < GPUOS_SHARE_MEMBERS; i++) {
 			const struct gpuos_share_member *m = &g->m[i];
-			if (m->pid && m->waiting && !in_set(g, i) && used + working_set(m) <= g->limit &&
-			    (pick < 0 || m->waiting_since < g->m[pick].waiting_since))
+			if (m->pid && (m->waiting || m->resident) && !in_set(g, i) &&
+			    used + set_bytes(m) <= g->limit && (pick < 0 || admits_before(m, &g->m[pick])))
 				pick = i;
 		}
 		if (pick < 0)
 			return;
-		used += working_set(&g->m[pick]);
+		used += set_bytes(&g->m[pick]);
 		g->m[pick].beside = 1;
 		g->m[pick].beside_slices++;
 		g->beside_turns++;

@@ -40,12 +40,13 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
 
 
 def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
-                seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
+                seed: int, modes: list[tuple[str, ...]], keep: bool = False) -> tuple[list[dict], dict, dict]:
     """Members at once (one per mode), beginning their rounds together once all have
     started, the group's file sampled every 2 ms meanwhile:
     each one's stats, the group's at the end, and what the samples saw (the most
-    resident bytes; the most members in a turn's set at once)."""
-    seen = {"max": 0, "samples": 0, "set": 0}
+    resident bytes; the most members in a turn's set at once; with `keep`, every sample's
+    members)."""
+    seen: dict = {"max": 0, "samples": 0, "set": 0, "kept": []}
     done = threading.Event()
     tmp.mkdir(parents=True, exist_ok=True)
 
@@ -56,6 +57,8 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
                 seen["max"] = max(seen["max"], g.resident)
                 seen["set"] = max(seen["set"], sum(m.holder or m.beside for m in g.members))
                 seen["samples"] += 1
+                if keep:
+                    seen["kept"].append(g.members)
             except Exception:  # noqa: BLE001 - not made yet, or between members
                 pass
             time.sleep(0.002)
@@ -181,6 +184,26 @@ def test_a_member_that_launches_without_pause_evicts_when_asked(libgpuos_build, 
     spinner = next(m for m in g["members"] if m["pid"] == own[0]["pid"])
     assert spinner["released_bytes"] > 0, g  # it was asked, and evicted
     assert seen["max"] <= 24 * MIB and all(st["over_limit"] == 0 for st in own), own
+
+
+def test_a_member_running_on_resident_memory_that_fits_is_admitted_beside_each_holder(
+        libgpuos_build, libgpuos_env, tmp_path, group):
+    """A member launching without pause on 10 MiB that stays resident (t_resident small:
+    allocations 0, 1 and 5 of its 22 MiB) and two readers of 22 MiB in a 36 MiB pool, in
+    turns of 5 ms: while a reader holds the GPU and the small member, not waiting, has
+    no more than 14 MiB resident (it fits beside the holder's 22), it is in the turn's set
+    (admitted though it does not wait), so it is asked to evict last: outside the set it
+    would be asked first, and its next calls would wait for its memory."""
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "36M", 5, 20000, 81,
+                               [("small",), ("read",), ("read",)], keep=True)
+    small = own[0]["pid"]
+    fits = [next(m for m in ms if m.pid == small) for ms in seen["kept"]
+            if any(m.holder and m.pid != small for m in ms)
+            and any(m.pid == small and not m.waiting and 0 < m.resident <= 14 * MIB for m in ms)]
+    inside = sum(m.beside for m in fits)
+    assert g["switches"] >= 2 and len(fits) >= 10, (g, len(fits))
+    assert inside >= 0.9 * len(fits), (inside, len(fits), g)
+    assert seen["max"] <= 36 * MIB and all(st["over_limit"] == 0 for st in own), own
 
 
 def test_a_member_that_dies_gives_its_memory_back(libgpuos_build, libgpuos_env, tmp_path, group):
