@@ -835,7 +835,8 @@ def markdown(r: dict[str, Any]) -> str:
             by = s.get("bystander")
             if by:
                 what += (f"; {by.get('kind', 'warm')} bystander on the spare stalled {fmt_s(by['stall_s'])} "
-                         f"({fmt_s(by['from_s'])} to {fmt_s(by['to_s'])}; usually {by['usual_s'] * 1e3:.1f} ms)")
+                         f"({fmt_s(by['from_s'])} to {fmt_s(by['to_s'])}; "
+                         f"usually {by['usual_s'] * 1e3:.1f} ms)")
             ph = next((c for c in reversed(s.get("clients", [])) if c.get("first_phases")), None)
             if ph:
                 what += (f"; the {ph['role']} victim's new first iteration: "

@@ -347,8 +347,8 @@ class Tick:
 SLOTTED = (DaemonUp, DaemonFailed, DaemonStopped, ServerRestarted)  # inputs that name a daemon
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
           ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
-          ClientExited, ClientExiting, StandbyStarted, StandbySpawnFailed, StandbyExited, UnmanagedClients,
-          UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
+          ClientExited, ClientExiting, StandbyStarted, StandbySpawnFailed, StandbyExited,
+          UnmanagedClients, UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
 
 
 # -- actions -----------------------------------------------------------------------

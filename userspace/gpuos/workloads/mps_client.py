@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
         model, opt = make_model(torch, dev, a.mode, a.size)
         it = 0
+
         def mark(phase: str) -> None:
             torch.cuda.synchronize()
             phases.write(f"{os.getpid()} {it + 1} {phase} {time.time():.6f}\n")
