@@ -265,9 +265,11 @@ def markdown(result: dict) -> str:
 
 def own_copy_rate(stats: list[dict]) -> float | None:
     """GB/s of the copies calls waited for: in_ns times those to their end, but copies
-    ahead (and a turn's batch) only to their issue, so their bytes are left out."""
+    ahead (and a turn's batch) only to their issue (ahead_ns), so their bytes and that time
+    are left out.  (Results before ahead_ns existed counted that issue time, and in groups,
+    where a turn's batch is most of the bytes, the rate came out low.)"""
     own = sum(x.get("bytes_in", 0) - x.get("ahead_bytes", 0) for x in stats)
-    ns = sum(x.get("in_ns", 0) for x in stats)
+    ns = sum(x.get("in_ns", 0) - x.get("ahead_ns", 0) for x in stats)
     return own / ns if ns and own > 0 else None
 
 

@@ -188,6 +188,8 @@ struct gpuos_res_stats {
 	uint64_t ahead_waits;    /* calls that waited for a copy ahead still running */
 	uint64_t host_prepared;  /* bytes of pinned host memory made for evictions before any
 				  * needed it (resident.c: pinning runs at the kernel's page speed) */
+	uint64_t ahead_ns;       /* of in_ns, issuing copies ahead and turns' batches (mapping
+				  * their memory, queueing their copies: not waited for) */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

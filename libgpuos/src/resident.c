@@ -776,16 +776,21 @@ static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 	return CUDA_SUCCESS;
 }
 
-/* The copies ahead issued since t0: the event after them, the counts. */
-static void ahead_issued(struct swap_ctx *sc, uint64_t bytes, uint64_t t0)
+/* The copies ahead issued, `ns` spent issuing them (mapping, queueing): the event after
+ * them, the counts.  Their copies are not timed (not waited for): the figures of copies
+ * waited for are bytes_in - ahead_bytes in in_ns - ahead_ns. */
+static void ahead_issued(struct swap_ctx *sc, uint64_t bytes, uint64_t ns)
 {
 	if (!bytes)
 		return;
+	uint64_t t0 = gpuos_now_ns();
 	if (gpuos_drv.event_record(sc->ahead, sc->s) != CUDA_SUCCESS)
 		gpuos_drv.stream_sync(sc->s); /* no event to wait on: wait now */
+	ns += gpuos_now_ns() - t0;
 	R.st.ahead_bytes += bytes;
 	R.st.bytes_in += bytes;
-	R.st.in_ns += gpuos_now_ns() - t0;
+	R.st.in_ns += ns;
+	R.st.ahead_ns += ns;
 }
 
 /* Whether copies ahead can be made in sc (the driver has events, sc has one). */
@@ -828,18 +833,21 @@ static void copy_ahead(struct swap_ctx *sc)
 		cand[k] = r;
 		dist[k] = d;
 	}
-	uint64_t bytes = 0, t0 = gpuos_now_ns();
+	uint64_t bytes = 0, ns = 0;
 	static const uint64_t unused_for_a_period = UINT64_MAX - 2; /* victim_score above it */
 	for (size_t k = 0; k < nc; k++) {
 		struct res *r = cand[k];
 		if (R.st.resident_bytes + r->size > R.limit &&
 		    (evict_batch(R.st.resident_bytes + r->size - R.limit, &unused_for_a_period) ||
 		     R.st.resident_bytes + r->size > R.limit))
-			break; /* no room but that of allocations the sequence still uses */
-		if (bring_ahead(sc, r, &bytes) != CUDA_SUCCESS)
+			break; /* no room but that of allocations the sequence still uses (out_ns) */
+		uint64_t t0 = gpuos_now_ns();
+		CUresult c = bring_ahead(sc, r, &bytes);
+		ns += gpuos_now_ns() - t0;
+		if (c != CUDA_SUCCESS)
 			break;
 	}
-	ahead_issued(sc, bytes, t0);
+	ahead_issued(sc, bytes, ns);
 }
 
 static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
@@ -964,7 +972,7 @@ static CUresult bring_in(int *need_turn)
 			bring_ahead(sc, r, &ahead);
 		mapped += r->h ? r->size : 0;
 	}
-	ahead_issued(sc, ahead, t1);
+	ahead_issued(sc, ahead, gpuos_now_ns() - t1);
 	give_room(want + turn - mapped); /* charged for all, made only these */
 	if (c == CUDA_SUCCESS && R.period && !R.lru_only && !R.shared)
 		copy_ahead(sc);

@@ -160,6 +160,19 @@ def test_mps_first_phases_and_bystander_stall_read_their_logs():
     assert mps_faults.bystander_stall([1.0, 2.0], 5.0) is None
 
 
+def test_the_copy_in_rate_is_of_the_copies_waited_for():
+    """A turn's batch and copies ahead are timed only to their issue (ahead_ns, inside
+    in_ns): their bytes and that time are both left out; results from before ahead_ns
+    keep the old reading."""
+    import oversub
+
+    st = {"bytes_in": 30_000, "ahead_bytes": 20_000, "in_ns": 1_500, "ahead_ns": 1_000}
+    assert oversub.own_copy_rate([st]) == pytest.approx(10_000 / 500)
+    old = {k: v for k, v in st.items() if k != "ahead_ns"}
+    assert oversub.own_copy_rate([old]) == pytest.approx(10_000 / 1_500)
+    assert oversub.own_copy_rate([{"bytes_in": 5, "ahead_bytes": 5, "in_ns": 9, "ahead_ns": 9}]) is None
+
+
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():
     result = {"workloads": {"w": {"paired": {"step_times": [[45.1, 44.9, 0], [46.2, 46.0, 1]] * 50,
                                              "wall": {"overhead_pct": 1.0}}},

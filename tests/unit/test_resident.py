@@ -81,6 +81,8 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert future["bytes_in"] < lru["bytes_in"] * 0.85
     # with the sequence known, allocations come in ahead of the call that uses them
     assert lru["ahead_bytes"] == 0 and future["ahead_bytes"] > 0
+    # issuing them is timed apart, inside in_ns (the copies waited for are the rest)
+    assert lru["ahead_ns"] == 0 and 0 < future["ahead_ns"] < future["in_ns"]
     assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 
