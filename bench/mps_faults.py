@@ -268,7 +268,6 @@ class Scenario:
             raise ScenarioFailed(f"gpuos mps start: exit {code}: {out.strip()[-800:]}")
         self.r["supervisor_pid"], self.r["daemon_pid"] = info["supervisor_pid"], info["daemon_pid"]
         self.mps_env = dict(self.env, **info["env"])
-        self.pipe_dir = Path(info["pipe_dir"])
         self.events_file = Path(info["pipe_dir"]).parent / "events.jsonl"
 
     def stop(self) -> None:
@@ -357,8 +356,11 @@ class Scenario:
         allocates from the driver (what a standby's first iteration does); "copy": each
         iteration also copies its inputs in from the host (a copy engine's work, as a
         module's code loaded at a first launch is)."""
-        active = self.pipe_dir.resolve()  # <home>/mps/<gpu>/slot<k>/pipe
-        spare = active.parent.parent / f"slot{1 - int(active.parent.name[-1])}" / "pipe"
+        code, out = run_bounded(gpuos_cmd("mps", "status", "--json"), self.env, 30, self.dir / "status.out")
+        gpus = (last_json_object(out) or {}).get("gpus") or [{}]
+        spare = (gpus[0].get("spare") or {}).get("pipe_dir")
+        if code != 0 or not spare:
+            raise ScenarioFailed(f"gpuos mps status: exit {code}, no spare server's pipe directory")
         self.beats_file = self.dir / "bystander.beats"
         cmd = client_cmd("infer", self.dir / "hb-bystander", self.size) + ["--beats", str(self.beats_file)] \
             + {"alloc": ["--fresh-memory"], "copy": ["--copy-in"]}.get(self.bystander, [])

@@ -18,11 +18,8 @@ nothing while it runs. A tracker holds a reference to the VA space, so a process
 trackers are closed as soon as it exits, on a thread of their own: the last reference
 to an exited process's VA space is then ours, and its close is the driver's teardown of
 that VA space. After a fault under MPS that may take long: the MPS supervisor's loop,
-which closed them itself, stood still after faults (H200, 2026-11-27: victims that the
-benchmark saw gone 0.01-0.17 s after the fault were reaped, and their standbys released,
-0.05-0.27 s later, and 4.7 s later in an N = 8 run), partly here (the rest: the MPS
-supervisor's slow-turn events). SM exceptions (Xid 13/43) never reach UVM and are not
-seen here.
+which closed them itself, showed no event for 4.7 s after an N = 8 fault (H200,
+2026-11-27). SM exceptions (Xid 13/43) never reach UVM and are not seen here.
 
 Layouts are those of NVIDIA's open kernel modules, 580.142, `kernel-open/` (the line
 numbers in the comments); the probe's --self-test checks them against gcc's sizes.

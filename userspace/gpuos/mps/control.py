@@ -225,21 +225,22 @@ def _argv_is(argv: list[str], name: str) -> bool:
     return any(os.path.basename(a) == name for a in argv[:2])
 
 
+def _live_argv(pid: int) -> list[str]:
+    """A live process's argv; [] if it is gone, a zombie or unreadable."""
+    try:
+        argv = procs.cmdline(pid)
+        return argv if procs.alive(pid) else []
+    except Exception:
+        return []
+
+
 def is_server(pid: int) -> bool:
     """A live MPS server (what a control daemon starts per user)."""
-    try:
-        return procs.stat(pid).state != "Z" and _argv_is(procs.cmdline(pid), SERVER)
-    except Exception:
-        return False
+    return _argv_is(_live_argv(pid), SERVER)
 
 
 def is_control_daemon(pid: int) -> bool:
-    try:
-        argv = procs.cmdline(pid)
-        if procs.stat(pid).state == "Z":
-            return False
-    except Exception:
-        return False
+    argv = _live_argv(pid)
     return _argv_is(argv, CONTROL) and ("-d" in argv or "-f" in argv)
 
 
