@@ -18,6 +18,9 @@ each fault kind of gpuos-inject, and each mode:
 - spare-end: spare with `--end-faulted-server`: the faulted MPS server is killed when the
   incident opens, not left until its clients have exited (the measurement that decides
   whether that option earns a place);
+- spare-hold: spare with `--hold-victims 0.5`: the victims are stopped when the incident
+  opens, their standbys released at once, and the victims killed 0.5 s later (their
+  contexts' teardown after the standbys' first work, not during it);
 
 before the fault, each client's iterations per second over --sample seconds (the
 fault-free cost of a mode is its clients' rate against another mode's, same N and kind);
@@ -38,7 +41,7 @@ faults right after, --delay 0):
   next heartbeat.
 
     python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised,standby]
-                                [--budget 540] [--scenario-timeout 150] [--quick] [--bystander warm|alloc|copy]
+                                [--budget 540] [--scenario-timeout 150] [--quick] [--bystander warm|alloc|copy|module]
                                 [--out bench/results] [--update-readme]
     python3 bench/mps_faults.py --readme-from bench/results/mps-faults-H100-DATE.json
     python3 bench/mps_faults.py --cost-rounds 10 [--cost-window 5] [--n 4] [--modes standby,spare]
@@ -78,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 import readme_table
+from kwait import WaitSampler, mps_servers
 from paired import rounds_overhead
 from gpuos import __version__
 from gpuos.faults import inject as inj
@@ -94,9 +98,10 @@ PROBE_TIMEOUT = 20.0
 SETTLE_S = 3.0            # after everything is resolved: late watch events (NVML join window)
 STALL_S = 15.0            # stock: a client with no progress this long after the fault is a victim
 POLICY = {"supervised": "restart", "standby": "standby", "spare": "standby",  # under `gpuos mps`
-          "spare-end": "standby"}
-STANDBYS = ("standby", "spare", "spare-end")  # modes whose clients have standbys
-WARM = ("spare", "spare-end")   # modes with a spare server (warm standbys)
+          "spare-end": "standby", "spare-hold": "standby"}
+STANDBYS = ("standby", "spare", "spare-end", "spare-hold")  # modes whose clients have standbys
+WARM = ("spare", "spare-end", "spare-hold")   # modes with a spare server (warm standbys)
+HOLD_VICTIMS_S = 0.5      # spare-hold: gpuos mps start --hold-victims
 MODES = ("stock", *POLICY)
 # progress this long past the fault: a survivor (under gpuos mps: past the drain's signals)
 SURVIVE_S = {"stock": 5.0} | dict.fromkeys(POLICY, 20.0)
@@ -218,11 +223,14 @@ class ScenarioFailed(Exception):
 
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
-                 size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False):
+                 size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
+                 kernel_waits: bool = False):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
         self.phases = phases
         self.bystander = bystander if mode in WARM else ""
         self.bystander_proc: subprocess.Popen | None = None
+        self.kernel_waits = kernel_waits
+        self.sampler: WaitSampler | None = None
         self.sample_s = sample_s
         self.deadline = time.monotonic() + limit
         self.dir = workdir
@@ -259,7 +267,8 @@ class Scenario:
         self.home = self.dir / "h"
         self.env["GPUOS_HOME"] = str(self.home)
         extra = (["--spare-server"] if self.mode in WARM else []) + (
-            ["--end-faulted-server"] if self.mode == "spare-end" else [])
+            ["--end-faulted-server"] if self.mode == "spare-end" else []) + (
+            ["--hold-victims", str(HOLD_VICTIMS_S)] if self.mode == "spare-hold" else [])
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
                                           *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
@@ -273,6 +282,8 @@ class Scenario:
     def stop(self) -> None:
         for c in self.children:
             c.kill()
+        if self.sampler is not None:
+            self.sampler.stop()
         if self.bystander_proc is not None and self.bystander_proc.poll() is None:
             kill_tree(self.bystander_proc.pid)
             self.bystander_proc.wait()
@@ -355,7 +366,9 @@ class Scenario:
         "alloc": it gives its memory back after each iteration, so that each one also
         allocates from the driver (what a standby's first iteration does); "copy": each
         iteration also copies its inputs in from the host (a copy engine's work, as a
-        module's code loaded at a first launch is)."""
+        module's code loaded at a first launch is); "module": each iteration also loads a
+        new module and runs its kernel (a first launch's code load, what a standby's first
+        cuBLAS GEMM does when its kernel was not loaded ahead)."""
         code, out = run_bounded(gpuos_cmd("mps", "status", "--json"), self.env, 30, self.dir / "status.out")
         gpus = (last_json_object(out) or {}).get("gpus") or [{}]
         spare = (gpus[0].get("spare") or {}).get("pipe_dir")
@@ -363,7 +376,8 @@ class Scenario:
             raise ScenarioFailed(f"gpuos mps status: exit {code}, no spare server's pipe directory")
         self.beats_file = self.dir / "bystander.beats"
         cmd = client_cmd("infer", self.dir / "hb-bystander", self.size) + ["--beats", str(self.beats_file)] \
-            + {"alloc": ["--fresh-memory"], "copy": ["--copy-in"]}.get(self.bystander, [])
+            + {"alloc": ["--fresh-memory"], "copy": ["--copy-in"],
+               "module": ["--new-module"]}.get(self.bystander, [])
         with open(self.dir / "bystander.log", "w") as out:
             self.bystander_proc = subprocess.Popen(
                 cmd, env=dict(self.env, CUDA_MPS_PIPE_DIRECTORY=str(spare)), stdin=subprocess.DEVNULL,
@@ -643,9 +657,27 @@ class Scenario:
         if self.bystander:
             self.start_bystander()
         self.sample_rates()
+        if self.kernel_waits:
+            self.start_sampler()
         self.fault()
         self.observe()
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.r["kernel_waits"] = self.sampler.waits(since=self.t_fault, every="standby")
+            self.r["kernel_wait_samples"] = self.sampler.samples
         self.summarize()
+
+    def start_sampler(self) -> None:
+        """--kernel-waits: the clients', their standbys' and the MPS servers' threads, where
+        they wait in the kernel from just before the fault (bench/kwait.py)."""
+        pids = mps_servers()
+        for c in self.clients:
+            if c.get("pid"):
+                pids[int(c["pid"])] = f"client {c['id']}"
+        for i, p in enumerate(self.r.get("standby_pids") or []):
+            pids[int(p)] = f"standby {self.clients[i]['id'] if i < len(self.clients) else i}"
+        self.sampler = WaitSampler(pids)
+        self.sampler.start()
 
     def run(self) -> dict[str, Any]:
         """steps(), its failure recorded and everything it started cleaned up whatever happens."""
@@ -876,15 +908,20 @@ def main() -> None:
     ap.add_argument("--sample", type=float, default=3.0, metavar="S",
                     help="Seconds over which the clients' fault-free rate is taken [3]: 3 s "
                          "shows differences of about 20%%, not 1%%.")
-    ap.add_argument("--bystander", choices=("warm", "alloc", "copy"), default="",
+    ap.add_argument("--bystander", choices=("warm", "alloc", "copy", "module"), default="",
                     help="Spare modes: one more inference loop on the spare server, its iterations "
                          "logged; alloc: each iteration allocates from the driver; copy: copies "
-                         "its inputs in "
+                         "its inputs in; module: loads a new module and runs its kernel "
                          "(Scenario.start_bystander).")
     ap.add_argument("--phases", action="store_true",
                     help="The clients write down when each phase of a process's first iterations "
                          "ended (mps_client --phases): where a recovered victim's first iteration "
                          "went, per client in the JSON (first_phases), the last one's in the notes.")
+    ap.add_argument("--kernel-waits", action="store_true",
+                    help="Sample where the clients', standbys' and MPS servers' threads wait in the "
+                         "kernel (/proc stacks, every few ms, as root) from just before the fault; "
+                         "waits of 20 ms or more in the JSON, and each of a standby's in the first second "
+                         "(kernel_waits; bench/kwait.py).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
     ap.add_argument("--cost-rounds", type=int, default=0, metavar="R",
                     help="No faults: R rounds of the fault-free cost of standbys per standby mode "
@@ -966,7 +1003,8 @@ def main() -> None:
                     log(f"{mode} N={n} {kind}: starting ({left:.0f} s of budget left)")
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
-                                 result, a.size, a.sample, a.bystander, a.phases).run()
+                                 result, a.size, a.sample, a.bystander, a.phases,
+                                 a.kernel_waits).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

@@ -200,7 +200,8 @@ def _waiting(pid: int) -> bool:
     return all(looks)
 
 
-def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool = False) -> None:
+def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool = False,
+                       hold: bool = False) -> None:
     clients = []
     for i, mode in enumerate(("infer", "train")):
         hb = mps.root / f"hb{i}"
@@ -298,6 +299,13 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
     if spare:  # released at the swap; the faulted server restarted as the spare
         assert "servers-swapped" in names and "spare-ready" in names, names
         assert names.index("servers-swapped") < names.index("standby-releasing") < names.index("spare-ready")
+    if hold:  # stopped at the swap, standbys released in the same turn, then killed
+        held = next(e for e in evs if e["event"] == "victims-held")
+        victims = {v.get("pid") for e in evs if e["event"] == "incident-opened" for v in e.get("victims", [])}
+        assert held["pids"] and set(held["pids"]) <= victims, (held, victims)
+        assert names.index("victims-held") < names.index("standby-releasing") < names.index("held-victims-killed")
+        exits = {e.get("pid"): e.get("status") for e in evs if e["event"] == "victim-exited"}
+        assert all(exits.get(p) == -9 for p in held["pids"]), exits
     else:
         assert "server-ready" in names, f"no server-ready after the incident: {names}"
     if policy == "standby":
@@ -361,3 +369,9 @@ def test_mps_fault_victims_taken_over_by_standbys(mps: Mps, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["oob-write", "trap", "illegal-instruction"])
 def test_mps_fault_victims_taken_over_by_warm_standbys_on_the_spare(mps: Mps, kind: str) -> None:
     _fault_and_recover(mps, kind, policy="standby", spare=True)
+
+
+@pytest.mark.parametrize("mps", [("--spare-server", "--hold-victims", "0.5")], indirect=True)
+@pytest.mark.parametrize("kind", ["oob-write", "trap"])
+def test_mps_fault_victims_held_while_warm_standbys_take_over(mps: Mps, kind: str) -> None:
+    _fault_and_recover(mps, kind, policy="standby", spare=True, hold=True)

@@ -370,6 +370,44 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
         assert not (mps.dir / f"slot{slot}" / "pipe" / "nvidia-cuda-mps-control.pid").exists()
 
 
+def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_build):
+    """--hold-victims: the victims are stopped as the incident opens, their warm standbys
+    released in the same turn, and the victims SIGKILLed the hold's length later (a victim
+    that stays, --stubborn, is gone in half a second, not at the drain's SIGTERM 10 s on)."""
+    mps.env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+                   LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    mps.start("--policy", "standby", "--spare-server", "--hold-victims", "0.5")
+    assert mps.machine()["settings"]["hold_victims"] == 0.5
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client("--cuinit", "--launch", "--stubborn", name="victim")
+    b, blog = mps.client("--cuinit", "--launch", "--fault-when", str(trigger), name="faulter")
+
+    def warm() -> dict | None:
+        cs = mps.machine()["clients"]
+        got = {cid: cs[cid]["standby_pid"] for cid in (a, b) if cs[cid]["standby_warm"]}
+        return got if len(got) == 2 and all(got.values()) else None
+    sb = wait_for(warm, 20, "two warm standbys")
+    wait_for(lambda: connected(alog, 2) and connected(blog, 2), 10, "the standbys connected")
+    old = {cid: mps.machine()["clients"][cid]["pid"] for cid in (a, b)}
+    t0 = time.time()
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert {v["client"]: v["recovery"] for v in inc["victims"]} == {a: "took-over", b: "took-over"}
+    ev = {e["event"]: e for e in mps.events()}
+    held = ev["victims-held"]
+    assert old[a] in held["pids"] and set(held["pids"]) <= set(old.values())
+    assert time.time() - t0 < 5  # not the drain's SIGTERM
+    names = mps.names()
+    assert names.index("victims-held") < names.index("standby-releasing") < names.index("held-victims-killed")
+    assert ev["held-victims-killed"]["time"] - held["time"] >= 0.5
+    assert {v["pid"]: v["signalled"] for v in inc["victims"] if v["pid"] in held["pids"]} == \
+        dict.fromkeys(held["pids"], "SIGKILL")
+    assert not any(alive(p) for p in old.values())
+    m = mps.machine()
+    assert all(m["clients"][cid]["pid"] == sb[cid] for cid in (a, b))
+    assert mps("mps", "stop").returncode == 0
+
+
 def test_spare_server_supervisor_killed_then_resumed_and_stopped(mps, libgpuos_build):
     """A spare-server supervisor SIGKILLed: `gpuos mps start` resumes it, adopting both
     daemons and the warm standbys (none started twice); with it killed again, `gpuos mps

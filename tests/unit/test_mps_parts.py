@@ -222,9 +222,11 @@ def test_a_slow_loop_turn_of_an_incident_is_said_with_where_it_went():
 def test_the_loop_looks_again_soon_while_a_young_followed_process_has_no_tracker():
     """A client may fault within 0.1 s of making its context: while a process the trackers
     follow is young and has none yet, the loop polls every TRACK_SOON_S, else every poll;
-    and every LEAVING_POLL_S while a swapped incident waits for victims to begin exiting."""
+    every LEAVING_POLL_S while a swapped incident waits for victims to begin exiting; and
+    wakes when held victims are to be killed."""
     import subprocess
     import sys
+    import time
     from types import SimpleNamespace
 
     from gpuos.mps.supervisor import LEAVING_POLL_S, TRACK_SOON_S, Options, Supervisor
@@ -232,7 +234,9 @@ def test_the_loop_looks_again_soon_while_a_young_followed_process_has_no_tracker
     sup = object.__new__(Supervisor)
     sup.options = Options()
     leaving: list = []
-    sup.machine = SimpleNamespace(leaving_victims=lambda: leaving)
+    kill_at: list = []
+    sup.machine = SimpleNamespace(leaving_victims=lambda: leaving,
+                                  held_victims_deadline=lambda: kill_at[0] if kill_at else None)
     young = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         sup.sources = [SimpleNamespace(), SimpleNamespace(untracked=[1])]  # init: old
@@ -244,6 +248,10 @@ def test_the_loop_looks_again_soon_while_a_young_followed_process_has_no_tracker
         leaving.clear()
         sup.sources[1].untracked = [1, 2 ** 22 + 7]  # gone: no reason to hurry
         assert sup._poll_timeout() == sup.options.poll
+        kill_at.append(time.time() + 0.1)
+        assert 0.05 < sup._poll_timeout() <= 0.1
+        kill_at[0] = time.time() - 1  # past: at once
+        assert sup._poll_timeout() == 0.001
     finally:
         young.kill()
         young.wait()

@@ -1040,6 +1040,44 @@ def test_end_faulted_server_kills_the_faulted_server_at_the_incident_and_changes
     assert of(Run().running(2).fault(pid=2001), EndServer) == []
 
 
+def test_hold_victims_stops_them_releases_standbys_at_once_and_kills_them_later():
+    r = with_spare(2)
+    r.m.settings.hold_victims = 0.5
+    # both victims stopped as the incident opens, and their standbys released in the same
+    # turn: a stopped victim runs none of its code again
+    acts = r.fault(pid=2002)
+    assert of(acts, SignalClient) == [SignalClient("c1", 2001, "SIGSTOP", 77),
+                                      SignalClient("c2", 2002, "SIGSTOP", 77)]
+    assert of(acts, ReleaseStandby) == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88),
+                                        ReleaseStandby("c2", standby_token("c2", 2), 4002, 88)]
+    assert r.last("victims-held")["pids"] == [2001, 2002] and r.m.leaving_victims() == []
+    assert r.m.state is S.DRAINING and r.m.held_victims_deadline() == r.m.incident.hold_until
+    assert r.m.incident.hold_until is not None
+    r.feed(ClientStarted("c1", 4001, 88))
+    r.feed(ClientStarted("c2", 4002, 88))
+    # held for the whole hold, then killed (not before: the drain's own SIGTERM is 10 s off)
+    assert r.feed(Tick(), 0.3) == []
+    assert r.feed(Tick(), 0.2) == [SignalClient("c1", 2001, "SIGKILL", 77),
+                                   SignalClient("c2", 2002, "SIGKILL", 77)]
+    assert r.feed(Tick(), 1) == []  # once
+    assert r.feed(ClientExited("c1", -9, 2001)) == []
+    assert r.feed(ClientExited("c2", -9, 2002)) == [RestartServer(1000, SERVER, 0)]
+    assert [r.m.clients[c].pid for c in ("c1", "c2")] == [4001, 4002]
+    r.feed(ServerRestarted(True, 777, DAEMON, slot=0))
+    assert r.m.state is S.RUNNING
+    assert [v["recovery"] for v in r.m.history[-1]["victims"]] == ["took-over"] * 2
+    # a victim already gone is not signalled, nor held; the other is
+    r = with_spare(2)
+    r.m.settings.hold_victims = 0.5
+    r.feed(ClientExited("c1", 3, 2001))
+    acts = r.fault(pid=2002)
+    assert of(acts, SignalClient) == [SignalClient("c2", 2002, "SIGSTOP", 77)]
+    # without a spare server (no swap) victims are never held; nor with the setting off
+    r = Run(Settings(hold_victims=0.5)).running(2)
+    assert of(r.fault(pid=2001), SignalClient) == []
+    assert of(with_spare(2).fault(pid=2001), SignalClient) == []
+
+
 def test_spare_server_victims_without_standby_start_on_the_new_server():
     r = with_spare(2, policies=("restart", "standby"))
     assert r.fault(pid=2001) == []

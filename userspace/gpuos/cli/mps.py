@@ -183,6 +183,11 @@ def mps() -> None:
                    "tears its context down now, not when the last of its clients has exited; "
                    "its clients' next CUDA calls fail, even one the fault would have spared. "
                    "Experimental [default: keep].")
+@click.option("--hold-victims", type=click.FloatRange(0, 60), default=None, metavar="S",
+              help="With --spare-server: on a fault, stop every victim gpuos started (SIGSTOP) at "
+                   "once, release their standbys, and kill the victims (SIGKILL) S seconds later, so "
+                   "that the driver's teardown of their contexts does not hold up the standbys' "
+                   "first work. 0: off. Experimental [default: 0].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
@@ -217,7 +222,7 @@ def mps() -> None:
 @json_option
 @click.pass_obj
 def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server,
-              end_faulted_server, feeds,
+              end_faulted_server, hold_victims, feeds,
               no_kmsg, no_nvml,
               no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
               hook_timeout, poll,
@@ -326,7 +331,8 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
                             ("restart_attempts", restart_attempts), ("max_restarts", max_restarts),
                             ("max_faults", max_faults),
                             ("hook_timeout", hook_timeout), ("default_policy", policy),
-                            ("default_hook", hook), ("end_faulted_server", end_faulted_server)):
+                            ("default_hook", hook), ("end_faulted_server", end_faulted_server),
+                            ("hold_victims", hold_victims)):
             if value is not None:
                 setattr(settings, name, value)
         if kill_grace is not None:

@@ -240,4 +240,4 @@ def signal_tree(pid: int, sig: int) -> bool:
         return False
 
 
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}

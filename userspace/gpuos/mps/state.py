@@ -88,6 +88,8 @@ class Settings:
     spare_server: bool = False      # a second control daemon hosts warm standbys (module doc)
     end_faulted_server: bool = False  # SIGKILL the faulted MPS server when the incident opens
                                     # (Machine._end_faulted_server), not waiting for its clients
+    hold_victims: float = 0.0       # s a swapped incident's victims are held stopped before
+                                    # SIGKILL (Machine._hold_victims); 0: not held
 
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempt - 1))
@@ -143,6 +145,7 @@ class Victim:
                                     # when UVM's fault tracker on its VA space took the fault
     exited: bool = False
     exiting: bool = False           # every thread has begun to exit (ClientExiting)
+    held: bool = False              # stopped (SIGSTOP) by _hold_victims, to be killed later
     exit_status: int | None = None
     signalled: str | None = None    # what gpuos sent to make it go
     # pending | in-progress | restarted | hook-ok | hook-failed | hook-unknown | not-recovered
@@ -178,6 +181,7 @@ class Incident:
     outcome: str | None = None      # recovered | partial | aborted
     slot: int | None = None         # the faulted server's slot (None: no spare server)
     swapped: bool = False           # the spare took over at once (Machine._swap)
+    hold_until: float | None = None  # held victims are killed then (Machine._hold_victims)
 
     def victim_of(self, client_id: str) -> Victim | None:
         return next((v for v in self.victims if v.client == client_id), None)
@@ -412,7 +416,7 @@ class StopStandby:
 class SignalClient:
     client_id: str
     pid: int
-    signal: str                     # "SIGTERM" | "SIGKILL"
+    signal: str                     # "SIGTERM" | "SIGKILL" | "SIGSTOP"
     starttime: int | None           # with pid, the one process to signal
 
 
@@ -607,7 +611,12 @@ class Machine:
         if inc is None or self.state is not State.DRAINING or not inc.swapped:
             return []
         return [(v.client, v.pid) for v in inc.victims
-                if v.client is not None and v.pid and not v.exited and not v.exiting]
+                if v.client is not None and v.pid and not v.exited and not v.exiting and not v.held]
+
+    def held_victims_deadline(self) -> float | None:
+        """When the held victims are to be killed (Settings.hold_victims), or None."""
+        inc = self.incident
+        return inc.hold_until if inc is not None and self.state is State.DRAINING else None
 
     def policy_of(self, c: Client) -> tuple[str, str | None]:
         return self._policy(c), c.hook or self.settings.default_hook
@@ -787,6 +796,7 @@ class Machine:
                    victims=[{"client": v.client, "pid": v.pid, "role": v.role} for v in inc.victims])
         if self.spare == "ready" and cause != "daemon-exit":
             self._swap()
+            self._hold_victims()
         self._end_faulted_server()
         self._begin_drain()
 
@@ -817,6 +827,40 @@ class Machine:
         self.spare = "restarting"
         self._emit("servers-swapped", slot=self.slot, daemon_pid=self.daemon_pid,
                    server_pid=self.server_pid, faulted_server_pid=inc.server_pid)
+
+    def _hold_victims(self) -> None:
+        """With Settings.hold_victims: every victim gpuos started is stopped (SIGSTOP to its
+        process group) as the incident opens, and killed (SIGKILL) that many seconds later.
+        A stopped victim runs none of its code again, so its standby is released at once,
+        and the driver's teardown of its context waits until the standby's first work is
+        done: measured on an H200 (bench/kwait.py), a released standby's first iteration
+        made RM calls (allocations, mappings, clock queries) that each waited for the RM
+        lock the victims' teardown held, so it ended only when they were reaped."""
+        inc = self.incident
+        if self.settings.hold_victims <= 0:
+            return
+        held = []
+        for v in inc.victims:
+            if v.client is not None and v.pid and not v.exited and not v.exiting:
+                v.held, v.signalled = True, "SIGSTOP"
+                self._out.append(SignalClient(v.client, v.pid, "SIGSTOP", v.starttime))
+                held.append(v.pid)
+        if held:
+            inc.hold_until = self._now + self.settings.hold_victims
+            self._emit("victims-held", pids=held, seconds=self.settings.hold_victims)
+
+    def _end_held_victims(self) -> None:
+        inc = self.incident
+        if inc.hold_until is None or self._now < inc.hold_until:
+            return
+        inc.hold_until = None
+        killed = []
+        for v in inc.victims:
+            if v.held and not v.exited:
+                v.signalled = "SIGKILL"
+                self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
+                killed.append(v.pid)
+        self._emit("held-victims-killed", pids=killed)
 
     def _end_faulted_server(self) -> None:
         """With Settings.end_faulted_server: the faulted server is killed at once, so that the
@@ -869,7 +913,7 @@ class Machine:
         if self.state is not State.DRAINING:
             return
         inc = self.incident
-        if inc.swapped and all(v.exited or v.exiting for v in inc.victims if v.client is not None):
+        if inc.swapped and all(v.exited or v.exiting or v.held for v in inc.victims if v.client is not None):
             # The victims gpuos started are gone, or all their threads are exiting: recover
             # them on the new active server now, not when the driver has torn their
             # contexts down (seen on an H200: victims exiting at 0.01-0.17 s after the fault
@@ -884,6 +928,7 @@ class Machine:
 
     def _drain_tick(self) -> None:
         inc = self.incident
+        self._end_held_victims()
         if inc.stage_deadline is None or self._now < inc.stage_deadline:
             return
         left = self._undrained()

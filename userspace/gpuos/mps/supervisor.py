@@ -302,13 +302,17 @@ class Supervisor:
 
     def _poll_timeout(self) -> float:
         """The poll interval; LEAVING_POLL_S while a swapped incident waits for its victims
-        to begin their exit (no signal says so: SIGCHLD comes when the exit is done); or
+        to begin their exit (no signal says so: SIGCHLD comes when the exit is done); until
+        the moment held victims are to be killed (Settings.hold_victims); or
         TRACK_SOON_S while a process the fault trackers follow is
         younger than TRACK_YOUNG_S and has no tracker yet: a client may fault within 0.1 s
         of making its context (H200: 4 of 13 injectors, faulting 0.3 s after their start,
         went unnamed with a 0.25 s poll; the incident then went by an Xid naming a victim)."""
         if self.machine.leaving_victims():
             return min(self.options.poll, LEAVING_POLL_S)
+        kill_at = self.machine.held_victims_deadline()
+        if kill_at is not None:  # held victims to kill on time
+            return max(0.001, min(self.options.poll, kill_at - time.time()))
         for src in self.sources:
             for pid in getattr(src, "untracked", ()):
                 try:

@@ -59,6 +59,38 @@ def make_model(torch, dev, mode: str, size: int):
     return model, opt
 
 
+NOOP_PTX = b""".version 6.0
+.target sm_52
+.address_size 64
+.visible .entry gpuos_noop()
+{
+	ret;
+}
+\0"""
+
+
+def new_module_runner() -> Callable[[], None]:
+    """A call that loads NOOP_PTX as a new module, launches its kernel, waits for it and
+    unloads the module (the context current on this thread: torch's)."""
+    from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+
+    def check(result):
+        err, rest = result[0], result[1:]
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA error: {getattr(err, 'name', err)}")
+        return rest[0] if rest else None
+
+    def run() -> None:
+        mod = check(cu.cuModuleLoadData(NOOP_PTX))
+        try:
+            fn = check(cu.cuModuleGetFunction(mod, b"gpuos_noop"))
+            check(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0))
+            check(cu.cuCtxSynchronize())
+        finally:
+            cu.cuModuleUnload(mod)
+    return run
+
+
 def iteration(torch, dev, model, opt, size: int, batch: int,
               mark: Callable[[str], None] = lambda phase: None) -> None:
     """One iteration on fresh random inputs, synchronized: the GPU did the work.  mark(phase)
@@ -98,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                          "iteration allocates from the driver (cuMemAlloc).")
     ap.add_argument("--copy-in", action="store_true",
                     help="Each iteration also copies a batch of inputs in from the host.")
+    ap.add_argument("--new-module", action="store_true",
+                    help="Each iteration also loads a module of its own afresh (a one-kernel PTX), "
+                         "runs its kernel once and unloads it: a first launch's code load every "
+                         "iteration (cuda-python's driver API).")
     ap.add_argument("--phases", metavar="FILE",
                     help="Append 'pid iteration phase unix-time' to FILE after each phase of this "
                          "process's first PHASED iterations, the GPU synchronized first (where a "
@@ -126,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         dev = torch.device("cuda")
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
         model, opt = make_model(torch, dev, a.mode, a.size)
+        run_new_module = new_module_runner() if a.new_module else None
         it = 0
 
         def mark(phase: str) -> None:
@@ -138,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.copy_in:
                 torch.randn(a.batch, a.size).to(dev)
                 torch.cuda.synchronize()
+            if a.new_module:
+                run_new_module()
             it += 1
             if a.fresh_memory:
                 torch.cuda.empty_cache()
