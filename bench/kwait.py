@@ -114,7 +114,6 @@ class WaitSampler:
         self.t0 = t0
         self._open: dict[tuple[int, int], Wait] = {}
         self._done: list[Wait] = []
-        self._files: dict[tuple[int, str], str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples = 0
@@ -132,14 +131,13 @@ class WaitSampler:
         self._done.extend(self._open.values())
         self._open.clear()
 
-    def _file(self, pid: int, fd: str) -> str:
-        key = (pid, fd)
-        if key not in self._files:
-            try:
-                self._files[key] = os.readlink(f"/proc/{pid}/fd/{int(fd, 16)}")
-            except (OSError, ValueError):
-                self._files[key] = ""
-        return self._files[key]
+    @staticmethod
+    def _file(pid: int, fd: str) -> str:
+        """What descriptor fd (hex, as /proc/.../syscall gives it) of pid is, now."""
+        try:
+            return os.readlink(f"/proc/{pid}/fd/{int(fd, 16)}")
+        except (OSError, ValueError):
+            return ""
 
     def sample_once(self, now: float) -> None:
         seen = set()

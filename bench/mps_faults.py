@@ -874,7 +874,8 @@ def markdown(r: dict[str, Any]) -> str:
             ph = next((c for c in reversed(s.get("clients", [])) if c.get("first_phases")), None)
             if ph:
                 what += (f"; the {ph['role']} victim's new first iteration: "
-                         + ", ".join(f"{k} {fmt_s(v)}" for k, v in ph["first_phases"].items()))
+                         + ", ".join(f"{k} {fmt_s(v)}" for k, v in ph["first_phases"].items()
+                                     if not k.startswith("layer")))
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")

@@ -31,9 +31,20 @@ class Recorder:
         self.calls.append("randn")
         return SimpleNamespace(sum=lambda: self.calls.append("sum"))
 
-    def model(self, x):
-        self.calls.append("model")
-        return x
+    @property
+    def model(self):
+        """Like a torch.nn.Sequential of two layers: callable whole, or layer by layer."""
+        rec = self
+
+        class Model:
+            def __call__(self, x):
+                rec.calls.append("model")
+                return x
+
+            def __iter__(self):
+                for i in range(2):
+                    yield lambda x, i=i: (rec.calls.append(f"layer{i}"), x)[1]
+        return Model()
 
     def opt(self):
         rec = self
@@ -47,11 +58,14 @@ def test_marks_follow_their_phases_and_the_iteration_ends_synchronized(train):
     iteration(t, "cuda", t.model, t.opt() if train else None, 8, 4,
               mark=lambda phase: t.calls.append(f"mark:{phase}"))
     if train:
-        assert t.calls == ["randn", "mark:inputs", "randn", "model", "loss", "mark:forward",
-                           "zero_grad", "backward", "mark:backward", "step", "mark:step", "sync"]
+        assert t.calls == ["randn", "mark:inputs", "randn", "layer0", "mark:layer0", "layer1",
+                           "mark:layer1", "loss", "mark:forward", "zero_grad", "backward",
+                           "mark:backward", "step", "mark:step", "sync"]
     else:
-        assert t.calls == ["randn", "mark:inputs", "model", "sum", "mark:forward", "sync"]
-    # no marks asked for: the same calls without them
+        assert t.calls == ["randn", "mark:inputs", "layer0", "mark:layer0", "layer1", "mark:layer1",
+                           "sum", "mark:forward", "sync"]
+    # no marks asked for: the same calls without them, the model called whole
     t.calls.clear()
     iteration(t, "cuda", t.model, t.opt() if train else None, 8, 4)
     assert "sync" == t.calls[-1] and not [c for c in t.calls if c.startswith("mark")]
+    assert "model" in t.calls and not [c for c in t.calls if c.startswith("layer")]

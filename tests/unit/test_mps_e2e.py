@@ -376,6 +376,9 @@ def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_buil
     that stays, --stubborn, is gone in half a second, not at the drain's SIGTERM 10 s on)."""
     mps.env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
                    LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    res = mps("mps", "start", "--hold-victims", "0.5")  # nothing to hold for without a spare
+    assert res.returncode == 2 and "--hold-victims needs --spare-server" in res.stderr, res.stderr
+    assert mps.supervisor_pid() is None
     mps.start("--policy", "standby", "--spare-server", "--hold-victims", "0.5")
     assert mps.machine()["settings"]["hold_victims"] == 0.5
     trigger = mps.tmp / "fault-now"

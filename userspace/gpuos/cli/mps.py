@@ -293,6 +293,9 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
         if not fresh and spare_server and not spare:
             notes.append("--spare-server ignored: the supervisor resumed keeps its setting "
                          "(stop it first to change it)")
+        if hold_victims and not spare:
+            raise click.UsageError("--hold-victims needs --spare-server: victims are held only "
+                                   "while warm standbys on the spare take their place")
         pipes = [dirs.pipe_of(s) for s in ((0, 1) if spare else (None,))]
         ours = {MpsControl(binaries, p, p, gpu.visible).daemon_pid() for p in pipes} - {None}
         foreign = foreign_daemons(pipes, ours, gpu, binaries)

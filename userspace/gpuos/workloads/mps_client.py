@@ -91,25 +91,37 @@ def new_module_runner() -> Callable[[], None]:
     return run
 
 
+def forward(model, x, mark: Callable[[str], None] | None):
+    """model(x); with mark, layer by layer, mark("layerI") after each (the first one's
+    matmul is the process's first cuBLAS call: its handle, its kernels)."""
+    if mark is None:
+        return model(x)
+    for i, layer in enumerate(model):
+        x = layer(x)
+        mark(f"layer{i}")
+    return x
+
+
 def iteration(torch, dev, model, opt, size: int, batch: int,
-              mark: Callable[[str], None] = lambda phase: None) -> None:
+              mark: Callable[[str], None] | None = None) -> None:
     """One iteration on fresh random inputs, synchronized: the GPU did the work.  mark(phase)
-    after each phase's calls ("inputs", "forward", "backward", "step")."""
+    after each phase's calls ("inputs", each layer's "layerI", "forward", "backward", "step")."""
+    note = mark or (lambda phase: None)
     x = torch.randn(batch, size, device=dev)
-    mark("inputs")
+    note("inputs")
     if opt is not None:
         y = torch.randn(batch, 16, device=dev)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        mark("forward")
+        loss = torch.nn.functional.mse_loss(forward(model, x, mark), y)
+        note("forward")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        mark("backward")
+        note("backward")
         opt.step()
-        mark("step")
+        note("step")
     else:
         with torch.inference_mode():
-            model(x).sum()
-        mark("forward")
+            forward(model, x, mark).sum()
+        note("forward")
     torch.cuda.synchronize()
 
 
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
         while not stop and time.monotonic() < deadline:
             iteration(torch, dev, model, opt, a.size, a.batch,
-                      mark if phases is not None and it < PHASED else lambda phase: None)
+                      mark if phases is not None and it < PHASED else None)
             if a.copy_in:
                 torch.randn(a.batch, a.size).to(dev)
                 torch.cuda.synchronize()
