@@ -381,6 +381,9 @@ def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_buil
     assert mps.supervisor_pid() is None
     mps.start("--policy", "standby", "--spare-server", "--hold-victims", "0.5")
     assert mps.machine()["settings"]["hold_victims"] == 0.5
+    code, st = mps.json("mps", "status")
+    assert code == 0 and st["gpus"][0]["spare"]["hold_victims"] == 0.5
+    assert "on a fault: victims held 0.5 s" in mps("mps", "status").stdout
     trigger = mps.tmp / "fault-now"
     a, alog = mps.client("--cuinit", "--launch", "--stubborn", name="victim")
     b, blog = mps.client("--cuinit", "--launch", "--fault-when", str(trigger), name="faulter")

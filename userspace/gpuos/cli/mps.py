@@ -533,7 +533,8 @@ def _status_of(gpu: GpuRef, dirs: MpsDirs, saved: SavedState, events: int) -> di
         "server_pid": m.server_pid, "server_alive": server_alive, "server_status": m.server_status,
         "spare": None if m.slot is None else {
             "state": m.spare, "slot": 1 - m.slot, "daemon_pid": m.spare_daemon_pid,
-            "server_pid": m.spare_server_pid, "pipe_dir": dirs.pipe_of(1 - m.slot)},
+            "server_pid": m.spare_server_pid, "pipe_dir": dirs.pipe_of(1 - m.slot),
+            "hold_victims": m.settings.hold_victims, "end_faulted_server": m.settings.end_faulted_server},
         "pipe_dir": dirs.pipe, "log_dir": dirs.log, "events_file": dirs.events,
         "default_policy": m.settings.default_policy, "default_hook": m.settings.default_hook,
         "clients": counts, "unmanaged_clients": m.unmanaged,
@@ -602,8 +603,11 @@ def status_cmd(rt: Runtime, gpu_spec, n_events, as_json) -> None:
                    f"{'' if st['server_alive'] or not st['server_pid'] else ' (gone)'}")
         if st["spare"]:
             sp = st["spare"]
+            on_fault = ([f"victims held {sp['hold_victims']:g} s"] if sp["hold_victims"] else []) + (
+                ["the faulted server killed"] if sp["end_faulted_server"] else [])
             click.echo(f"  spare server (slot {sp['slot']}, warm standbys): {sp['state']}; control "
-                       f"daemon {sp['daemon_pid'] or '-'}; server {sp['server_pid'] or '-'}")
+                       f"daemon {sp['daemon_pid'] or '-'}; server {sp['server_pid'] or '-'}"
+                       + (f"; on a fault: {', '.join(on_fault)}" if on_fault else ""))
         click.echo(f"  pipe directory: {st['pipe_dir']}")
         cm = st["compute_mode"]
         if cm and cm.get("set") and not cm.get("restored"):
