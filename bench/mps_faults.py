@@ -231,6 +231,7 @@ class Scenario:
         self.bystander_proc: subprocess.Popen | None = None
         self.kernel_waits = kernel_waits
         self.sampler: WaitSampler | None = None
+        self.standby_of: dict[str, int | None] = {}  # the supervisor's client id -> its standby
         self.sample_s = sample_s
         self.deadline = time.monotonic() + limit
         self.dir = workdir
@@ -403,6 +404,7 @@ class Scenario:
             rows = (last_json_object(out) or {}).get("clients", [])
             pids = [r.get("standby_pid") for r in rows if r.get("id")
                     and r.get("standby_warm") == (self.mode in WARM)]
+            self.standby_of = {r["id"]: r.get("standby_pid") for r in rows if r.get("id")}
             if len(pids) == self.n and all(pids):
                 looks = []
                 for _ in range(2):
@@ -673,9 +675,10 @@ class Scenario:
         pids = mps_servers()
         for c in self.clients:
             if c.get("pid"):
-                pids[int(c["pid"])] = f"client {c['id']}"
-        for i, p in enumerate(self.r.get("standby_pids") or []):
-            pids[int(p)] = f"standby {self.clients[i]['id'] if i < len(self.clients) else i}"
+                pids[int(c["pid"])] = f"client {c.get('client') or c['id']}"
+        for cid, p in self.standby_of.items():
+            if p:
+                pids[int(p)] = f"standby {cid}"
         self.sampler = WaitSampler(pids)
         self.sampler.start()
 
