@@ -63,39 +63,10 @@ static void standby_wait(const char *where)
 	__atomic_store_n(&gpuos_standby_passed, 1, __ATOMIC_RELEASE);
 }
 
-/* A warm standby runs one empty kernel of libgpuos's own (fingerprint.cu's hash over
- * nothing) before it waits, so that its context has run work on the GPU before the
- * fault.  Measured on an H200: released 0.02 s after a memory fault, standbys made their
- * first iteration only once the faulted server's clients were gone (0.3-0.4 s), while a
- * client of the same spare server that had run before went on 0.15 s after the fault,
- * allocating and copying included.  Its module stays loaded (a few KB): unloading it
- * would be one more driver call in the way. */
-static void standby_run_once(void)
-{
-	gpuos_resolve();
-	CUmodule mod = NULL;
-	CUfunction fn;
-	if (gpuos_fp_load(&mod) != CUDA_SUCCESS || !gpuos_drv.module_get_function ||
-	    gpuos_drv.module_get_function(&fn, mod, "gpuos_fp_hash") != CUDA_SUCCESS) {
-		gpuos_dbg("standby: no kernel of its own to run before the wait");
-		return;
-	}
-	CUdeviceptr none = 0;
-	unsigned int nseg = 0;
-	unsigned long long nchunks = 0;
-	void *args[] = { &none, &nseg, &none, &nchunks };
-	CUresult r = gpuos_drv.launch_kernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL);
-	if (r == CUDA_SUCCESS)
-		r = gpuos_drv.stream_sync(NULL);
-	gpuos_dbg("standby: ran an empty kernel before the wait: %d", (int)r);
-}
-
 void gpuos_standby_launch_slow(void)
 {
-	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY")) {
-		standby_run_once();
+	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY"))
 		gpuos_preload_standby_waits();
-	}
 	standby_wait("a kernel launch");
 }
 

@@ -278,11 +278,6 @@ def test_a_standby_waits_at_its_first_cuinit_or_launch_until_released(build, env
     waits = [l for l in err.splitlines() if "standby: waiting at" in l]
     assert waits == [waits[0]] and waits[0].endswith(
         f"waiting at {'a kernel launch' if at == 'launch' else 'cuInit'} for {fifo}"), err
-    # a warm one has run an empty kernel of libgpuos's own first (standby.c: its context
-    # has then run work before a fault), a cold one none
-    ran = [i for i, l in enumerate(err.splitlines()) if "ran an empty kernel before the wait: 0" in l]
-    assert ran == ([ran[0]] if at == "launch" else []), err
-    assert at == "cuinit" or ran[0] < err.splitlines().index(waits[0]), err
     assert not fifo.exists()
     again = plain(build, env, prog, "3", LD_PRELOAD=str(build / "libgpuos.so"),
                   GPUOS_MPS_STANDBY=str(fifo))
