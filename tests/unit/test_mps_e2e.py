@@ -406,8 +406,10 @@ def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_buil
     names = mps.names()
     assert names.index("victims-held") < names.index("standby-releasing") < names.index("held-victims-killed")
     assert ev["held-victims-killed"]["time"] - held["time"] >= 0.5
-    assert {v["pid"]: v["signalled"] for v in inc["victims"] if v["pid"] in held["pids"]} == \
-        dict.fromkeys(held["pids"], "SIGKILL")
+    signalled = {v["pid"]: v["signalled"] for v in inc["victims"] if v["pid"] in held["pids"]}
+    # the stubborn victim was killed; the faulter, held as it was already exiting by
+    # itself (a stop does not hold an exit), may have gone before the kill
+    assert signalled[old[a]] == "SIGKILL" and set(signalled.values()) <= {"SIGSTOP", "SIGKILL"}, signalled
     assert not any(alive(p) for p in old.values())
     m = mps.machine()
     assert all(m["clients"][cid]["pid"] == sb[cid] for cid in (a, b))
