@@ -18,7 +18,9 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
+
+from gpuos import procs
+from gpuos.errors import NoSuchProcess
 
 SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 16: "ioctl", 23: "select", 44: "sendto",
                    45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 202: "futex", 232: "epoll_wait",
@@ -143,12 +145,11 @@ class WaitSampler:
         seen = set()
         for pid in self.pids:
             try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
+                tids = procs.tids(pid)
+            except NoSuchProcess:
                 continue
-            for t in tids:
-                tid = int(t)
-                base = f"/proc/{pid}/task/{t}"
+            for tid in tids:
+                base = f"/proc/{pid}/task/{tid}"
                 call, args = parse_syscall(_read(f"{base}/syscall"))
                 if call in IDLE:
                     continue
@@ -196,12 +197,3 @@ class WaitSampler:
                                         "from_s": round(w.from_s + shift, 4), "to_s": round(w.to_s + shift, 4)})
         return out
 
-
-def mps_servers() -> dict[int, str]:
-    """Every nvidia-cuda-mps-server process: pid -> "mps-server"."""
-    out = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit() and _read(f"{p}/comm").strip().startswith("nvidia-cuda-mps"):
-            if "server" in _read(f"{p}/cmdline"):
-                out[int(p.name)] = "mps-server"
-    return out

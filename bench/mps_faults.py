@@ -81,10 +81,12 @@ from pathlib import Path
 from typing import Any
 
 import readme_table
-from kwait import WaitSampler, mps_servers
+from kwait import WaitSampler
 from paired import rounds_overhead
 from gpuos import __version__
+from gpuos import procs
 from gpuos.faults import inject as inj
+from gpuos.mps.control import is_server
 from gpuos.mps.store import EventLog
 from gpuos.workloads.mps_client import read_heartbeat
 from gpuos.workloads.run import kill_tree, last_json_object, processes_with_env
@@ -672,7 +674,7 @@ class Scenario:
     def start_sampler(self) -> None:
         """--kernel-waits: the clients', their standbys' and the MPS servers' threads, where
         they wait in the kernel from just before the fault (bench/kwait.py)."""
-        pids = mps_servers()
+        pids = {p: "mps-server" for p in procs.all_pids() if is_server(p)}
         for c in self.clients:
             if c.get("pid"):
                 pids[int(c["pid"])] = f"client {c.get('client') or c['id']}"

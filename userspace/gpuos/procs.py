@@ -118,6 +118,11 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+def all_pids() -> list[int]:
+    """Every process's pid now (the entries of /proc that are numbers)."""
+    return [int(d) for d in os.listdir(PROC) if d.isdigit()]
+
+
 def tids(pid: int) -> list[int]:
     try:
         return sorted(int(t) for t in os.listdir(PROC / str(pid) / "task"))

@@ -27,13 +27,12 @@ class GpuProcessRow:
 
 def cuda_pids() -> list[int]:
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if procs.uses_cuda(int(entry)):
-                    pids.append(int(entry))
-            except GpuosError:  # gone, or not ours to read
-                continue
+    for pid in procs.all_pids():
+        try:
+            if procs.uses_cuda(pid):
+                pids.append(pid)
+        except GpuosError:  # gone, or not ours to read
+            continue
     return pids
 
 

@@ -406,16 +406,12 @@ def fault_event(f: FatalFault) -> FaultEvent:
         name="fatal GPU memory fault (UVM fault tracker)")
 
 
-def all_pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
 class TrackerFaultSource:
     """Fault trackers on every CUDA process, as FaultEvents from a thread (like
     KmodFaultSource): every `every` seconds the processes `pids` gives (all of them) are
     looked at, and those with a /dev/nvidia-uvm file are followed (FaultTrackers.track)."""
 
-    def __init__(self, every: float = 0.5, pids: Callable[[], Iterable[int]] = all_pids) -> None:
+    def __init__(self, every: float = 0.5, pids: Callable[[], Iterable[int]] = procs.all_pids) -> None:
         if os.geteuid() != 0:
             raise PermissionError(errno.EPERM, "fault trackers need root (pidfd_getfd of other processes)")
         if not os.path.exists(TOOLS_PATH):

@@ -261,10 +261,7 @@ class DaemonInfo:
 
 def control_daemons() -> list[DaemonInfo]:
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
+    for pid in procs.all_pids():
         if pid == os.getpid() or not is_control_daemon(pid):
             continue
         env = procs.read_environ(pid)

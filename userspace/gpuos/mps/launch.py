@@ -190,10 +190,7 @@ def start_hook(dirs: MpsDirs, gpu: GpuRef, client: Client, hook: str, token: str
 def find_by_token(token: str) -> tuple[int, int] | None:
     """(pid, starttime) of the oldest live process started with this token."""
     best: tuple[int, int] | None = None
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
+    for pid in procs.all_pids():
         env = procs.read_environ(pid)
         if not env or env.get(TOKEN_ENV) != token:
             continue
