@@ -243,6 +243,7 @@ void gpuos_preload_function(uint64_t f, uint64_t k);
 int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo, void **lv, unsigned int nl,
 		       CUlibrary *lib);
 void gpuos_preload_forget(void); /* fork child */
+void gpuos_preload_debug_load(const char *call, const void *image, uint64_t t0_ns); /* GPUOS_LIB_DEBUG */
 /* Tracking goes on, but the record misses something (GPUOS_INCOMPLETE_* bit `why`):
  * the ring says so, once per reason, with a STATUS record. */
 void gpuos_track_incomplete(uint32_t why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

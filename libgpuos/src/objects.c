@@ -69,7 +69,10 @@ CUresult gpuos_h_module_load_data(PFN_cuModuleLoadData_v2000 real, int pt, CUmod
 {
 	(void)pt;
 	int on = gpuos_on();
-	return module_loaded(on, real(m, image), m);
+	uint64_t t0 = gpuos_now_ns();
+	CUresult r = real(m, image);
+	gpuos_preload_debug_load("cuModuleLoadData", image, t0);
+	return module_loaded(on, r, m);
 }
 
 CUresult gpuos_h_module_load_data_ex(PFN_cuModuleLoadDataEx_v2010 real, int pt, CUmodule *m, const void *image,
@@ -77,7 +80,10 @@ CUresult gpuos_h_module_load_data_ex(PFN_cuModuleLoadDataEx_v2010 real, int pt, 
 {
 	(void)pt;
 	int on = gpuos_on();
-	return module_loaded(on, real(m, image, n, options, values), m);
+	uint64_t t0 = gpuos_now_ns();
+	CUresult r = real(m, image, n, options, values);
+	gpuos_preload_debug_load("cuModuleLoadDataEx", image, t0);
+	return module_loaded(on, r, m);
 }
 
 CUresult gpuos_h_module_load_fat_binary(PFN_cuModuleLoadFatBinary_v2000 real, int pt, CUmodule *m,
@@ -85,7 +91,10 @@ CUresult gpuos_h_module_load_fat_binary(PFN_cuModuleLoadFatBinary_v2000 real, in
 {
 	(void)pt;
 	int on = gpuos_on();
-	return module_loaded(on, real(m, fatCubin), m);
+	uint64_t t0 = gpuos_now_ns();
+	CUresult r = real(m, fatCubin);
+	gpuos_preload_debug_load("cuModuleLoadFatBinary", fatCubin, t0);
+	return module_loaded(on, r, m);
 }
 
 static int child_of(const struct gpuos_obj *o, void *parent)
@@ -147,11 +156,13 @@ CUresult gpuos_h_library_load_data(PFN_cuLibraryLoadData_v12000 real, int pt, CU
 {
 	(void)pt;
 	int on = gpuos_on();
+	uint64_t t0 = gpuos_now_ns();
 	CUresult r;
 	if (lib && gpuos_preload_take(code, nj, lo, lv, nl, lib)) {
 		r = CUDA_SUCCESS; /* loaded ahead by this standby (preload.c), known there */
 	} else {
 		r = real(lib, code, jo, jv, nj, lo, lv, nl);
+		gpuos_preload_debug_load("cuLibraryLoadData", code, t0);
 		if (r == CUDA_SUCCESS)
 			gpuos_preload_library(H(*lib), code, nj, lo, lv, nl);
 	}

@@ -685,3 +685,19 @@ void gpuos_preload_forget(void)
 	if (list_path)
 		__atomic_store_n(&gpuos_preload_noting, 1, __ATOMIC_RELEASE);
 }
+
+/* With GPUOS_LIB_DEBUG=1, each code load: where its image lies, its magic, how long. */
+void gpuos_preload_debug_load(const char *call, const void *image, uint64_t t0_ns)
+{
+	const char *d = getenv("GPUOS_LIB_DEBUG"); /* loads are few: no cached flag needed */
+	if (!d || strcmp(d, "1"))
+		return;
+	char w[200];
+	uint32_t magic = 0;
+	where_is(image, w, sizeof w);
+	if (image)
+		memcpy(&magic, image, sizeof magic);
+	uint64_t now = gpuos_now_ns();
+	gpuos_dbg("%.6f %s: image at %s, magic %#x, %.3f ms", (double)now / 1e9, call, w, magic,
+		  (double)(now - t0_ns) / 1e6);
+}
