@@ -41,9 +41,11 @@ def read_heartbeat(path: str | os.PathLike) -> tuple[float, int, int] | None:
         return None
 
 
-def _beat(path: str, tmp: str, iteration: int) -> None:
+def _beat(path: str, tmp: str, iteration: int, when: float) -> None:
+    """Write the heartbeat: WHEN is taken before the file's I/O, which can wait (on an H200
+    host, 15-50 ms for the directory while other clients' renames discarded blocks)."""
     with open(tmp, "w") as f:
-        f.write(f"{time.time():.6f} {iteration} {os.getpid()}\n")
+        f.write(f"{when:.6f} {iteration} {os.getpid()}\n")
     os.replace(tmp, path)
 
 
@@ -192,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             it += 1
             if a.fresh_memory:
                 torch.cuda.empty_cache()
-            _beat(path, tmp, it)
+            done = time.time()
+            _beat(path, tmp, it, done)
             if beats is not None:
-                beats.write(f"{time.time():.6f}\n")
+                beats.write(f"{done:.6f}\n")
             if it == 1 and a.hold_file:
                 with open(a.hold_file + ".ready", "w") as f:
                     f.write(f"{time.time():.6f}\n")
