@@ -28,14 +28,10 @@
  * cuKernelGetFunction, cuFuncLoad; cuModuleGetFunction, cuFuncLoad), until the release.
  * When the runtime then asks for an image loaded ahead (cuLibraryLoadData, no JIT
  * options), it is given that library, its kernels already in the context, instead of a
- * second copy.  An image no object holds (one a library unpacked into memory of its own,
- * as cuBLAS does its GEMM kernels') goes by its content instead: the client writes a copy
- * to FILE.images/@HASH-SIZE, the standby loads that, and hands it over for an image of the
- * same bytes (below: "images not inside a loaded object").  What the thread did goes to
- * FILE.standby.PID (one JSON object).  A name it cannot find (a kernel compiled at run
- * time, loaded as a module) is loaded at its first launch, as without it.
+ * second copy.  What the thread did goes to FILE.standby.PID (one JSON object).  A name
+ * it cannot find (a kernel compiled at run time) is loaded at its first launch, as
+ * without it.
  */
-#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -148,12 +144,6 @@ struct code {
 	int module;
 	int ours;
 	char opts[160]; /* the load's options, as written down (format_options) */
-	/* An image not inside a loaded object, named by its content ("@HASH-SIZE"): a client's
-	 * copy of it until the writer wrote it (bytes), a standby's file read back (image). */
-	char content[48];
-	size_t size;
-	void *bytes;
-	int named; /* a client's: a launched kernel's record names it, so it is written */
 };
 
 static pthread_mutex_t code_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -234,150 +224,6 @@ static void where_is(const void *p, char *out, size_t cap)
 		snprintf(out, cap, "%#lx", (unsigned long)(uintptr_t)p);
 }
 
-/* ---- images not inside a loaded object ---------------------------------------------------------
- *
- * A library may load an image it made in memory of its own: cuBLAS unpacks the images of its
- * GEMM kernels at its first GEMM (three of 6-7 MB on an H200, each unpacked in ~10 ms and
- * loaded in ~5 ms).  No place in an object names such an image, so the client keeps a copy
- * at the load (the library may free its own after), names it by its content and size
- * ("@HASH-SIZE"), and its writer puts it in FILE.images/ before the record naming it.  The
- * standby loads that file ahead as a library, and when the runtime asks for an image of the
- * same bytes it is handed that library.  Only ELF images (cubins) and fat binaries, whose
- * size their header says. */
-
-#define IMAGE_MAX ((size_t)1 << 30)
-#define KEPT_MAX ((size_t)256 << 20) /* a client's copies of images, in all */
-
-static size_t max_sz(size_t a, size_t b)
-{
-	return a > b ? a : b;
-}
-
-/* The size of an ELF or fat-binary image from its headers; 0 for anything else. */
-static size_t image_size(const void *image)
-{
-	const unsigned char *p = image;
-	if (!p)
-		return 0;
-	if (!memcmp(p, ELFMAG, SELFMAG)) {
-		Elf64_Ehdr eh;
-		if (p[EI_CLASS] != ELFCLASS64)
-			return 0;
-		memcpy(&eh, p, sizeof eh);
-		size_t end = sizeof eh;
-		if (eh.e_phnum && eh.e_phoff < IMAGE_MAX)
-			end = max_sz(end, eh.e_phoff + (size_t)eh.e_phnum * eh.e_phentsize);
-		if (eh.e_shnum) {
-			if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff >= IMAGE_MAX)
-				return 0;
-			end = max_sz(end, eh.e_shoff + (size_t)eh.e_shnum * sizeof(Elf64_Shdr));
-			for (unsigned i = 0; i < eh.e_shnum; i++) {
-				Elf64_Shdr sh;
-				memcpy(&sh, p + eh.e_shoff + (size_t)i * sizeof sh, sizeof sh);
-				if (sh.sh_type == SHT_NOBITS)
-					continue;
-				if (sh.sh_offset >= IMAGE_MAX || sh.sh_size >= IMAGE_MAX)
-					return 0;
-				end = max_sz(end, sh.sh_offset + sh.sh_size);
-			}
-		}
-		return end <= IMAGE_MAX ? end : 0;
-	}
-	uint32_t magic;
-	uint16_t header;
-	uint64_t body;
-	memcpy(&magic, p, sizeof magic);
-	if (magic != 0xba55ed50u) /* a fat binary: magic, version, header size, body size */
-		return 0;
-	memcpy(&header, p + 6, sizeof header);
-	memcpy(&body, p + 8, sizeof body);
-	return header >= 16 && body < IMAGE_MAX ? header + (size_t)body : 0;
-}
-
-/* A name for an image's bytes.  Not a cryptographic hash: the standby compares the bytes
- * themselves before it hands a library over, and the files are the client's own. */
-static uint64_t content_hash(const unsigned char *p, size_t n)
-{
-	uint64_t h = 0xcbf29ce484222325ull ^ n;
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		uint64_t w;
-		memcpy(&w, p + i, sizeof w);
-		h = (h ^ w) * 0x100000001b3ull;
-		h ^= h >> 29;
-	}
-	for (; i < n; i++)
-		h = (h ^ p[i]) * 0x100000001b3ull;
-	return h;
-}
-
-/* A client's copy of image, named by its content, into kept, when it lies outside every
- * loaded object and its size is known. */
-static void keep_image(const void *image, struct code *kept)
-{
-	static size_t kept_bytes; /* copies made, written or not: at most KEPT_MAX */
-	struct object_of o = { (uintptr_t)image, NULL, 0, 0 };
-	size_t size = image_size(image);
-	if (!size || (dl_iterate_phdr(find_object_of, &o) && o.found))
-		return;
-	if (__atomic_add_fetch(&kept_bytes, size, __ATOMIC_RELAXED) > KEPT_MAX || !(kept->bytes = malloc(size)))
-		return;
-	memcpy(kept->bytes, image, size);
-	kept->size = size;
-	snprintf(kept->content, sizeof kept->content, "@%016llx-%zx",
-		 (unsigned long long)content_hash(kept->bytes, size), size);
-}
-
-static int images_dir(char *out, size_t cap)
-{
-	return snprintf(out, cap, "%s.images", list_path) < (int)cap ? 0 : -1;
-}
-
-/* The client's kept images not written yet, into FILE.images/ (each once, atomically). */
-static void write_images(void)
-{
-	for (;;) {
-		void *bytes = NULL;
-		size_t size = 0;
-		char name[48];
-		pthread_mutex_lock(&code_mu);
-		for (size_t i = 0; i < ncodes && !bytes; i++)
-			if (codes[i].bytes && codes[i].named && !codes[i].ours) {
-				bytes = codes[i].bytes;
-				size = codes[i].size;
-				memcpy(name, codes[i].content, sizeof name);
-				codes[i].bytes = NULL;
-				if (!codes[i].handle) /* unloaded meanwhile */
-					codes[i] = codes[--ncodes];
-			}
-		pthread_mutex_unlock(&code_mu);
-		if (!bytes)
-			return;
-		char dir[4096], path[4200], tmp[4300];
-		if (images_dir(dir, sizeof dir) || (mkdir(dir, 0700) && errno != EEXIST)) {
-			free(bytes);
-			continue;
-		}
-		snprintf(path, sizeof path, "%s/%s", dir, name);
-		snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-		if (access(path, F_OK)) {
-			int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-			size_t done = 0;
-			while (fd >= 0 && done < size) {
-				ssize_t w = write(fd, (const char *)bytes + done, size - done);
-				if (w <= 0 && errno != EINTR)
-					break;
-				done += w > 0 ? (size_t)w : 0;
-			}
-			if (fd < 0 || done != size || close(fd) || rename(tmp, path)) {
-				gpuos_dbg("preload: cannot write %s: %s", path, strerror(errno));
-				unlink(tmp);
-			}
-		}
-		free(bytes);
-	}
-}
-
 /* "\tOBJECT\tOFFSET" of the image the launched handle h came from, into out; "" if none
  * (a module, or an image not inside a loaded object: compiled at run time). */
 static void image_of(uint64_t h, char *out, size_t cap)
@@ -397,20 +243,14 @@ static void image_of(uint64_t h, char *out, size_t cap)
 	if (gpuos_drv.kernel_get_library(&lib, (CUkernel)(uintptr_t)k) != CUDA_SUCCESS)
 		return;
 	const void *image = NULL;
-	char opts[160] = "", content[48] = "";
+	char opts[160] = "";
 	pthread_mutex_lock(&code_mu);
 	for (size_t i = 0; i < ncodes; i++)
 		if (!codes[i].module && codes[i].handle == (uint64_t)(uintptr_t)lib) {
 			image = codes[i].image;
 			memcpy(opts, codes[i].opts, sizeof opts);
-			memcpy(content, codes[i].content, sizeof content);
-			codes[i].named = 1;
 		}
 	pthread_mutex_unlock(&code_mu);
-	if (content[0]) { /* by content: its file, FILE.images/CONTENT */
-		snprintf(out, cap, "\t%s\t0\t%s", content, opts);
-		return;
-	}
 	struct object_of o = { (uintptr_t)image, NULL, 0, 0 };
 	if (!image || !dl_iterate_phdr(find_object_of, &o) || !o.found || strchr(o.name, '\t') || strchr(o.name, '\n'))
 		return;
@@ -433,7 +273,6 @@ static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER; /* the writer threa
 static void write_list(void)
 {
 	pthread_mutex_lock(&write_mu); /* one temporary file per process */
-	write_images(); /* before the records that name them */
 	struct names s = { 0 };
 	names_read(&s, list_path);
 	pthread_mutex_lock(&launched_mu);
@@ -550,7 +389,7 @@ static void format_options(char *out, size_t cap, unsigned int njit, const CUlib
 	}
 }
 
-static void add_code(uint64_t handle, const void *image, int module, const char *opts, const struct code *kept)
+static void add_code(uint64_t handle, const void *image, int module, const char *opts)
 {
 	pthread_mutex_lock(&code_mu);
 	if (ncodes == codes_cap) {
@@ -562,14 +401,8 @@ static void add_code(uint64_t handle, const void *image, int module, const char 
 		}
 	}
 	if (ncodes < codes_cap) {
-		struct code *c = &codes[ncodes++];
-		*c = kept ? *kept : (struct code){ 0 };
-		c->handle = handle;
-		c->image = image;
-		c->module = module;
-		snprintf(c->opts, sizeof c->opts, "%s", opts);
-	} else if (kept) {
-		free(kept->bytes);
+		codes[ncodes] = (struct code){ handle, image, module, 0, { 0 } };
+		snprintf(codes[ncodes++].opts, sizeof codes->opts, "%s", opts);
 	}
 	pthread_mutex_unlock(&code_mu);
 }
@@ -580,12 +413,9 @@ void gpuos_preload_library(uint64_t handle, const void *image, unsigned int njit
 	if (!list_path || !handle)
 		return;
 	char opts[160] = "";
-	struct code kept = { 0 };
-	if (__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED)) { /* a client writes them down */
+	if (__atomic_load_n(&gpuos_preload_noting, __ATOMIC_RELAXED)) /* a client writes them down */
 		format_options(opts, sizeof opts, njit, lo, lv, nl);
-		keep_image(image, &kept);
-	}
-	add_code(handle, image, 0, opts, kept.bytes ? &kept : NULL);
+	add_code(handle, image, 0, opts);
 }
 
 void gpuos_preload_code(uint64_t handle, int module, int loaded)
@@ -593,15 +423,12 @@ void gpuos_preload_code(uint64_t handle, int module, int loaded)
 	if (!list_path || !handle)
 		return;
 	if (loaded) {
-		add_code(handle, NULL, module, "", NULL);
+		add_code(handle, NULL, module, "");
 	} else {
 		pthread_mutex_lock(&code_mu);
 		for (size_t i = 0; i < ncodes; i++)
 			if (codes[i].handle == handle && codes[i].module == module) {
-				if (codes[i].bytes && codes[i].named && !codes[i].ours)
-					codes[i].handle = 0; /* unloaded, its image still to be written */
-				else
-					codes[i] = codes[--ncodes];
+				codes[i] = codes[--ncodes];
 				break;
 			}
 		pthread_mutex_unlock(&code_mu);
@@ -609,7 +436,7 @@ void gpuos_preload_code(uint64_t handle, int module, int loaded)
 }
 
 struct load_stats {
-	size_t names, loaded, missing, failed, libraries, modules, images, by_content;
+	size_t names, loaded, missing, failed, libraries, modules, images;
 	double seconds;
 };
 
@@ -645,45 +472,10 @@ static int load_name(const char *name)
 	return found ? (failed ? -1 : 1) : 0;
 }
 
-/* The image the client wrote as FILE.images/CONTENT, read into *image (NULL when it
- * cannot be, or its bytes are not what the name says); its size. */
-static size_t read_content(const char *content, void **image)
-{
-	char dir[4096], path[4200];
-	unsigned long long hash;
-	size_t size, got = 0;
-	int fd = -1;
-	*image = NULL;
-	if (sscanf(content, "@%16llx-%zx", &hash, &size) != 2 || !size || size > IMAGE_MAX ||
-	    images_dir(dir, sizeof dir) || snprintf(path, sizeof path, "%s/%s", dir, content) >= (int)sizeof path ||
-	    (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || !(*image = malloc(size)))
-		goto fail;
-	while (got < size) {
-		ssize_t r = read(fd, (char *)*image + got, size - got);
-		if (r <= 0 && errno != EINTR)
-			goto fail;
-		got += r > 0 ? (size_t)r : 0;
-	}
-	if (image_size(*image) != size || content_hash(*image, size) != hash)
-		goto fail;
-	close(fd);
-	return size;
-fail:
-	if (fd >= 0)
-		close(fd);
-	free(*image);
-	*image = NULL;
-	return 0;
-}
-
 /* The image a client's record names ("NAME\tOBJECT\tOFFSET"), in this process; NULL when
- * the record names none or the object is not loaded here.  The name is cut at its tab.
- * An image named by its content ("@..."), not loaded ahead yet, is read from its file:
- * *content then says so and *size is its size. */
-static const void *record_image(char *line, const char **content, size_t *size)
+ * the record names none or the object is not loaded here.  The name is cut at its tab. */
+static const void *record_image(char *line)
 {
-	*content = NULL;
-	*size = 0;
 	char *t1 = strchr(line, '\t');
 	if (!t1)
 		return NULL;
@@ -695,16 +487,6 @@ static const void *record_image(char *line, const char **content, size_t *size)
 	char *t3 = strchr(t2 + 1, '\t');
 	if (t3)
 		*t3 = 0; /* the options the client's load had */
-	if (t1[1] == '@') {
-		for (size_t i = 0; i < ncodes; i++)
-			if (codes[i].content[0] && !strcmp(codes[i].content, t1 + 1))
-				return codes[i].image; /* loaded ahead already */
-		void *image;
-		if (!(*size = read_content(t1 + 1, &image)))
-			return NULL;
-		*content = t1 + 1;
-		return image;
-	}
 	char *end;
 	errno = 0;
 	unsigned long off = strtoul(t2 + 1, &end, 0);
@@ -715,42 +497,18 @@ static const void *record_image(char *line, const char **content, size_t *size)
 	return o.found ? (const void *)(o.base + off) : NULL;
 }
 
-/* Load image as a library ahead, unless the process has it already (code_mu held).  An
- * image read from its content's file (content, size) is kept, to compare with the ones the
- * program asks for, until taken; freed when it cannot be loaded. */
-static int load_image(const void *image, const char *content, size_t size)
+/* Load image as a library ahead, unless the process has it already (code_mu held). */
+static int load_image(const void *image)
 {
 	for (size_t i = 0; i < ncodes; i++)
 		if (!codes[i].module && codes[i].image == image)
 			return 0;
 	PFN_cuLibraryLoadData_v12000 load = (PFN_cuLibraryLoadData_v12000)gpuos_real_at(HK_cuLibraryLoadData);
 	CUlibrary lib;
-	if (!load || ncodes == codes_cap || load(&lib, image, NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS) {
-		if (content)
-			free((void *)image);
+	if (!load || ncodes == codes_cap || load(&lib, image, NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS)
 		return -1;
-	}
-	struct code *c = &codes[ncodes++];
-	*c = (struct code){ .handle = (uint64_t)(uintptr_t)lib, .image = image, .ours = 1 };
-	if (content) {
-		snprintf(c->content, sizeof c->content, "%s", content);
-		c->size = size;
-		c->bytes = (void *)image;
-	}
+	codes[ncodes++] = (struct code){ (uint64_t)(uintptr_t)lib, image, 0, 1, { 0 } };
 	return 1;
-}
-
-/* Is image the one c was loaded from: the same place, or the same bytes (asked: the asked
- * image's size, (size_t)-1 until needed)? */
-static int same_image(const struct code *c, const void *image, size_t *asked)
-{
-	if (c->image == image)
-		return 1;
-	if (!c->bytes || !image)
-		return 0;
-	if (*asked == (size_t)-1)
-		*asked = image_size(image);
-	return *asked == c->size && !memcmp(c->bytes, image, c->size);
 }
 
 int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo, void **lv, unsigned int nl,
@@ -765,22 +523,18 @@ int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo
 		if (!lo || lo[i] != CU_LIBRARY_BINARY_IS_PRESERVED)
 			refuse = 1;
 	int took = 0;
-	size_t asked = (size_t)-1;
 	pthread_mutex_lock(&code_mu);
 	if (refuse) {
 		for (size_t i = 0; i < ncodes && !refused_opts[0]; i++)
-			if (codes[i].ours && same_image(&codes[i], image, &asked))
+			if (codes[i].ours && codes[i].image == image)
 				format_options(refused_opts, sizeof refused_opts, njit, lo, lv, nl);
 		pthread_mutex_unlock(&code_mu);
 		return 0;
 	}
 	for (size_t i = 0; i < ncodes; i++)
-		if (codes[i].ours && !codes[i].module && same_image(&codes[i], image, &asked)) {
+		if (codes[i].ours && !codes[i].module && codes[i].image == image) {
 			*lib = (CUlibrary)(uintptr_t)codes[i].handle;
 			codes[i].ours = 0; /* the application's from now on */
-			free(codes[i].bytes); /* the driver copied them at the load */
-			codes[i].bytes = NULL;
-			codes[i].image = NULL;
 			format_options(codes[i].opts, sizeof codes[i].opts, njit, lo, lv, nl);
 			took = 1;
 			break;
@@ -801,10 +555,10 @@ static void write_stats(const struct load_stats *st)
 	if (!f)
 		return;
 	fprintf(f, "{\"pid\": %d, \"names\": %zu, \"loaded\": %zu, \"not_found\": %zu, \"refused\": %zu, "
-		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"by_content\": %zu, \"taken\": %u, "
+		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"taken\": %u, "
 		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s}\n",
 		(int)getpid(), st->names, st->loaded, st->missing, st->failed, st->libraries, st->modules,
-		st->images, st->by_content, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
+		st->images, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
 		released() ? "true" : "false");
 	if (fclose(f) || rename(tmp, path))
 		unlink(tmp);
@@ -850,13 +604,9 @@ static void *loader_main(void *arg)
 			}
 		}
 		for (size_t i = 0; i < want.n && !released(); i++) {
-			const char *content;
-			size_t size;
-			const void *image = record_image(want.v[i], &content, &size); /* cuts it to its name */
-			if (image && load_image(image, content, size) > 0) {
+			const void *image = record_image(want.v[i]); /* cuts the record to its name */
+			if (image && load_image(image) > 0)
 				st.images++;
-				st.by_content += content != NULL;
-			}
 		}
 		names_sort_unique(&want); /* names now: one name may have had several records */
 		size_t before = done.n;

@@ -234,13 +234,11 @@ static int warm_standby_with(const char *var)
 	return v && *v && at && !strcmp(at, "launch");
 }
 
-/* Calls a warm standby's preloading makes too (libgpuos/src/preload.c): a library it
- * loaded ahead that the program then did not ask for is one more load. */
+/* Calls a warm standby's preloading makes too (libgpuos/src/preload.c). */
 static int preload_call(const char *name)
 {
 	static const char *const q[] = {
 		"cuModuleGetFunction", "cuLibraryGetKernel", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
-		"cuLibraryLoadData",
 	};
 	return warm_standby_with("GPUOS_MPS_KERNELS") && listed(name, q, sizeof(q) / sizeof(q[0]));
 }

@@ -347,42 +347,6 @@ def test_a_warm_standby_loads_a_library_ahead_and_hands_it_over(build, env, tmp_
     assert stats["per_call"].get("cuLibraryLoadData") == 1, stats["per_call"]  # ahead, not again
 
 
-@pytest.mark.parametrize("standby_bytes", ["heap", "heap-other"])
-def test_a_warm_standby_loads_an_image_made_in_memory_ahead_by_its_content(build, env, tmp_path, standby_bytes):
-    """A library whose image the program made in memory of its own and freed after the load
-    (as cuBLAS loads the GEMM images it unpacks): no object holds it, so the client keeps a
-    copy and writes it next to its list, named by content and size; the standby loads that
-    file ahead and is handed that library when it asks for an image of the same bytes, and
-    only then (heap-other: other bytes, loaded by the driver again)."""
-    lib = str(build / "libgpuos.so")
-    kernels = tmp_path / "kernels.txt"
-    client = plain(build, env, "t_preload", "heap", LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels))
-    assert client and all(o["ok"] for o in client)
-    records = [r.split("\t") for r in kernels.read_text().splitlines()]
-    with_image = [r for r in records if len(r) > 1]
-    assert [(r[0], r[2], r[3]) for r in with_image] == [("fake_fill", "0", "j0")], records
-    content = with_image[0][1]
-    assert re.fullmatch(r"@[0-9a-f]{16}-[0-9a-f]+", content), content
-    written = Path(f"{kernels}.images") / content
-    size = int(content.split("-")[1], 16)
-    assert written.stat().st_size == size and written.read_bytes()[:4] == b"\x7fELF"
-    assert sorted(p.name for p in written.parent.iterdir()) == [content]  # no temporary left
-
-    fifo = tmp_path / "standby"
-    os.mkfifo(fifo, 0o600)
-    p = subprocess.Popen([str(build / "tests" / "t_preload"), standby_bytes], env=dict(
-        env, LD_PRELOAD=lib, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
-        GPUOS_MPS_KERNELS=str(kernels), FAKECUDA_STATS=str(tmp_path / "stats.json")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    loaded = standby_report(p, kernels)
-    assert loaded["images_loaded_ahead"] == 1 and loaded["by_content"] == 1 and loaded["loaded"] == 1, loaded
-    out, _ = release_standby(p, fifo)
-    assert all(o["ok"] for o in prog_json(out))
-    stats = json.loads((tmp_path / "stats.json").read_text())
-    same = standby_bytes == "heap"
-    assert stats["per_call"].get("cuLibraryLoadData") == (1 if same else 2), stats["per_call"]
-
-
 def standby_report(p: subprocess.Popen, kernels: Path) -> dict:
     """A warm standby's first report of what it loaded ahead (preload.c)."""
     report = Path(f"{kernels}.standby.{p.pid}")
