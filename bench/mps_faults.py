@@ -902,6 +902,11 @@ def update_readme(table: str, source: Path) -> None:
     log(f"updated {readme_table.update_readme('mps-faults', table, source)}")
 
 
+def default_scratch() -> str:
+    """/dev/shm (memory) where this user can write there, else /tmp."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else "/tmp"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", default="2,4,8", help="Numbers of co-running clients [2,4,8].")
@@ -928,6 +933,11 @@ def main() -> None:
                          "kernel (/proc stacks, every few ms, as root) from just before the fault; "
                          "waits of 20 ms or more in the JSON, and each of a standby's in the first second "
                          "(kernel_waits; bench/kwait.py).")
+    ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
+                    help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
+                         "and phase marks, written at every iteration [/dev/shm where writable, "
+                         "else /tmp]. On a disk those writes stalled clients: on the H200 host, "
+                         "renames waited 15-50 ms on block discards after a fault.")
     ap.add_argument("--quick", action="store_true", help="Smoke run: N=2, oob-write and trap.")
     ap.add_argument("--cost-rounds", type=int, default=0, metavar="R",
                     help="No faults: R rounds of the fault-free cost of standbys per standby mode "
@@ -962,7 +972,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "mps_faults",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **host_info(), "quick": a.quick, "client_size": a.size, "scenarios": {}, "notes": [],
+        **host_info(), "quick": a.quick, "client_size": a.size, "scratch": a.scratch, "scenarios": {}, "notes": [],
     }
     path = Path(a.out).resolve() / f"mps-faults-{short_name(result['device'])}-{result['date'][:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -975,7 +985,7 @@ def main() -> None:
         if "cost" in earlier:
             result["cost"] = earlier["cost"]
     ran_failed = False
-    tmp = Path(tempfile.mkdtemp(prefix="gmb-", dir="/tmp"))  # short: MPS socket paths are limited
+    tmp = Path(tempfile.mkdtemp(prefix="gmb-", dir=a.scratch))  # short: MPS socket paths are limited
     if a.cost_rounds:
         try:
             result.setdefault("cost", {})
