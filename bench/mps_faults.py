@@ -171,6 +171,10 @@ class Lines:
         self.proc.wait()
         self.ended = time.time()
 
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
     def json_lines(self) -> list[tuple[float, dict]]:
         out = []
         for t, line in list(self.lines):
@@ -191,6 +195,61 @@ class Lines:
             pass
         self._t.join(timeout=2)
         self.err.close()
+
+
+class ClientLines(Lines):
+    """A child of the supervisor's, not ours (--faulter client: a `gpuos mps run` client):
+    the lines of its output file, read by a thread every millisecond and stamped with their
+    arrival (up to ~1 ms after a pipe's would be), until its pid is gone."""
+
+    def __init__(self, out_path: Path, pid: int):
+        self.cmd, self.pid, self.path = [], pid, out_path
+        self.started = time.time()
+        self.lines = []
+        self.ended = None
+        try:
+            self._start: int | None = procs.stat(pid).starttime
+        except procs.NoSuchProcess:
+            self._start = None  # gone already: its lines are read once
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _alive(self) -> bool:
+        try:
+            st = procs.stat(self.pid)
+        except procs.NoSuchProcess:
+            return False
+        return st.starttime == self._start and st.state != "Z"
+
+    def _read(self) -> None:
+        pos, partial = 0, ""
+        while not self._stop.is_set():
+            alive = self._alive()
+            try:
+                with open(self.path) as f:
+                    f.seek(pos)
+                    data = f.read()
+                    pos = f.tell()
+            except OSError:
+                data = ""
+            now = time.time()
+            *done, partial = (partial + data).split("\n")
+            self.lines.extend((now, line) for line in done)
+            if not alive:
+                self.ended = now
+                return
+            time.sleep(0.001)
+
+    @property
+    def returncode(self) -> int | None:
+        return None  # the supervisor's: its victim-exited event has the status
+
+    def kill(self) -> None:
+        if self._alive():
+            kill_tree(self.pid)
+        self._stop.set()
+        self._t.join(timeout=2)
 
 
 def sweep(marker: str) -> list[int]:
@@ -226,8 +285,9 @@ class ScenarioFailed(Exception):
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
                  size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
-                 kernel_waits: bool = False):
+                 kernel_waits: bool = False, faulter: str = "bench"):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.faulter_as = faulter if mode in POLICY else "bench"
         self.phases = phases
         self.bystander = bystander if mode in WARM else ""
         self.bystander_proc: subprocess.Popen | None = None
@@ -446,8 +506,19 @@ class Scenario:
         for c in self.clients:
             b = read_heartbeat(c["heartbeat"])
             c["before"] = b
-        self.faulter = Lines(gpuos_cmd("faults", "inject", "--kind", self.kind, "--json"),
-                             self.mps_env, self.dir / "faulter.err")
+        inject = gpuos_cmd("faults", "inject", "--kind", self.kind, "--json")
+        if self.faulter_as == "client":  # one of the supervisor's clients, recovered by none
+            out = self.dir / "faulter.log"
+            code, text = run_bounded(gpuos_cmd("mps", "run", "--policy", "none", "--json",
+                                               "--output", str(out), "--", *inject),
+                                     self.env, 30, self.dir / "faulter.run.out")
+            reply = last_json_object(text) or {}
+            if code != 0 or not reply.get("pid"):
+                raise ScenarioFailed(f"gpuos mps run (the faulter): exit {code}: {text.strip()[-600:]}")
+            self.faulter = ClientLines(out, reply["pid"])
+            self.r["faulter_client"] = reply.get("client")
+        else:
+            self.faulter = Lines(inject, self.mps_env, self.dir / "faulter.err")
         self.children.append(self.faulter)
         deadline = time.monotonic() + min(60, self.left() - 10)
         while time.monotonic() < deadline:
@@ -461,8 +532,9 @@ class Scenario:
         self.r["faulter_started"] = self.faulter.started
         if self.t_fault is None:
             self.faulter.kill()
-            raise ScenarioFailed(f"the injector never armed: exit {self.faulter.proc.returncode}: "
-                                 f"{(self.dir / 'faulter.err').read_text().strip()[-400:]}; "
+            err = self.dir / ("faulter.log" if self.faulter_as == "client" else "faulter.err")
+            raise ScenarioFailed(f"the injector never armed: exit {self.faulter.returncode}: "
+                                 f"{err.read_text().strip()[-400:]}; "
                                  f"{[l for _, l in self.faulter.lines][-3:]}")
         self.r["t_fault"] = self.t_fault
 
@@ -569,7 +641,7 @@ class Scenario:
         t0 = self.t_fault
         assert t0 is not None
         fl = self.faulter.json_lines()
-        self.r["faulter"] = {"exit": self.faulter.proc.returncode,
+        self.r["faulter"] = {"exit": self.faulter.returncode, "as": self.faulter_as,
                              "stages": [{"arrived_s": t - t0, **o} for t, o in fl],
                              "ended_s": None if self.faulter.ended is None else self.faulter.ended - t0}
         faulter_pid = next((o.get("pid") for _, o in fl if o.get("pid")), None)
@@ -933,6 +1005,11 @@ def main() -> None:
                          "kernel (/proc stacks, every few ms, as root) from just before the fault; "
                          "waits of 20 ms or more in the JSON, and each of a standby's in the first second "
                          "(kernel_waits; bench/kwait.py).")
+    ap.add_argument("--faulter", choices=("bench", "client"), default="bench",
+                    help="Who starts the injector: the benchmark, as one more MPS client the "
+                         "supervisor does not manage [bench]; or (client) `gpuos mps run "
+                         "--policy none`, one of the supervisor's clients, stopped with the "
+                         "victims under --hold-victims (modes under gpuos mps; stock: bench).")
     ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
                     help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
                          "and phase marks, written at every iteration [/dev/shm where writable, "
@@ -1020,7 +1097,7 @@ def main() -> None:
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
                                  result, a.size, a.sample, a.bystander, a.phases,
-                                 a.kernel_waits).run()
+                                 a.kernel_waits, a.faulter).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:
