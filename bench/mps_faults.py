@@ -150,18 +150,47 @@ def first_phases(text: str, pid: int, t0: float) -> dict[str, float]:
 
 # -- processes ----------------------------------------------------------------------------------
 
-class Lines:
-    """A child whose stdout lines are read by a thread and stamped with their arrival time."""
+class StampedLines:
+    """A process's output lines, read by a thread (_read) and stamped with their arrival
+    time; `ended` once the process is gone."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.lines: list[tuple[float, str]] = []
+        self.ended: float | None = None
+        self._t = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def returncode(self) -> int | None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def json_lines(self) -> list[tuple[float, dict]]:
+        out = []
+        for t, line in list(self.lines):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append((t, obj))
+        return out
+
+
+class Lines(StampedLines):
+    """A child of ours: its stdout's lines."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], stderr_path: Path):
         self.cmd = cmd
         self.err = open(stderr_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=self.err, text=True, start_new_session=True)
-        self.started = time.time()
-        self.lines: list[tuple[float, str]] = []
-        self.ended: float | None = None
-        self._t = threading.Thread(target=self._read, daemon=True)
+        super().__init__()
         self._t.start()
 
     def _read(self) -> None:
@@ -175,17 +204,6 @@ class Lines:
     def returncode(self) -> int | None:
         return self.proc.returncode
 
-    def json_lines(self) -> list[tuple[float, dict]]:
-        out = []
-        for t, line in list(self.lines):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append((t, obj))
-        return out
-
     def kill(self) -> None:
         if self.proc.poll() is None:
             kill_tree(self.proc.pid)
@@ -197,22 +215,19 @@ class Lines:
         self.err.close()
 
 
-class ClientLines(Lines):
+class ClientLines(StampedLines):
     """A child of the supervisor's, not ours (--faulter client: a `gpuos mps run` client):
-    the lines of its output file, read by a thread every millisecond and stamped with their
-    arrival (up to ~1 ms after a pipe's would be), until its pid is gone."""
+    the lines of its output file, read every millisecond (up to ~1 ms after a pipe's
+    would arrive), until its pid is gone."""
 
     def __init__(self, out_path: Path, pid: int):
-        self.cmd, self.pid, self.path = [], pid, out_path
-        self.started = time.time()
-        self.lines = []
-        self.ended = None
+        self.pid, self.path = pid, out_path
         try:
             self._start: int | None = procs.stat(pid).starttime
         except procs.NoSuchProcess:
             self._start = None  # gone already: its lines are read once
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._read, daemon=True)
+        super().__init__()
         self._t.start()
 
     def _alive(self) -> bool:
@@ -304,7 +319,7 @@ class Scenario:
         for k in [k for k in self.env if k.startswith("CUDA_MPS_")]:
             del self.env[k]
         self.mps_env: dict[str, str] = {}
-        self.children: list[Lines] = []
+        self.children: list[StampedLines] = []
         self.clients: list[dict[str, Any]] = []
         self.r: dict[str, Any] = {"mode": mode, "n": n, "kind": kind, "notes": []}
         self.t_fault: float | None = None
