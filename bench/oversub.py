@@ -144,6 +144,7 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
                checksum_equal=res["checksum"] == ideal["checksum"], stats=st)
     if st:
         out["in_GBps"] = own_copy_rate([st])
+        out["in_map_share"] = own_map_share([st])
         out["out_GBps"] = st["bytes_out"] / st["out_ns"] if st["out_ns"] else None
         out["stall_per_wait_ms"] = st["stall_ns"] / st["calls_swapped"] / 1e6 if st["calls_swapped"] else 0.0
         p99 = stats.stall_percentile_us(99)
@@ -271,6 +272,16 @@ def own_copy_rate(stats: list[dict]) -> float | None:
     own = sum(x.get("bytes_in", 0) - x.get("ahead_bytes", 0) for x in stats)
     ns = sum(x.get("in_ns", 0) - x.get("ahead_ns", 0) for x in stats)
     return own / ns if ns and own > 0 else None
+
+
+def own_map_share(stats: list[dict]) -> float | None:
+    """Of the time calls waited for copies in (in_ns less ahead_ns), the share spent making
+    and mapping the physical memory they went to (map_ns); None for results from before
+    map_ns, or with no such time."""
+    if not any("map_ns" in x for x in stats):
+        return None
+    ns = sum(x.get("in_ns", 0) - x.get("ahead_ns", 0) for x in stats)
+    return sum(x.get("map_ns", 0) for x in stats) / ns if ns > 0 else None
 
 
 def run_members(members: list[tuple[str, list[str]]], options: list[str], group: str | None) -> dict:
@@ -405,6 +416,7 @@ def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int
                 r["bytes_in"] = sum(x.get("bytes_in", 0) for x in st)
                 r["bytes_out"] = sum(x.get("bytes_out", 0) for x in st)
                 r["in_GBps"] = own_copy_rate(st)
+                r["in_map_share"] = own_map_share(st)
             cell[system] = r
             print(f"{name} {p}% {slice_ms} ms {system}: " + (f"{r['relative']:.3f} of ideal (runs "
                                                f"{', '.join(f'{x:.3f}' for x in r['relative_runs'] if x)}), "

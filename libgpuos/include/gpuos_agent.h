@@ -190,6 +190,8 @@ struct gpuos_res_stats {
 				  * needed it (resident.c: pinning runs at the kernel's page speed) */
 	uint64_t ahead_ns;       /* of in_ns, issuing copies ahead and turns' batches (mapping
 				  * their memory, queueing their copies: not waited for) */
+	uint64_t map_ns;         /* of in_ns less ahead_ns, making and mapping the physical memory
+				  * the copies waited for went to (cuMemCreate, cuMemMap, access) */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

@@ -739,10 +739,13 @@ static int make_room(uint64_t want, int own)
 }
 
 /* Map new memory for r and, if it has contents, copy them back on s (not waited for);
- * *copied: the bytes. */
-static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied)
+ * *copied: the bytes; *map_ns (if given) grows by the time making and mapping took. */
+static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint64_t *map_ns)
 {
+	uint64_t t0 = gpuos_now_ns();
 	CUresult c = map_new(r->base, r->size, r->device, &r->h);
+	if (map_ns)
+		*map_ns += gpuos_now_ns() - t0;
 	if (c != CUDA_SUCCESS) {
 		r->h = 0;
 		return c;
@@ -765,7 +768,7 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied)
 static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 {
 	uint64_t copied = 0;
-	CUresult c = make_resident(r, sc->s, &copied);
+	CUresult c = make_resident(r, sc->s, &copied, NULL);
 	if (c != CUDA_SUCCESS)
 		return c;
 	r->ahead = 1;
@@ -951,7 +954,7 @@ static CUresult bring_in(int *need_turn)
 		if (r->call != R.call || r->h)
 			continue;
 		uint64_t bytes = 0;
-		c = make_resident(r, s, &bytes);
+		c = make_resident(r, s, &bytes, &R.st.map_ns);
 		mapped += r->h ? r->size : 0; /* mapped, even if its copy failed */
 		copied += bytes;
 	}

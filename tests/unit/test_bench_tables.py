@@ -173,6 +173,16 @@ def test_the_copy_in_rate_is_of_the_copies_waited_for():
     assert oversub.own_copy_rate([{"bytes_in": 5, "ahead_bytes": 5, "in_ns": 9, "ahead_ns": 9}]) is None
 
 
+def test_the_mapping_share_is_of_the_copies_waited_for():
+    """map_ns is within in_ns less ahead_ns (the copies calls waited for); results from
+    before it existed say nothing rather than 0."""
+    import oversub
+
+    st = {"bytes_in": 30_000, "ahead_bytes": 20_000, "in_ns": 1_500, "ahead_ns": 1_000, "map_ns": 125}
+    assert oversub.own_map_share([st, dict(st, map_ns=375)]) == 500 / 1000
+    assert oversub.own_map_share([{k: v for k, v in st.items() if k != "map_ns"}]) is None
+
+
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():
     result = {"workloads": {"w": {"paired": {"step_times": [[45.1, 44.9, 0], [46.2, 46.0, 1]] * 50,
                                              "wall": {"overhead_pct": 1.0}}},

@@ -83,6 +83,9 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert lru["ahead_bytes"] == 0 and future["ahead_bytes"] > 0
     # issuing them is timed apart, inside in_ns (the copies waited for are the rest)
     assert lru["ahead_ns"] == 0 and 0 < future["ahead_ns"] < future["in_ns"]
+    # making and mapping memory for the copies waited for: a part of their time
+    for st in (lru, future):
+        assert 0 < st["map_ns"] < st["in_ns"] - st["ahead_ns"], st
     assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 

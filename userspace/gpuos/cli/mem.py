@@ -68,7 +68,8 @@ def stats_cmd(target: str, as_json: bool) -> None:
                         f"at most {human_bytes(st.reserved_peak)})"],
         ["resident", human_bytes(st.resident_bytes)],
         ["in host memory only", human_bytes(st.evicted_bytes)],
-        ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"],
+        ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"
+                      + (f" ({ms(st.map_ns)} of the waited-for time making and mapping memory)" if st.map_ns else "")],
         ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
         ["not copied out (unchanged)", human_bytes(st.clean_bytes)],
         ["host memory pinned ahead", f"{human_bytes(st.host_prepared)} (before any eviction needed it)"
