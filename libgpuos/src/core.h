@@ -209,6 +209,7 @@ static inline int gpuos_on(void)
 }
 
 void gpuos_dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int gpuos_debugging(void); /* GPUOS_LIB_DEBUG=1: gpuos_dbg writes */
 
 /* standby.c: a warm standby (GPUOS_MPS_STANDBY_AT=launch) waits at its first launch;
  * every launch wrapper looks here first (one load once passed). */

@@ -39,13 +39,18 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static int conn_fd = -1; /* kept open: `gpuos run` sees EOF when the process exits */
 static int debug = -1;
 
-void gpuos_dbg(const char *fmt, ...)
+int gpuos_debugging(void)
 {
 	if (debug < 0) {
 		const char *d = getenv("GPUOS_LIB_DEBUG");
 		debug = d && !strcmp(d, "1");
 	}
-	if (!debug)
+	return debug;
+}
+
+void gpuos_dbg(const char *fmt, ...)
+{
+	if (!gpuos_debugging())
 		return;
 	char buf[512];
 	va_list ap;

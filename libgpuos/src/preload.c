@@ -689,8 +689,7 @@ void gpuos_preload_forget(void)
 /* With GPUOS_LIB_DEBUG=1, each code load: where its image lies, its magic, how long. */
 void gpuos_preload_debug_load(const char *call, const void *image, uint64_t t0_ns)
 {
-	const char *d = getenv("GPUOS_LIB_DEBUG"); /* loads are few: no cached flag needed */
-	if (!d || strcmp(d, "1"))
+	if (!gpuos_debugging())
 		return;
 	char w[200];
 	uint32_t magic = 0;
