@@ -828,6 +828,11 @@ class Machine:
         self._emit("servers-swapped", slot=self.slot, daemon_pid=self.daemon_pid,
                    server_pid=self.server_pid, faulted_server_pid=inc.server_pid)
 
+    def _signal(self, v: Victim, sig: str) -> None:
+        """Send sig to the victim gpuos started (its pid and start time: that process only)."""
+        v.signalled = sig
+        self._out.append(SignalClient(v.client, v.pid, sig, v.starttime))
+
     def _hold_victims(self) -> None:
         """With Settings.hold_victims: every victim gpuos started is stopped (SIGSTOP to its
         process group) as the incident opens, and killed (SIGKILL) that many seconds later.
@@ -842,8 +847,8 @@ class Machine:
         held = []
         for v in inc.victims:
             if v.client is not None and v.pid and not v.exited and not v.exiting:
-                v.held, v.signalled = True, "SIGSTOP"
-                self._out.append(SignalClient(v.client, v.pid, "SIGSTOP", v.starttime))
+                v.held = True
+                self._signal(v, "SIGSTOP")
                 held.append(v.pid)
         if held:
             inc.hold_until = self._now + self.settings.hold_victims
@@ -857,8 +862,7 @@ class Machine:
         killed = []
         for v in inc.victims:
             if v.held and not v.exited:
-                v.signalled = "SIGKILL"
-                self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
+                self._signal(v, "SIGKILL")
                 killed.append(v.pid)
         self._emit("held-victims-killed", pids=killed)
 
@@ -935,8 +939,7 @@ class Machine:
         if inc.drain_stage == 0:
             for v in left:
                 if v.client is not None and v.pid:
-                    v.signalled = "SIGTERM"
-                    self._out.append(SignalClient(v.client, v.pid, "SIGTERM", v.starttime))
+                    self._signal(v, "SIGTERM")
                 elif v.pid and inc.server_pid:
                     v.signalled = "terminate_client"
                     self._out.append(TerminateMpsClient(inc.server_pid, v.pid, inc.slot))
@@ -944,8 +947,7 @@ class Machine:
         elif inc.drain_stage == 1:
             for v in left:
                 if v.client is not None and v.pid:
-                    v.signalled = "SIGKILL"
-                    self._out.append(SignalClient(v.client, v.pid, "SIGKILL", v.starttime))
+                    self._signal(v, "SIGKILL")
             self._emit("drain-timeout", stage="SIGKILL", pids=[v.pid for v in left])
         else:
             self._emit("drain-gave-up", pids=[v.pid for v in left],
