@@ -90,8 +90,8 @@ class Run:
         return self
 
     def fault(self, pid: int | None = 2001, cls: str = "memory", ours: bool | None = True,
-              xid: int | None = 31) -> list:
-        return self.feed(Fault({"xid": xid, "fault_class": cls, "pid": pid, "source": "kmsg"}, ours))
+              xid: int | None = 31, dt: float = 0.0) -> list:
+        return self.feed(Fault({"xid": xid, "fault_class": cls, "pid": pid, "source": "kmsg"}, ours), dt)
 
     def drained(self) -> list:
         acts = []
@@ -1078,6 +1078,24 @@ def test_hold_victims_stops_them_releases_standbys_at_once_and_kills_them_later(
     assert of(with_spare(2).fault(pid=2001), SignalClient) == []
 
 
+def test_hold_victims_holds_only_those_a_standby_takes_over_and_never_the_named_faulter():
+    """Holding is for a standby's first work; a held process that faulted kept the others
+    from working (H200: standbys back only when the held faulter was killed)."""
+    r = with_spare(3, policies=("standby", "none", "standby"))
+    r.m.settings.hold_victims = 0.5
+    acts = r.feed(tracker_fault(2003))  # c3 faulted, named by its tracker
+    assert of(acts, SignalClient) == [SignalClient("c1", 2001, "SIGSTOP", 77)]
+    assert of(acts, ReleaseStandby) == [ReleaseStandby("c1", standby_token("c1", 2), 4001, 88)]
+    assert r.last("victims-held")["pids"] == [2001]
+    # the faulter's standby goes once the others are gone or going (not beside them)
+    assert r.feed(ClientExited("c2", 1, 2002)) == []
+    acts = r.feed(ClientExited("c3", 1, 2003))
+    assert of(acts, ReleaseStandby) == [ReleaseStandby("c3", standby_token("c3", 2), 4003, 88)]
+    # only the held one is killed at the hold's end
+    r.feed(ClientStarted("c1", 4001, 88))
+    assert r.feed(Tick(), 0.5) == [SignalClient("c1", 2001, "SIGKILL", 77)]
+
+
 def test_spare_server_victims_without_standby_start_on_the_new_server():
     r = with_spare(2, policies=("restart", "standby"))
     assert r.fault(pid=2001) == []
@@ -1141,6 +1159,52 @@ def test_a_long_incidents_late_xid_reports_are_echoes_after_it_closes():
     # NVML's report of the same Xid, no pid, 1.5 s after the close: an echo, no incident
     acts = r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": None, "source": "nvml"}, True), 1.5)
     assert r.m.state is S.RUNNING and r.last("fault")["echo"] and not of(acts, SignalClient)
+
+
+def test_an_incident_longer_than_recent_window_keeps_its_xids_handled_until_it_closes():
+    """Measured on an H100: a 36 s incident saw other faults 10 s in (each prunes what
+    is recent); NVML's late Xid 31 1 s after the close must still be an echo of it."""
+    r = Run().running(2)
+    r.fault(pid=2001)
+    r.fault(pid=SERVER, xid=109, cls="channel", dt=11)  # pruned here, before the fix
+    r.feed(Tick(), 20)
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER), 3)
+    r.feed(ClientStarted("c1", 3001))
+    r.feed(ClientStarted("c2", 3002))
+    assert r.m.state is S.RUNNING and r.m.incident is None
+    acts = r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": None, "source": "nvml"}, True), 1)
+    assert r.m.state is S.RUNNING and r.last("fault")["echo"] and not of(acts, SignalClient)
+    # recent_window after the close, the same Xid is a new fault again
+    r.feed(Fault({"xid": 31, "fault_class": "memory", "pid": None, "source": "nvml"}, True), 11)
+    assert r.m.incident is not None and r.m.incident.id == 2
+
+
+def test_an_incident_has_one_faulter_the_first_a_tracker_reports():
+    """Measured on an H100: after one client's fault, four victims' address spaces took
+    faults of their own (its consequences); they are not faulters, nor counted as such."""
+    r = Run().running(3)
+    r.feed(tracker_fault(2001))
+    for pid in (2002, 2003, 2002):  # ours: the supervisor's trackers follow only its processes
+        r.feed(Fault({**tracker_fault(pid).event}, True), 0.1)
+    roles = {v.client: v.role for v in r.m.incident.victims}
+    assert roles == {"c1": "faulter", "c2": "victim", "c3": "victim"}
+    assert [r.m.clients[c].faults for c in ("c1", "c2", "c3")] == [1, 0, 0]
+
+
+def test_a_fault_of_a_clients_child_names_the_client():
+    """The supervisor gives a fault of a process in a client's session that client's pid
+    (client_pid): a shell's or launcher's child is the client's CUDA process."""
+    r = Run().running(2)
+    ev = {"xid": 31, "fault_class": "memory", "pid": 9001, "client_pid": 2002, "source": TRACKER_SOURCE}
+    r.feed(Fault(ev, None))
+    assert r.m.state is S.DRAINING
+    assert {v.client: v.role for v in r.m.incident.victims} == {"c1": "victim", "c2": "faulter"}
+    # and an Xid of the kernel log naming the child names the client, with no tracker
+    r2 = Run().running(2)
+    r2.feed(Fault({"xid": 31, "fault_class": "memory", "pid": 9001, "client_pid": 2001,
+                   "source": "kmsg"}, None))
+    assert {v.client: v.role for v in r2.m.incident.victims} == {"c1": "named", "c2": "victim"}
 
 
 def test_spare_server_releases_without_waiting_for_unmanaged_victims_seen_gone_by_pid():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpuos.faults.uvm_tools import (EVENT_FATAL_FAULT, FatalFault, FatalFaultInfoV2, FaultTrackers,
                                     decode_fatal)
-from gpuos.mps.faultsrc import PEER_YOUNG_S, MpsPeers, TrackerSource
+from gpuos.mps.faultsrc import PEER_YOUNG_S, MpsPeers, TrackerSource, client_of
 from gpuos.mps.state import TRACKER_SOURCE
 
 PROBE = Path(__file__).resolve().parents[2] / "tools" / "probes" / "uvm_tools_probe.py"
@@ -205,3 +205,23 @@ def test_an_exited_processs_trackers_are_closed_off_the_callers_thread():
     release.set()
     t.close()
     assert closed == [True] and t.wait_closed(0)
+
+
+def test_a_clients_child_belongs_to_the_client_whose_session_it_runs_in():
+    """gpuos starts each client in a session of its own: a process in that session (the
+    client's CUDA child under a shell or a launcher) is that client's; others are not."""
+    import subprocess
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE,
+                              start_new_session=True, text=True)
+    other = subprocess.Popen(["sleep", "30"])  # in the test's own session
+    try:
+        child = int(leader.stdout.readline())
+        assert client_of(child, {leader.pid}) == leader.pid
+        assert client_of(leader.pid, {leader.pid}) is None  # a client is itself
+        assert client_of(other.pid, {leader.pid}) is None
+        assert client_of(None, {leader.pid}) is None
+        assert client_of(2 ** 22 + 7, {leader.pid}) is None  # no such process
+    finally:
+        for p in (leader, other):
+            os.killpg(leader.pid, 9) if p is leader else p.kill()
+            p.wait()

@@ -314,6 +314,20 @@ class MpsPeers:
         return env is not None and env.get("CUDA_MPS_PIPE_DIRECTORY") in self.pipe_dirs
 
 
+def client_of(pid: int | None, clients: set[int], proc: Path = Path("/proc")) -> int | None:
+    """The client a process that is not one belongs to: the one whose session it runs in
+    (gpuos starts each client in a session of its own), so that a fault of a client's
+    child (a shell's, a launcher's worker) names that client; None if none does, or the
+    process is gone."""
+    if pid is None or pid in clients:
+        return None
+    try:
+        session = int((proc / str(pid) / "stat").read_text().rpartition(")")[2].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+    return session if session in clients else None
+
+
 def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,
                  note: Callable[[str], None], tracked: Callable[[], Iterable[int]] | None = None
                  ) -> tuple[list[FaultSource], FeedFiles | None]:

@@ -44,7 +44,7 @@ from ..errors import (ALL_ERRORS, Busy, GpuosError, MpsFailed, MpsNotReady, MpsN
 from ..journal import HOLD_ENV, HOLD_FILE_ENV
 from .control import (MpsCommandError, MpsControl, find_mps_binaries, foreign_daemons,
                       is_server, server_ready)
-from .faultsrc import FeedFiles, MpsPeers, gpu_match, open_sources
+from .faultsrc import FeedFiles, MpsPeers, client_of, gpu_match, open_sources
 from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
 from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
                      spec_path, start_client, start_hook, starttime)
@@ -231,9 +231,13 @@ class Supervisor:
         self._listen()
         self._signals()
         if self.options.trackers:
-            # The path `gpuos mps env` gives clients gpuos does not start (the link to the
-            # active server's); those it starts, standbys included, it follows by their pids.
-            self.peers = MpsPeers([str(self.dirs.pipe)])
+            # Every pipe directory of ours: the link `gpuos mps env` gives clients gpuos does
+            # not start, and with a spare server each slot's own, which the clients and
+            # standbys gpuos starts are given and their children inherit.  Measured on an
+            # H100: a client's CUDA process was its child (`gpuos faults inject` running
+            # gpuos-inject); followed by pid only, its fault went unnamed.
+            self.peers = MpsPeers([str(self.dirs.pipe), str(self.dirs.pipe_of(0)),
+                                   str(self.dirs.pipe_of(1))])
         self.sources, self.feeds = open_sources(self.options.feeds, self.options.feed_offsets,
                                                 self.options.kmsg, self.options.nvml,
                                                 lambda n: self.inbox.append(("note", n)),
@@ -757,6 +761,9 @@ class Supervisor:
                 # A tracker follows only processes of ours (_tracked): its fault is ours even
                 # where the machine does not know the pid (a client found by its environment).
                 ours = True if ev.get("source") == TRACKER_SOURCE else gpu_match(ev, self.gpu)
+                owner = client_of(ev.get("pid"), {c.pid for c in self.machine.clients.values() if c.pid})
+                if owner is not None:
+                    ev["client_pid"] = owner
                 self.inbox.append(Fault(ev, ours))
         self._drain()
         return got
