@@ -1096,6 +1096,22 @@ def test_hold_victims_holds_only_those_a_standby_takes_over_and_never_the_named_
     assert r.feed(Tick(), 0.5) == [SignalClient("c1", 2001, "SIGKILL", 77)]
 
 
+def test_a_victim_decided_before_it_has_gone_is_still_waited_for_until_it_exits():
+    """A swapped incident decides a victim's recovery once it begins to exit: one not
+    recovered (policy none) exits after that, and the drain must see it (H200: it was
+    ignored as a stale pid, and the drain gave up only 20 s later)."""
+    r = with_spare(2, policies=("standby", "none"))
+    r.m.settings.hold_victims = 0.5
+    r.feed(tracker_fault(2002))
+    assert r.feed(ClientExiting("c2", 2002)) == []
+    assert r.last("victim-not-recovered")["client"] == "c2"
+    r.feed(ClientExited("c2", 1, 2002))
+    assert r.last("victim-exited")["client"] == "c2"
+    r.feed(ClientStarted("c1", 4001, 88))
+    r.feed(Tick(), 0.5)
+    assert r.feed(ClientExited("c1", -9, 2001)) == [RestartServer(1000, SERVER, 0)]
+
+
 def test_spare_server_victims_without_standby_start_on_the_new_server():
     r = with_spare(2, policies=("restart", "standby"))
     assert r.fault(pid=2001) == []

@@ -1393,8 +1393,10 @@ class Machine:
         c = self.clients.get(i.client_id)
         inc = self.incident
         v = inc.victim_of(i.client_id) if inc and c else None
-        if v is not None and not v.exited and i.pid is not None and i.pid == v.pid != c.pid:
-            # The victim's old process, its place already taken (a swapped incident).
+        if v is not None and not v.exited and i.pid is not None and i.pid == v.pid \
+                and (c.pid != v.pid or v.recovery in RECOVERY_DONE):
+            # The victim's old process, its place already taken or its recovery decided
+            # before it had gone (a swapped incident recovers victims once they exit).
             v.exited, v.exit_status = True, i.status
             self._emit("victim-exited", client=c.id, pid=i.pid, status=i.status,
                        signalled=v.signalled)
