@@ -184,8 +184,9 @@ def mps() -> None:
                    "its clients' next CUDA calls fail, even one the fault would have spared. "
                    "Experimental [default: keep].")
 @click.option("--hold-victims", type=click.FloatRange(0, 60), default=None, metavar="S",
-              help="With --spare-server: on a fault, stop every victim gpuos started (SIGSTOP) at "
-                   "once, release their standbys, and kill the victims (SIGKILL) S seconds later, so "
+              help="With --spare-server: on a fault, stop every victim whose warm standby waits "
+                   "(SIGSTOP; not the faulter a fault tracker named), release their standbys at "
+                   "once, and kill the stopped victims (SIGKILL) S seconds later, so "
                    "that the driver's teardown of their contexts does not hold up the standbys' "
                    "first work. 0: off. Experimental [default: 0].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),

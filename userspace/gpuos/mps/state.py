@@ -869,10 +869,10 @@ class Machine:
     def _taken_over_when_held(self, v: Victim) -> bool:
         """Is v held (_hold_victims): one gpuos started whose warm standby waits on the
         now active server, and not the faulter a tracker named?  Only those: holding is
-        for a standby's first work, and a held process that faulted keeps others from
-        working (measured on an H200: with the faulting client held too, the standbys'
-        first iterations after a trap ended only when it was killed, 0.63-0.67 s after the
-        fault, against 0.31 s with it left to exit).  The others exit by themselves."""
+        for a standby's first work, and a held process that faulted may keep others from
+        working (measured on an H200: after a trap, the standbys' first iterations ended
+        only once the trapping process was gone; held, when it was killed at the hold's
+        end).  The others exit by themselves."""
         c = self.clients.get(v.client) if v.client else None
         return (c is not None and v.role != "faulter" and self._policy(c) == "standby"
                 and bool(c.standby_pid) and c.standby_slot == self.slot)
