@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpuos.faults.uvm_tools import (EVENT_FATAL_FAULT, FatalFault, FatalFaultInfoV2, FaultTrackers,
-                                    decode_fatal)
+                                    decode_fatal, fault_event, recorded_at)
 from gpuos.mps.faultsrc import PEER_YOUNG_S, MpsPeers, TrackerSource, client_of
 from gpuos.mps.state import TRACKER_SOURCE
 
@@ -225,3 +226,16 @@ def test_a_clients_child_belongs_to_the_client_whose_session_it_runs_in():
         for p in (leader, other):
             os.killpg(leader.pid, 9) if p is leader else p.kill()
             p.wait()
+
+
+def test_a_fault_is_dated_when_uvm_recorded_it():
+    """UVM's timestamp is CLOCK_MONOTONIC_RAW: the event's time is when the fault was
+    recorded, not when the tracker was read; an implausible one falls back to the read."""
+    assert recorded_at(9_750_000_000, now=1000.0, now_raw_ns=10_000_000_000) == 999.75
+    assert recorded_at(0, now=1000.0, now_raw_ns=10_000_000_000) == 1000.0
+    assert recorded_at(11_000_000_000, now=1000.0, now_raw_ns=10_000_000_000) == 1000.0  # future
+    assert recorded_at(1, now=1000.0, now_raw_ns=4_000_000_000_000) == 1000.0  # over an hour
+    # with the real clocks: a fault recorded now is dated now
+    now_raw = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
+    ev = fault_event(FatalFault(6, 0x1000, "write", "invalid_pde", "invalid_address", now_raw - 50_000_000))
+    assert abs(ev.time - (time.time() - 0.05)) < 0.02

@@ -40,7 +40,8 @@ class FaultEvent:
     xid: int | None                # None: an NVML event that is not an Xid (`name` says which)
     pci: str                       # the GPU's PCI bus id as the driver prints it ("0000:00:06")
     time: float                    # seconds since the epoch: when the kernel logged it (kmsg,
-                                   # from the boot time), else when gpuos received it
+                                   # from the boot time) or UVM recorded it (uvm-tracker,
+                                   # CLOCK_MONOTONIC_RAW), else when gpuos received it
     source: str                    # "kmsg", "nvml", "kmsg+nvml" or "gpuos.ko" (faults/kmod.py)
     fault_class: FaultClass
     action: str                    # what gpuos does for this class (docs/faults.md)

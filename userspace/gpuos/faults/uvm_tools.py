@@ -391,11 +391,22 @@ class FaultTrackers:
         self.wait_closed(timeout)
 
 
+def recorded_at(timestamp_ns: int, now: float | None = None, now_raw_ns: int | None = None) -> float:
+    """When UVM recorded a fault, in seconds since the epoch: its timestamp is
+    CLOCK_MONOTONIC_RAW (on an H200, consecutive faults' timestamps differed by their
+    wall-clock spacing to the millisecond).  The time of reading instead when the
+    timestamp is not plausible: none, in the future, or over an hour old."""
+    now = time.time() if now is None else now
+    raw = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW) if now_raw_ns is None else now_raw_ns
+    age = (raw - timestamp_ns) / 1e9
+    return now - age if timestamp_ns > 0 and 0 <= age < 3600 else now
+
+
 def fault_event(f: FatalFault) -> FaultEvent:
     """A fatal fault as the fault stream's event: the MMU fault RM reports as Xid 31, of
     f.pid for certain (its address space took it)."""
     return FaultEvent(
-        xid=31, pci="", time=time.time(), source=SOURCE, fault_class=FaultClass.MEMORY,
+        xid=31, pci="", time=recorded_at(f.timestamp_ns), source=SOURCE, fault_class=FaultClass.MEMORY,
         action="the process whose address space took the fault: the faulter, under MPS too",
         pid=f.pid, process=procs.comm(f.pid),
         mmu=MmuFault(engine="GPC (replayable)", address=f.address, fault_type=f.fault_type,
