@@ -289,6 +289,7 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
     polled, and the group's (read from its file) while it has members."""
     got: list = [None] * len(members)
     last_group = {}
+    seen_members: dict[int, dict] = {}
     done = threading.Event()
     logs = Path(tempfile.mkdtemp(prefix="oversub-steps-"))
 
@@ -318,6 +319,9 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
                 last_group["stats"] = read_group(group)
             except GpuosError:
                 pass
+            else:  # each member's last figures: the group's file drops a member that left
+                for gm in last_group["stats"].members:
+                    seen_members[gm.pid] = asdict(gm)
             time.sleep(0.2)
 
     poller = threading.Thread(target=poll_group)
@@ -343,6 +347,7 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
         if stats is not None:
             m["stats"] = asdict(stats)
         out["members"].append(m)
+    attach_group_members(out["members"], list(seen_members.values()))
     shutil.rmtree(logs, ignore_errors=True)
     if all("items" in m for m in out["members"]):
         span = max(m["timed_to"] for m in out["members"]) - min(m["timed_from"] for m in out["members"])
@@ -355,6 +360,21 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
         p99 = g.switch_percentile_us(99)
         out["switch_p99_ms"] = p99 / 1000 if p99 else None
     return out
+
+
+def attach_group_members(members: list[dict], seen: list[dict]) -> None:
+    """Each member's last record in the group's file (turns held and waited for, working
+    set, turns beside a holder) as its `group_member`: the record whose reserved bytes are
+    nearest the member's peak (the file names members by pid only; both figures are kept,
+    to check the match)."""
+    left = list(seen)
+    for m in sorted(members, key=lambda m: -m.get("stats", {}).get("reserved_peak", 0)):
+        peak = m.get("stats", {}).get("reserved_peak")
+        if peak is None or not left:
+            continue
+        best = min(left, key=lambda g: abs(g["reserved"] - peak))
+        left.remove(best)
+        m["group_member"] = best
 
 
 def median_run(runs: list[dict]) -> dict:

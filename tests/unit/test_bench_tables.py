@@ -183,6 +183,23 @@ def test_the_mapping_share_is_of_the_copies_waited_for():
     assert oversub.own_map_share([{k: v for k, v in st.items() if k != "map_ns"}]) is None
 
 
+def test_group_members_are_matched_to_members_by_reserved_bytes():
+    """The group's file names members by pid; each member gets the record nearest its
+    reserved peak, each record once; a member without figures gets none."""
+    import oversub
+
+    members = [{"workload": "a", "stats": {"reserved_peak": 2_000}},
+               {"workload": "b", "stats": {"reserved_peak": 5_000}},
+               {"workload": "c"}]
+    seen = [{"pid": 1, "reserved": 4_900, "held_ns": 7}, {"pid": 2, "reserved": 2_100, "held_ns": 9}]
+    oversub.attach_group_members(members, seen)
+    assert [m.get("group_member", {}).get("pid") for m in members] == [2, 1, None]
+    # two members near one record: the larger is matched first, the other takes what is left
+    members = [{"stats": {"reserved_peak": 3_000}}, {"stats": {"reserved_peak": 3_100}}]
+    oversub.attach_group_members(members, [{"pid": 5, "reserved": 3_050}, {"pid": 6, "reserved": 100}])
+    assert [m["group_member"]["pid"] for m in members] == [6, 5]
+
+
 def test_results_keep_step_times_on_one_line_and_read_back_the_same():
     result = {"workloads": {"w": {"paired": {"step_times": [[45.1, 44.9, 0], [46.2, 46.0, 1]] * 50,
                                              "wall": {"overhead_pct": 1.0}}},
