@@ -1112,6 +1112,18 @@ def test_a_victim_decided_before_it_has_gone_is_still_waited_for_until_it_exits(
     assert r.feed(ClientExited("c1", -9, 2001)) == [RestartServer(1000, SERVER, 0)]
 
 
+def test_a_standbys_own_fault_drains_nothing_on_the_active_server():
+    """Trackers follow standbys too (their environment names a slot's pipe): a warm
+    standby is the spare server's client, and its fault is not the active server's."""
+    r = with_spare(2)
+    acts = r.feed(Fault({**tracker_fault(4001).event}, True))
+    assert r.m.state is S.RUNNING and r.m.incident is None and not of(acts, SignalClient)
+    assert r.last("fault-in-standby")["client"] == "c1"
+    # a standby's child, named by its session, the same
+    r.feed(Fault({**tracker_fault(9100).event, "client_pid": 4002}, True))
+    assert r.m.incident is None and r.last("fault-in-standby")["client"] == "c2"
+
+
 def test_spare_server_victims_without_standby_start_on_the_new_server():
     r = with_spare(2, policies=("restart", "standby"))
     assert r.fault(pid=2001) == []

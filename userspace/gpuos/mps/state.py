@@ -69,9 +69,9 @@ STANDBY_LOSSES = 3
 
 
 def fault_pid(fault: dict) -> int | None:
-    """The process a fault event names, as the machine knows processes: the client whose
-    session the faulting process runs in (the supervisor's `client_pid`: a client's child,
-    a shell's or a launcher's worker), else the faulting process itself."""
+    """The process a fault event names, as the machine knows processes: the client (or
+    standby) whose session the faulting process runs in (the supervisor's `client_pid`: a
+    client's child, a shell's or a launcher's worker), else the faulting process itself."""
     return fault.get("client_pid") or fault.get("pid")
 
 
@@ -1265,6 +1265,13 @@ class Machine:
         by_pid = pid is not None and pid in ours_pids
         if i.ours is False and not by_pid:
             self._emit("fault-other-gpu", fault=ev)
+            return
+        standby_of = next((c.id for c in self.clients.values() if pid and c.standby_pid == pid), None)
+        if standby_of is not None:
+            # A standby's own fault (its tracker follows it; a warm one is a client of the
+            # spare server): not the active server's, whose clients it must not drain.
+            # Its exit, if it dies of it, is a standby's (StandbyExited).
+            self._emit("fault-in-standby", fault=ev, client=standby_of)
             return
         attributed = bool(i.ours) or by_pid
         self._prune_recent()

@@ -761,7 +761,8 @@ class Supervisor:
                 # A tracker follows only processes of ours (_tracked): its fault is ours even
                 # where the machine does not know the pid (a client found by its environment).
                 ours = True if ev.get("source") == TRACKER_SOURCE else gpu_match(ev, self.gpu)
-                owner = client_of(ev.get("pid"), {c.pid for c in self.machine.clients.values() if c.pid})
+                owner = client_of(ev.get("pid"), {p for c in self.machine.clients.values()
+                                                  for p in (c.pid, c.standby_pid) if p})
                 if owner is not None:
                     ev["client_pid"] = owner
                 self.inbox.append(Fault(ev, ours))
