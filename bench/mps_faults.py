@@ -215,6 +215,38 @@ class Lines(StampedLines):
         self.err.close()
 
 
+class ExitWatch:
+    """When a process began to exit (every thread exiting: procs.ending) and when it was
+    gone (no longer in /proc, or a zombie), looked at every millisecond by a thread: the
+    faulter's CUDA process (gpuos-inject, the child of `gpuos faults inject`), since after
+    a trap the co-runners' work waits for it to be gone (H200, README)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.exiting: float | None = None
+        self.gone: float | None = None
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._watch, daemon=True)
+        self._t.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.gone is None:
+            now = time.time()
+            try:
+                zombie = procs.stat(self.pid).state in ("Z", "X")
+            except procs.NoSuchProcess:
+                zombie = True
+            if self.exiting is None and (zombie or procs.ending(self.pid)):
+                self.exiting = now
+            if zombie:
+                self.gone = now
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=1)
+
+
 class ClientLines(StampedLines):
     """A child of the supervisor's, not ours (--faulter client: a `gpuos mps run` client):
     the lines of its output file, read every millisecond (up to ~1 ms after a pipe's
@@ -323,6 +355,7 @@ class Scenario:
         self.clients: list[dict[str, Any]] = []
         self.r: dict[str, Any] = {"mode": mode, "n": n, "kind": kind, "notes": []}
         self.t_fault: float | None = None
+        self.faulter_exit: ExitWatch | None = None  # the faulter's CUDA process, once armed
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -537,9 +570,11 @@ class Scenario:
         self.children.append(self.faulter)
         deadline = time.monotonic() + min(60, self.left() - 10)
         while time.monotonic() < deadline:
-            armed = [t for t, o in self.faulter.json_lines() if o.get("stage") == "armed"]
+            armed = [(t, o) for t, o in self.faulter.json_lines() if o.get("stage") == "armed"]
             if armed:
-                self.t_fault = armed[0]
+                self.t_fault = armed[0][0]
+                if armed[0][1].get("pid"):
+                    self.faulter_exit = ExitWatch(armed[0][1]["pid"])
                 break
             if self.faulter.ended is not None:
                 break
@@ -656,9 +691,15 @@ class Scenario:
         t0 = self.t_fault
         assert t0 is not None
         fl = self.faulter.json_lines()
+        fx = self.faulter_exit
+        if fx is not None:
+            fx.stop()
         self.r["faulter"] = {"exit": self.faulter.returncode, "as": self.faulter_as,
                              "stages": [{"arrived_s": t - t0, **o} for t, o in fl],
-                             "ended_s": None if self.faulter.ended is None else self.faulter.ended - t0}
+                             "ended_s": None if self.faulter.ended is None else self.faulter.ended - t0,
+                             # its CUDA process (gpuos-inject): began to exit, was gone
+                             "process_exiting_s": None if fx is None or fx.exiting is None else fx.exiting - t0,
+                             "process_gone_s": None if fx is None or fx.gone is None else fx.gone - t0}
         faulter_pid = next((o.get("pid") for _, o in fl if o.get("pid")), None)
         self.r["faulter_pid"] = faulter_pid
         watch = [(t, o) for t, o in self.watch.json_lines() if o.get("type") == "fault"]

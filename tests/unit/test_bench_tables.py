@@ -351,3 +351,20 @@ def test_group_cells_of_several_slices_say_their_slice():
     for bad in ("0", "1000,x", "-5"):
         with pytest.raises(argparse.ArgumentTypeError):
             oversub.slice_list(bad)
+
+
+def test_the_faulters_process_is_watched_until_it_is_gone():
+    """ExitWatch: when a process began to exit and when it was gone (a zombie counts as
+    gone: its GPU files are closed), never before it exits."""
+    import subprocess
+
+    t0 = time.time()
+    p = subprocess.Popen(["sleep", "0.2"])
+    w = mps_faults.ExitWatch(p.pid)
+    deadline = time.time() + 10
+    while w.gone is None and time.time() < deadline:
+        time.sleep(0.01)
+    p.wait()
+    w.stop()
+    assert w.gone is not None and w.exiting is not None
+    assert t0 + 0.2 <= w.exiting <= w.gone
