@@ -377,6 +377,29 @@ def attach_group_members(members: list[dict], seen: list[dict]) -> None:
         m["group_member"] = best
 
 
+def exclusive_ceiling(names: list[str], alone_s: list[float | None], working_sets: list[int | None],
+                      limit: int, ideal_s: float) -> dict | None:
+    """The largest set of members no two of whose working sets fit the limit together:
+    the scheduler admits a waiting member into a turn's set by its working set, so no two
+    of them run in one set, and none runs faster than alone with the whole GPU: their
+    alone times add up to at least the run's span, and ideal_s over that sum is the most
+    of the ideal the run can reach (`ceiling`). Not a strict bound: a member that does not
+    wait may run beside a holder on memory it has resident. None when fewer than two
+    members have a working set (known only from a turn) and an alone time."""
+    known = [i for i, (a, w) in enumerate(zip(alone_s, working_sets)) if a and w]
+    best: list[int] = []
+    for mask in range(1, 1 << len(known)):
+        pick = [known[b] for b in range(len(known)) if mask >> b & 1]
+        if len(pick) < 2 or sum(alone_s[i] for i in pick) <= sum(alone_s[i] for i in best):
+            continue
+        if all(working_sets[i] + working_sets[j] > limit for x, i in enumerate(pick) for j in pick[x + 1:]):
+            best = pick
+    if not best:
+        return None
+    total = sum(alone_s[i] for i in best)
+    return {"members": [names[i] for i in best], "alone_s": total, "ceiling": ideal_s / total}
+
+
 def median_run(runs: list[dict]) -> dict:
     """The run whose throughput is the median of those that finished (a failed one if none
     did), with every run's throughput in `items_per_s_runs`."""
@@ -437,11 +460,17 @@ def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int
                 r["bytes_out"] = sum(x.get("bytes_out", 0) for x in st)
                 r["in_GBps"] = own_copy_rate(st)
                 r["in_map_share"] = own_map_share(st)
+                r["exclusive"] = exclusive_ceiling(
+                    [w for w, _ in members], [m.get("seconds") for m in alone],
+                    [m.get("group_member", {}).get("working_set") for m in r["members"]], limit, ideal_s)
             cell[system] = r
             print(f"{name} {p}% {slice_ms} ms {system}: " + (f"{r['relative']:.3f} of ideal (runs "
                                                f"{', '.join(f'{x:.3f}' for x in r['relative_runs'] if x)}), "
                                                f"checksums {'equal' if r['checksums_equal'] else 'DIFFER'}, "
                                                f"{r.get('group', {}).get('switches', 0)} switches"
+                                               + (f"; cannot share the pool: {', '.join(r['exclusive']['members'])}"
+                                                  f" (at most {r['exclusive']['ceiling']:.1%} of ideal)"
+                                                  if r.get("exclusive") else "")
                                                if ok else "failed: " + "; ".join(
                                                    m.get("error", "")[:200] for m in r["members"])), flush=True)
         row["pressures"].append(cell)

@@ -368,3 +368,23 @@ def test_the_faulters_process_is_watched_until_it_is_gone():
     w.stop()
     assert w.gone is not None and w.exiting is not None
     assert t0 + 0.2 <= w.exiting <= w.gone
+
+
+def test_members_that_cannot_share_the_pool_cap_the_group():
+    """No two of gpt-train (4.8 GB) and resnet50-train (2.0 GB) fit a 6.16 GB pool
+    together: the scheduler never sets them in one turn, so their alone times (6.19 +
+    6.95 s) add up to at least the span: 7.09 s of ideal over 13.14 s.  A member whose
+    working set is not known yet (0) or that fits beside the others is left out."""
+    import oversub
+
+    names = ["gpt-train", "resnet50-train", "gpt-infer", "resnet50-infer"]
+    alone = [6.19, 6.95, 3.71, 2.36]
+    got = oversub.exclusive_ceiling(names, alone, [4_800, 2_020, 1_600, 630], 6_160, 7.09)
+    assert got["members"] == ["gpt-train", "resnet50-train"]
+    assert abs(got["alone_s"] - 13.14) < 1e-9 and abs(got["ceiling"] - 7.09 / 13.14) < 1e-9
+    # three that pairwise cannot share: all three, the largest sum
+    got = oversub.exclusive_ceiling(names, alone, [4_000, 3_000, 3_500, 630], 6_160, 7.09)
+    assert got["members"] == ["gpt-train", "resnet50-train", "gpt-infer"]
+    # every pair fits, or working sets not known: nothing to say
+    assert oversub.exclusive_ceiling(names, alone, [3_000, 2_000, 1_000, 100], 6_160, 7.09) is None
+    assert oversub.exclusive_ceiling(names, alone, [4_800, 0, None, 630], 6_160, 7.09) is None
