@@ -643,7 +643,8 @@ void gpuos_share_reserved(int64_t delta);
 /* The turn's set lacks `excess` bytes to make `want` resident: others evict; 1 if the
  * group's resident bytes went down. */
 int gpuos_share_ask(uint64_t excess, uint64_t want);
-int gpuos_share_beside(void);     /* admitted to the turn beside the holder */
+enum { GPUOS_SHARE_OUT, GPUOS_SHARE_BESIDE, GPUOS_SHARE_HOLDER };
+int gpuos_share_role(void);       /* this member's place in the turn's set (GPUOS_SHARE_*) */
 void gpuos_share_step_aside(void); /* beside the holder: leave its set */
 void gpuos_share_unclaim(void);    /* the holder gives up the room it asked for */
 void gpuos_share_working_set(uint64_t bytes);

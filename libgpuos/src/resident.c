@@ -924,6 +924,18 @@ static CUresult bring_in(int *need_turn)
 		*need_turn = 1;
 		return CUDA_SUCCESS;
 	}
+	/* A thread whose member has left the turn's set since its turn was taken (another of
+	 * its threads stepped aside for it, below) waits for a turn again: outside the set it
+	 * can ask no one, and its own memory may be none (fake driver, two members of four
+	 * threads in 12 MiB: 2 runs in 190 failed with out-of-memory so). */
+	int role = !charged && need_turn && R.shared ? gpuos_share_role() : GPUOS_SHARE_HOLDER;
+	if (role == GPUOS_SHARE_OUT) {
+		for (size_t i = 0; turn && i < R.n; i++)
+			R.v[i].turn = 0; /* the turn's batch comes with the next turn's first call */
+		share_done();
+		*need_turn = 1;
+		return CUDA_SUCCESS;
+	}
 	R.st.calls_swapped += !!want;
 	R.swapped = R.call;
 	if (turn && (want + turn > R.limit || make_room(want + turn, 0))) {
@@ -935,7 +947,7 @@ static CUresult bring_in(int *need_turn)
 	 * (its working set grew), it takes a turn of its own instead, where it may ask every
 	 * member (evicting its own, it would swap call by call in what is left it, and the
 	 * turn would never end: no one waits). */
-	int beside = !charged && !turn && need_turn && R.shared && gpuos_share_beside();
+	int beside = !turn && role == GPUOS_SHARE_BESIDE;
 	if (!charged && !turn && make_room(want, !beside)) {
 		if (beside) { /* (the turn may have ended meanwhile: it waits all the same) */
 			gpuos_share_step_aside();

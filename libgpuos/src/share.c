@@ -11,6 +11,8 @@
  *                          GPU (1: this call begins a turn taken from another member);
  *   gpuos_share_take/give  charge and discharge the group's resident bytes;
  *   gpuos_share_ask()      the turn's set lacks room: others evict first (they run later);
+ *   gpuos_share_role()     whether this member holds the turn, is beside the holder, or
+ *                          neither (another of its threads stepped aside for it);
  *   gpuos_share_step_aside() a member beside the holder that cannot have its room leaves
  *                          the set (then waits for a turn of its own);
  *   gpuos_share_working_set() the bytes this member's calls needed over its last two
@@ -523,15 +525,15 @@ int gpuos_share_acquire(void)
 	return turn;
 }
 
-int gpuos_share_beside(void)
+int gpuos_share_role(void)
 {
 	struct gpuos_share *g = S.g;
 	if (!g)
-		return 0;
+		return GPUOS_SHARE_OUT;
 	glock(g);
-	int beside = g->m[S.me].beside != 0;
+	int role = g->holder == S.me ? GPUOS_SHARE_HOLDER : g->m[S.me].beside ? GPUOS_SHARE_BESIDE : GPUOS_SHARE_OUT;
 	gunlock(g);
-	return beside;
+	return role;
 }
 
 void gpuos_share_step_aside(void)
