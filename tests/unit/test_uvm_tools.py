@@ -222,6 +222,20 @@ def test_a_clients_child_belongs_to_the_client_whose_session_it_runs_in():
         assert client_of(other.pid, {leader.pid}) is None
         assert client_of(None, {leader.pid}) is None
         assert client_of(2 ** 22 + 7, {leader.pid}) is None  # no such process
+        # a grandchild that made a session of its own: found by its ancestors
+        inner = subprocess.Popen(["sh", "-c", "setsid sleep 30 & echo $!; wait"], stdout=subprocess.PIPE,
+                                 start_new_session=True, text=True)
+        try:
+            grandchild = int(inner.stdout.readline())
+            deadline = time.time() + 5
+            while client_of(grandchild, {inner.pid}) is None and time.time() < deadline:
+                time.sleep(0.01)  # (setsid may fork once more before it execs sleep)
+            assert client_of(grandchild, {inner.pid}) == inner.pid
+            assert client_of(grandchild, {leader.pid}) is None
+        finally:
+            os.killpg(inner.pid, 9)
+            subprocess.run(["pkill", "-9", "-P", str(inner.pid)], check=False)
+            inner.wait()
     finally:
         for p in (leader, other):
             os.killpg(leader.pid, 9) if p is leader else p.kill()

@@ -316,16 +316,27 @@ class MpsPeers:
 
 def client_of(pid: int | None, clients: set[int], proc: Path = Path("/proc")) -> int | None:
     """The client a process that is not one belongs to: the one whose session it runs in
-    (gpuos starts each client in a session of its own), so that a fault of a client's
-    child (a shell's, a launcher's worker) names that client; None if none does, or the
-    process is gone."""
+    (gpuos starts each client in a session of its own), else the nearest of its ancestors
+    (a child that made a session of its own), so that a fault of a client's child (a
+    shell's, a launcher's worker) names that client; None if none does, or the process is
+    gone."""
     if pid is None or pid in clients:
         return None
-    try:
-        session = int((proc / str(pid) / "stat").read_text().rpartition(")")[2].split()[3])
-    except (OSError, ValueError, IndexError):
-        return None
-    return session if session in clients else None
+    p = pid
+    for depth in range(64):  # ancestors: far fewer in practice; a bound against a loop
+        try:
+            fields = (proc / str(p) / "stat").read_text().rpartition(")")[2].split()
+            ppid, session = int(fields[1]), int(fields[3])
+        except (OSError, ValueError, IndexError):
+            return None
+        if depth == 0 and session in clients:
+            return session
+        if ppid in clients:
+            return ppid
+        if ppid <= 1:
+            return None
+        p = ppid
+    return None
 
 
 def open_sources(feeds: list[str], offsets: dict[str, int], kmsg: bool, nvml: bool,
