@@ -255,3 +255,39 @@ def test_the_loop_looks_again_soon_while_a_young_followed_process_has_no_tracker
     finally:
         young.kill()
         young.wait()
+
+
+def test_signal_tree_reaches_a_gpu_process_that_left_the_clients_group(monkeypatch):
+    """A client's process group, and its descendants that made a session of their own and
+    use CUDA (one here, by a stand-in predicate); a descendant that does not is left."""
+    import signal
+    import subprocess
+    import time
+
+    from gpuos import procs
+    from gpuos.mps.launch import signal_tree
+
+    leader = subprocess.Popen(["sh", "-c", "setsid sleep 30 & echo $!; setsid sleep 31 & echo $!; wait"],
+                              stdout=subprocess.PIPE, start_new_session=True, text=True)
+    gpu_kid, other_kid = int(leader.stdout.readline()), int(leader.stdout.readline())
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline and not all(
+                procs.exists(k) and os.getpgid(k) == k for k in (gpu_kid, other_kid)):
+            time.sleep(0.01)  # each setsid has made its own group
+        monkeypatch.setattr(procs, "uses_cuda", lambda pid: pid == gpu_kid)
+        assert signal_tree(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=5)
+        deadline = time.time() + 5
+        while procs.alive(gpu_kid) and time.time() < deadline:
+            time.sleep(0.01)
+        assert not procs.alive(gpu_kid) and procs.alive(other_kid)
+    finally:
+        for k in (gpu_kid, other_kid):
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()

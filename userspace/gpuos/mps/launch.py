@@ -222,19 +222,34 @@ def same_process(pid: int, start: int | None) -> bool:
 
 
 def signal_tree(pid: int, sig: int) -> bool:
-    """Signal pid's process group (it leads one: start_new_session), else pid alone."""
+    """Signal pid's process group (it leads one: start_new_session), else pid alone; and
+    then its descendants that left the group (a session of their own) and use CUDA: a
+    client's GPU process keeps MPS from serving again until it is gone, wherever it
+    moved.  Descendants that do not use CUDA are left alone (a daemon it started)."""
+    try:
+        kin = procs.tree(pid)[1:]
+    except (procs.NoSuchProcess, OSError):
+        kin = []
     try:
         os.killpg(pid, sig)
-        return True
+        sent = True
     except ProcessLookupError:
-        pass
+        sent = False
     except PermissionError:
         return False
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    if not sent:
+        try:
+            os.kill(pid, sig)
+            sent = True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for p in kin:
+        try:
+            if os.getpgid(p) != pid and procs.uses_cuda(p):
+                os.kill(p, sig)
+        except (ProcessLookupError, PermissionError, procs.NoSuchProcess, OSError):
+            continue  # gone, or not ours to signal
+    return sent
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
