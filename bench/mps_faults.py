@@ -718,11 +718,11 @@ class Scenario:
             self.r["supervisor_events"] = [{k: e.get(k) for k in
                                             ("time", "event", "state", "incident", "client", "pid",
                                              "old_pid", "cause", "outcome", "seconds", "why",
-                                             "detail", "victims", "note", "action", "parts")}
+                                             "detail", "victims", "note", "action", "parts", "pids")}
                                            for e in evs]
             for row, e in zip(self.r["supervisor_events"], evs):  # whose fault, by what
                 if isinstance(e.get("fault"), dict):
-                    row["fault"] = {k: e["fault"].get(k) for k in ("source", "pid", "xid")}
+                    row["fault"] = {k: e["fault"].get(k) for k in ("source", "pid", "client_pid", "xid")}
 
             def first_of(*names: str) -> float | None:
                 e = next((e for e in evs if e.get("event") in names), None)
