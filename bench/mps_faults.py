@@ -232,13 +232,10 @@ class ExitWatch:
     def _watch(self) -> None:
         while not self._stop.is_set() and self.gone is None:
             now = time.time()
-            try:
-                zombie = procs.stat(self.pid).state in ("Z", "X")
-            except procs.NoSuchProcess:
-                zombie = True
-            if self.exiting is None and (zombie or procs.ending(self.pid)):
+            gone = not procs.alive(self.pid)
+            if self.exiting is None and (gone or procs.ending(self.pid)):
                 self.exiting = now
-            if zombie:
+            if gone:
                 self.gone = now
             time.sleep(0.001)
 
@@ -1064,8 +1061,8 @@ def main() -> None:
     ap.add_argument("--faulter", choices=("bench", "client"), default="bench",
                     help="Who starts the injector: the benchmark, as one more MPS client the "
                          "supervisor does not manage [bench]; or (client) `gpuos mps run "
-                         "--policy none`, one of the supervisor's clients, stopped with the "
-                         "victims under --hold-victims (modes under gpuos mps; stock: bench).")
+                         "--policy none`, one of the supervisor's clients, its CUDA process a "
+                         "child of the client's (modes under gpuos mps; stock: bench).")
     ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
                     help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
                          "and phase marks, written at every iteration [/dev/shm where writable, "

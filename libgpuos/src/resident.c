@@ -927,7 +927,7 @@ static CUresult bring_in(int *need_turn)
 	/* A thread whose member has left the turn's set since its turn was taken (another of
 	 * its threads stepped aside for it, below) waits for a turn again: outside the set it
 	 * can ask no one, and its own memory may be none (fake driver, two members of four
-	 * threads in 12 MiB: 2 runs in 190 failed with out-of-memory so). */
+	 * threads in 12 MiB: 2 runs in 117 failed with out-of-memory so). */
 	int role = !charged && need_turn && R.shared ? gpuos_share_role() : GPUOS_SHARE_HOLDER;
 	if (role == GPUOS_SHARE_OUT) {
 		for (size_t i = 0; turn && i < R.n; i++)

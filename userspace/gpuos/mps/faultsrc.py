@@ -314,7 +314,7 @@ class MpsPeers:
         return env is not None and env.get("CUDA_MPS_PIPE_DIRECTORY") in self.pipe_dirs
 
 
-def client_of(pid: int | None, clients: set[int], proc: Path = Path("/proc")) -> int | None:
+def client_of(pid: int | None, clients: set[int]) -> int | None:
     """The client a process that is not one belongs to: the one whose session it runs in
     (gpuos starts each client in a session of its own), else the nearest of its ancestors
     (a child that made a session of its own), so that a fault of a client's child (a
@@ -325,17 +325,16 @@ def client_of(pid: int | None, clients: set[int], proc: Path = Path("/proc")) ->
     p = pid
     for depth in range(64):  # ancestors: far fewer in practice; a bound against a loop
         try:
-            fields = (proc / str(p) / "stat").read_text().rpartition(")")[2].split()
-            ppid, session = int(fields[1]), int(fields[3])
-        except (OSError, ValueError, IndexError):
+            st = procs.stat(p)
+        except (procs.NoSuchProcess, OSError, ValueError, IndexError):
             return None
-        if depth == 0 and session in clients:
-            return session
-        if ppid in clients:
-            return ppid
-        if ppid <= 1:
+        if depth == 0 and st.session in clients:
+            return st.session
+        if st.ppid in clients:
+            return st.ppid
+        if st.ppid <= 1:
             return None
-        p = ppid
+        p = st.ppid
     return None
 
 

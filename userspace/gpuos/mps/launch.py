@@ -232,24 +232,20 @@ def signal_tree(pid: int, sig: int) -> bool:
         kin = []
     try:
         os.killpg(pid, sig)
-        sent = True
     except ProcessLookupError:
-        sent = False
-    except PermissionError:
-        return False
-    if not sent:
         try:
             os.kill(pid, sig)
-            sent = True
         except (ProcessLookupError, PermissionError):
             return False
+    except PermissionError:
+        return False
     for p in kin:
         try:
             if os.getpgid(p) != pid and procs.uses_cuda(p):
                 os.kill(p, sig)
         except (ProcessLookupError, PermissionError, procs.NoSuchProcess, OSError):
             continue  # gone, or not ours to signal
-    return sent
+    return True
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
