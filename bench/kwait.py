@@ -126,6 +126,10 @@ class WaitSampler:
         self._thread = threading.Thread(target=self._run, name="kwait", daemon=True)
         self._thread.start()
 
+    def add(self, pid: int, role: str) -> None:
+        """Sample pid too from now on (a process started after start())."""
+        self.pids = self.pids | {pid: role}  # a new dict: the sampler's loop iterates the old
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

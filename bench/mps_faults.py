@@ -68,6 +68,7 @@ import argparse
 import json
 import os
 import platform
+import select
 import shutil
 import socket
 import statistics
@@ -217,22 +218,29 @@ class Lines(StampedLines):
 
 class ExitWatch:
     """When a process began to exit (every thread exiting: procs.ending) and when it was
-    gone (no longer in /proc, or a zombie), looked at every millisecond by a thread: the
-    faulter's CUDA process (gpuos-inject, the child of `gpuos faults inject`), since after
-    a trap the co-runners' work waits for it to be gone (H200, README)."""
+    gone (its whole thread group: its pidfd readable), looked at every millisecond by a
+    thread: the faulter's CUDA process (gpuos-inject, the child of `gpuos faults inject`),
+    since after a trap the co-runners' work waits for it to be gone (H200, README).  Not
+    the leader's zombie state: the leader is a zombie while another thread of the process
+    still closes its GPU files."""
 
     def __init__(self, pid: int):
         self.pid = pid
         self.exiting: float | None = None
         self.gone: float | None = None
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:
+            self._pidfd = None  # gone already
+            self.exiting = self.gone = time.time()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._watch, daemon=True)
         self._t.start()
 
     def _watch(self) -> None:
-        while not self._stop.is_set() and self.gone is None:
+        while not self._stop.is_set() and self.gone is None and self._pidfd is not None:
             now = time.time()
-            gone = not procs.alive(self.pid)
+            gone = bool(select.select([self._pidfd], [], [], 0)[0])
             if self.exiting is None and (gone or procs.ending(self.pid)):
                 self.exiting = now
             if gone:
@@ -242,6 +250,9 @@ class ExitWatch:
     def stop(self) -> None:
         self._stop.set()
         self._t.join(timeout=1)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class ClientLines(StampedLines):
@@ -329,8 +340,9 @@ class ScenarioFailed(Exception):
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
                  size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
-                 kernel_waits: bool = False, faulter: str = "bench"):
+                 kernel_waits: bool = False, faulter: str = "bench", trackers: bool = True):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.trackers = trackers
         self.faulter_as = faulter if mode in POLICY else "bench"
         self.phases = phases
         self.bystander = bystander if mode in WARM else ""
@@ -376,7 +388,8 @@ class Scenario:
         self.env["GPUOS_HOME"] = str(self.home)
         extra = (["--spare-server"] if self.mode in WARM else []) + (
             ["--end-faulted-server"] if self.mode == "spare-end" else []) + (
-            ["--hold-victims", str(HOLD_VICTIMS_S)] if self.mode == "spare-hold" else [])
+            ["--hold-victims", str(HOLD_VICTIMS_S)] if self.mode == "spare-hold" else []) + (
+            [] if self.trackers else ["--no-fault-trackers"])
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
                                           *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
@@ -561,6 +574,8 @@ class Scenario:
             if code != 0 or not reply.get("pid"):
                 raise ScenarioFailed(f"gpuos mps run (the faulter): exit {code}: {text.strip()[-600:]}")
             self.faulter = ClientLines(out, reply["pid"])
+            if self.sampler is not None:
+                self.sampler.add(int(reply["pid"]), "faulter client")
             self.r["faulter_client"] = reply.get("client")
         else:
             self.faulter = Lines(inject, self.mps_env, self.dir / "faulter.err")
@@ -572,6 +587,8 @@ class Scenario:
                 self.t_fault = armed[0][0]
                 if armed[0][1].get("pid"):
                     self.faulter_exit = ExitWatch(armed[0][1]["pid"])
+                    if self.sampler is not None:
+                        self.sampler.add(int(armed[0][1]["pid"]), "faulter")
                 break
             if self.faulter.ended is not None:
                 break
@@ -797,9 +814,13 @@ class Scenario:
         self.summarize()
 
     def start_sampler(self) -> None:
-        """--kernel-waits: the clients', their standbys' and the MPS servers' threads, where
-        they wait in the kernel from just before the fault (bench/kwait.py)."""
+        """--kernel-waits: the clients', their standbys', the MPS servers', the supervisor's
+        (its tracker closer: the close of an exited client's VA space) and, once started,
+        the faulter's threads, where they wait in the kernel from just before the fault
+        (bench/kwait.py)."""
         pids = {p: "mps-server" for p in procs.all_pids() if is_server(p)}
+        if self.r.get("supervisor_pid"):
+            pids[int(self.r["supervisor_pid"])] = "supervisor"
         for c in self.clients:
             if c.get("pid"):
                 pids[int(c["pid"])] = f"client {c.get('client') or c['id']}"
@@ -1063,6 +1084,10 @@ def main() -> None:
                          "supervisor does not manage [bench]; or (client) `gpuos mps run "
                          "--policy none`, one of the supervisor's clients, its CUDA process a "
                          "child of the client's (modes under gpuos mps; stock: bench).")
+    ap.add_argument("--no-fault-trackers", action="store_true",
+                    help="Modes under gpuos mps: start the supervisor with --no-fault-trackers "
+                         "(no UVM tracker on any client's address space: the faulter goes unnamed; "
+                         "to see what the trackers cost a fault's teardown).")
     ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
                     help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
                          "and phase marks, written at every iteration [/dev/shm where writable, "
@@ -1102,7 +1127,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "mps_faults",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **host_info(), "quick": a.quick, "client_size": a.size, "scratch": a.scratch, "scenarios": {}, "notes": [],
+        **host_info(), "quick": a.quick, "client_size": a.size, "fault_trackers": not a.no_fault_trackers, "scratch": a.scratch, "scenarios": {}, "notes": [],
     }
     path = Path(a.out).resolve() / f"mps-faults-{short_name(result['device'])}-{result['date'][:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1150,7 +1175,7 @@ def main() -> None:
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
                                  result, a.size, a.sample, a.bystander, a.phases,
-                                 a.kernel_waits, a.faulter).run()
+                                 a.kernel_waits, a.faulter, not a.no_fault_trackers).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

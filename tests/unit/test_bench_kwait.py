@@ -68,3 +68,23 @@ def test_peek_reads_this_process_memory():
     v = ctypes.c_uint32(0xDEADBEEF)
     assert kwait._peek_u32(os.getpid(), ctypes.addressof(v)) == 0xDEADBEEF
     assert kwait._peek_u32(os.getpid(), 0) is None
+
+
+def test_a_process_added_later_is_sampled_from_then_on():
+    """add(): a process started after the sampler (the faulter) is sampled too: a child
+    blocked in a read of a pipe."""
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(1)"],
+                         stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.3)
+        s = kwait.WaitSampler({}, period_s=0.001, t0=time.time())
+        s.sample_once(time.time())
+        assert not s._open
+        s.add(p.pid, "faulter")
+        s.sample_once(time.time())
+        assert [w.call for (pid, _), w in s._open.items() if pid == p.pid] == ["read"]
+    finally:
+        p.kill()
+        p.wait()

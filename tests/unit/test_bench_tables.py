@@ -354,8 +354,8 @@ def test_group_cells_of_several_slices_say_their_slice():
 
 
 def test_the_faulters_process_is_watched_until_it_is_gone():
-    """ExitWatch: when a process began to exit and when it was gone (a zombie counts as
-    gone: its GPU files are closed), never before it exits."""
+    """ExitWatch: when a process began to exit and when it was gone, never before it
+    exits."""
     import subprocess
 
     t0 = time.time()
@@ -368,6 +368,27 @@ def test_the_faulters_process_is_watched_until_it_is_gone():
     w.stop()
     assert w.gone is not None and w.exiting is not None
     assert t0 + 0.2 <= w.exiting <= w.gone
+
+
+def test_a_process_whose_leader_ended_first_is_gone_only_with_its_last_thread():
+    """The leader is a zombie while another thread runs on (it may still be closing the
+    process's GPU files): ExitWatch says gone only when the whole thread group is."""
+    import subprocess
+    import sys
+
+    code = ("import ctypes, os, threading, time\n"
+            "threading.Thread(target=lambda: (time.sleep(0.5), os._exit(0))).start()\n"
+            "ctypes.CDLL(None).pthread_exit(None)\n")
+    p = subprocess.Popen([sys.executable, "-c", code])
+    t0 = time.time()
+    w = mps_faults.ExitWatch(p.pid)
+    deadline = time.time() + 10
+    while w.gone is None and time.time() < deadline:
+        time.sleep(0.01)
+    p.wait()
+    w.stop()
+    assert w.gone is not None and w.exiting is not None
+    assert w.gone >= t0 + 0.4 and w.exiting <= w.gone
 
 
 def test_members_that_cannot_share_the_pool_cap_the_group():
