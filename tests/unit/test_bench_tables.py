@@ -353,13 +353,12 @@ def test_group_cells_of_several_slices_say_their_slice():
             oversub.slice_list(bad)
 
 
-def test_the_faulters_process_is_watched_until_it_is_gone():
-    """ExitWatch: when a process began to exit and when it was gone, never before it
-    exits."""
+def _watched_exit(argv: list[str]) -> tuple[float, "mps_faults.ExitWatch"]:
+    """Start argv, watch it with ExitWatch until it is gone: (its start time, the watch)."""
     import subprocess
 
+    p = subprocess.Popen(argv)
     t0 = time.time()
-    p = subprocess.Popen(["sleep", "0.2"])
     w = mps_faults.ExitWatch(p.pid)
     deadline = time.time() + 10
     while w.gone is None and time.time() < deadline:
@@ -367,27 +366,25 @@ def test_the_faulters_process_is_watched_until_it_is_gone():
     p.wait()
     w.stop()
     assert w.gone is not None and w.exiting is not None
-    assert t0 + 0.2 <= w.exiting <= w.gone
+    return t0, w
+
+
+def test_the_faulters_process_is_watched_until_it_is_gone():
+    """ExitWatch: when a process began to exit and when it was gone, never before it
+    exits."""
+    t0, w = _watched_exit(["sleep", "0.2"])
+    assert t0 + 0.19 <= w.exiting <= w.gone
 
 
 def test_a_process_whose_leader_ended_first_is_gone_only_with_its_last_thread():
     """The leader is a zombie while another thread runs on (it may still be closing the
     process's GPU files): ExitWatch says gone only when the whole thread group is."""
-    import subprocess
     import sys
 
     code = ("import ctypes, os, threading, time\n"
             "threading.Thread(target=lambda: (time.sleep(0.5), os._exit(0))).start()\n"
             "ctypes.CDLL(None).pthread_exit(None)\n")
-    p = subprocess.Popen([sys.executable, "-c", code])
-    t0 = time.time()
-    w = mps_faults.ExitWatch(p.pid)
-    deadline = time.time() + 10
-    while w.gone is None and time.time() < deadline:
-        time.sleep(0.01)
-    p.wait()
-    w.stop()
-    assert w.gone is not None and w.exiting is not None
+    t0, w = _watched_exit([sys.executable, "-c", code])
     assert w.gone >= t0 + 0.4 and w.exiting <= w.gone
 
 
