@@ -75,7 +75,7 @@
 	X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) X(cuStreamQuery_ptsz) \
 	X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
-	X(cuEventRecord_ptsz) X(cuEventSynchronize) X(cuEventQuery) X(cuStreamWaitEvent) \
+	X(cuEventRecord_ptsz) X(cuEventSynchronize) X(cuEventQuery) X(cuEventElapsedTime) X(cuStreamWaitEvent) \
 	X(cuStreamWaitEvent_ptsz) X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) \
 	X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
 	X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) \
@@ -864,7 +864,7 @@ struct stream {
 	struct graph *g;
 	unsigned long long cap_id;
 };
-struct event { struct obj o; unsigned flags; };
+struct event { struct obj o; unsigned flags; uint64_t at_ns; /* when last recorded (0: never) */ };
 
 static unsigned long long g_cap_id;
 
@@ -1772,6 +1772,35 @@ static CUresult event_destroy(CUevent h)
 	return CUDA_SUCCESS;
 }
 
+/* Work runs at its issue here: an event passes when it is recorded. */
+static CUresult event_record(CUevent h, CUstream st)
+{
+	struct event *e = oget(h, O_EVENT);
+	struct stream *s;
+	CUresult r = get_stream(st, &s);
+	if (r)
+		return r;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	e->at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return CUDA_SUCCESS;
+}
+
+static CUresult event_elapsed(float *ms, CUevent a, CUevent b)
+{
+	struct event *x = oget(a, O_EVENT), *y = oget(b, O_EVENT);
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!x || !y || (x->flags | y->flags) & CU_EVENT_DISABLE_TIMING)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!x->at_ns || !y->at_ns)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*ms = (float)(((double)y->at_ns - (double)x->at_ns) / 1e6);
+	return CUDA_SUCCESS;
+}
+
 static CUresult event_stream(CUevent e, CUstream h)
 {
 	struct stream *s;
@@ -2156,6 +2185,7 @@ static const struct pa proc_table[] = {
 	PA(cuEventCreate, 2000, cuEventCreate) PA(cuEventDestroy, 4000, cuEventDestroy_v2)
 	PA(cuEventRecord, 2000, cuEventRecord) PT(cuEventRecord, 7000, cuEventRecord_ptsz)
 	PA(cuEventSynchronize, 2000, cuEventSynchronize) PA(cuEventQuery, 2000, cuEventQuery)
+	PA(cuEventElapsedTime, 2000, cuEventElapsedTime)
 	PA(cuStreamWaitEvent, 3020, cuStreamWaitEvent) PT(cuStreamWaitEvent, 7000, cuStreamWaitEvent_ptsz)
 	PA(cuLaunchKernel, 4000, cuLaunchKernel) PT(cuLaunchKernel, 7000, cuLaunchKernel_ptsz)
 	PA(cuLaunchKernelEx, 11060, cuLaunchKernelEx) PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx_ptsz)
@@ -2623,7 +2653,8 @@ API_PTSZ(cuStreamGetCaptureInfo_v3, (CUstream s, CUstreamCaptureStatus *st, cuui
 	 capture_info(s, st, id, g, deps, edges, n))
 API(cuEventCreate, (CUevent *e, unsigned int flags), event_create(e, flags))
 API(cuEventDestroy_v2, (CUevent e), event_destroy(e))
-API_PTSZ(cuEventRecord, (CUevent e, CUstream s), event_stream(e, s))
+API_PTSZ(cuEventRecord, (CUevent e, CUstream s), event_record(e, s))
+API(cuEventElapsedTime, (float *ms, CUevent a, CUevent b), event_elapsed(ms, a, b))
 API(cuEventSynchronize, (CUevent e), oget(e, O_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE)
 API(cuEventQuery, (CUevent e), oget(e, O_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE)
 API_PTSZ(cuStreamWaitEvent, (CUstream s, CUevent e, unsigned int flags),

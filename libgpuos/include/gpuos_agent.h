@@ -192,6 +192,10 @@ struct gpuos_res_stats {
 				  * their memory, queueing their copies: not waited for) */
 	uint64_t map_ns;         /* of in_ns less ahead_ns, making and mapping the physical memory
 				  * the copies waited for went to (cuMemCreate, cuMemMap, access) */
+	uint64_t batch_bytes;    /* of ahead_bytes, those whose batches were timed on the GPU */
+	uint64_t batch_ns;       /* their batches' GPU time, the first copy's start to the last
+				  * one's end (gaps between copies while libgpuos mapped the next
+				  * allocation included): the rate copies ahead and turns' batches ran at */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

@@ -165,6 +165,7 @@ struct gpuos_drv {
 	PFN_cuEventRecord_v2000 event_record;
 	PFN_cuEventQuery_v2000 event_query;
 	PFN_cuEventSynchronize_v2000 event_sync;
+	PFN_cuEventElapsedTime_v2000 event_elapsed;
 	/* measuring touches (touched.c, validate.c) */
 	PFN_cuMemAllocManaged_v6000 mem_alloc_managed;
 	PFN_cuMemGetInfo_v3020 mem_get_info;

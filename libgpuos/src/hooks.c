@@ -282,6 +282,7 @@ static const struct {
 	DRV(event_record, "cuEventRecord"),
 	DRV(event_query, "cuEventQuery"),
 	DRV(event_sync, "cuEventSynchronize"),
+	DRV(event_elapsed, "cuEventElapsedTime"),
 	DRV(mem_alloc_managed, "cuMemAllocManaged"),
 	DRV(mem_get_info, "cuMemGetInfo_v2"),
 	DRV(mem_prefetch, "cuMemPrefetchAsync_v2"),

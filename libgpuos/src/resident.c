@@ -96,6 +96,7 @@
 #define CHUNK ((uint64_t)GPUOS_VALIDATE_CHUNK) /* fingerprinted bytes per hash */
 #define EVICT_BATCH 64   /* allocations evicted at once, at most */
 #define AHEAD_MAX 16     /* allocations brought in ahead of their use at once, at most */
+#define TIMED_BATCHES 4  /* batches of copies ahead timed at once, per context */
 #define TURN_TRIES 16    /* allocations a turn's batches may bring in unused before they stop */
 #define GAP_CHUNKS 16    /* changed chunks at most this far apart are copied as one run */
 
@@ -150,6 +151,14 @@ static struct {
 		CUdeviceptr d_hash; /* hash_cap hashes */
 		uint64_t hash_cap;
 		CUevent ahead;      /* recorded after the last copies ahead (NULL: none made yet) */
+		/* batches of copies ahead timed on the GPU (their copies are never waited for
+		 * as they run): events around each, read once both have passed */
+		struct timed_batch {
+			CUevent start, end; /* timing events (NULL: not made yet) */
+			uint64_t bytes;
+			int pending;        /* recorded, not read yet */
+		} timed[TIMED_BATCHES];
+		struct timed_batch *open; /* the batch being issued, its start recorded */
 	} swap[MAX_CTX];
 	pthread_cond_t prepare;     /* signalled when an allocation may need host memory prepared */
 	int preparer;               /* 1: its thread runs; -1: it failed for good */
@@ -738,9 +747,52 @@ static int make_room(uint64_t want, int own)
 	return 0;
 }
 
+/* The timings of sc's batches that have passed: bytes and GPU time into the stats. */
+static void batches_read(struct swap_ctx *sc)
+{
+	for (int i = 0; i < TIMED_BATCHES; i++) {
+		struct timed_batch *b = &sc->timed[i];
+		if (!b->pending || gpuos_drv.event_query(b->end) == CUDA_ERROR_NOT_READY)
+			continue;
+		float ms = 0;
+		if (gpuos_drv.event_elapsed(&ms, b->start, b->end) == CUDA_SUCCESS && ms > 0) {
+			R.st.batch_bytes += b->bytes;
+			R.st.batch_ns += (uint64_t)((double)ms * 1e6);
+		}
+		b->pending = 0;
+	}
+}
+
+/* Before the first copy of a batch of copies ahead on sc's stream s: its start recorded,
+ * if a timing slot is free (else the batch goes untimed: nothing waits for a slot). */
+static void batch_begin(struct swap_ctx *sc, CUstream s)
+{
+	if (sc->open || !gpuos_drv.event_elapsed)
+		return;
+	batches_read(sc);
+	for (int i = 0; i < TIMED_BATCHES; i++) {
+		struct timed_batch *b = &sc->timed[i];
+		if (b->pending)
+			continue;
+		if (!b->start && gpuos_drv.event_create(&b->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+			b->start = NULL;
+			return;
+		}
+		if (!b->end && gpuos_drv.event_create(&b->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+			b->end = NULL;
+			return;
+		}
+		if (gpuos_drv.event_record(b->start, s) == CUDA_SUCCESS)
+			sc->open = b;
+		return;
+	}
+}
+
 /* Map new memory for r and, if it has contents, copy them back on s (not waited for);
- * *copied: the bytes; *map_ns (if given) grows by the time making and mapping took. */
-static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint64_t *map_ns)
+ * *copied: the bytes; *map_ns (if given) grows by the time making and mapping took; a
+ * copy ahead (batch: its context) opens a timed batch if none is. */
+static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint64_t *map_ns,
+			      struct swap_ctx *batch)
 {
 	uint64_t t0 = gpuos_now_ns();
 	CUresult c = map_new(r->base, r->size, r->device, &r->h);
@@ -753,6 +805,8 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint6
 	R.st.resident_bytes += r->size;
 	if (!r->has_content)
 		return CUDA_SUCCESS;
+	if (batch)
+		batch_begin(batch, s);
 	c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
 	if (c != CUDA_SUCCESS)
 		return c; /* resident, its contents where they were (host) */
@@ -768,7 +822,7 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint6
 static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 {
 	uint64_t copied = 0;
-	CUresult c = make_resident(r, sc->s, &copied, NULL);
+	CUresult c = make_resident(r, sc->s, &copied, NULL, sc);
 	if (c != CUDA_SUCCESS)
 		return c;
 	r->ahead = 1;
@@ -780,15 +834,23 @@ static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 }
 
 /* The copies ahead issued, `ns` spent issuing them (mapping, queueing): the event after
- * them, the counts.  Their copies are not timed (not waited for): the figures of copies
- * waited for are bytes_in - ahead_bytes in in_ns - ahead_ns. */
+ * them, the counts, the end of their timed batch.  Their copies are not waited for: the
+ * figures of copies waited for are bytes_in - ahead_bytes in in_ns - ahead_ns; theirs,
+ * as the GPU ran them, batch_bytes in batch_ns. */
 static void ahead_issued(struct swap_ctx *sc, uint64_t bytes, uint64_t ns)
 {
+	struct timed_batch *b = sc ? sc->open : NULL;
+	if (sc)
+		sc->open = NULL;
 	if (!bytes)
 		return;
 	uint64_t t0 = gpuos_now_ns();
 	if (gpuos_drv.event_record(sc->ahead, sc->s) != CUDA_SUCCESS)
 		gpuos_drv.stream_sync(sc->s); /* no event to wait on: wait now */
+	if (b && gpuos_drv.event_record(b->end, sc->s) == CUDA_SUCCESS) {
+		b->bytes = bytes;
+		b->pending = 1;
+	}
 	ns += gpuos_now_ns() - t0;
 	R.st.ahead_bytes += bytes;
 	R.st.bytes_in += bytes;
@@ -888,6 +950,8 @@ static CUresult bring_in(int *need_turn)
 				R.v[i].in_flight = 0; /* recorded after every copy before it */
 	}
 	struct swap_ctx *sc = swap_ctx();
+	if (wait_ev && sc)
+		batches_read(sc); /* what was waited for has passed */
 	/* A turn taken from another member begins: what this process used in its last turn
 	 * comes back with this call's memory, the others evicting for all of it at once (one
 	 * request, one synchronisation each) instead of call by call. */
@@ -966,7 +1030,7 @@ static CUresult bring_in(int *need_turn)
 		if (r->call != R.call || r->h)
 			continue;
 		uint64_t bytes = 0;
-		c = make_resident(r, s, &bytes, &map_ns);
+		c = make_resident(r, s, &bytes, &map_ns, NULL);
 		mapped += r->h ? r->size : 0; /* mapped, even if its copy failed */
 		copied += bytes;
 	}

@@ -305,7 +305,19 @@ def test_the_group_table_shows_the_one_at_a_time_bound():
     row = {"group": "g", "one_at_a_time": 0.42, "pressures": [{"pressure": 150, "reactive": cell, "proactive": cell}]}
     lines = oversub.group_markdown({"groups": [row]}).splitlines()
     assert len({line.count("|") for line in lines}) == 1, lines  # every row as wide as the header
-    assert lines[2].startswith("| g | 150% | 50.0% | 50.0% | 42.0% | True | 2.0 / 2.0 GB | 40.0 GB/s | 3 | 1 |")
+    assert lines[2].startswith("| g | 150% | 50.0% | 50.0% | 42.0% | True | 2.0 / 2.0 GB | 40.0 / - GB/s | 3 | 1 |")
+    # batches timed on the GPU: their rate beside the waited copies'
+    row["pressures"][0]["proactive"] = dict(cell, batch_GBps=45.5)
+    lines = oversub.group_markdown({"groups": [row]}).splitlines()
+    assert "| 40.0 / 45.5 GB/s |" in lines[2]
+
+
+def test_the_batch_rate_is_the_timed_batches_bytes_over_their_gpu_time():
+    import oversub
+
+    st = [{"batch_bytes": 40_000, "batch_ns": 1_000}, {"batch_bytes": 10_000, "batch_ns": 250}]
+    assert oversub.batch_rate(st) == 50_000 / 1_250
+    assert oversub.batch_rate([{"bytes_in": 5}]) is None  # from before the figures
 
 
 def test_overhead_rounds_rotate_the_order_and_pair_each_round(monkeypatch):

@@ -83,6 +83,10 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     assert lru["ahead_bytes"] == 0 and future["ahead_bytes"] > 0
     # issuing them is timed apart, inside in_ns (the copies waited for are the rest)
     assert lru["ahead_ns"] == 0 and 0 < future["ahead_ns"] < future["in_ns"]
+    # and their batches timed as they ran (the fake driver runs a copy at its issue: the
+    # batch's time is within the time issuing it)
+    assert lru["batch_bytes"] == 0 and 0 < future["batch_bytes"] <= future["ahead_bytes"]
+    assert 0 < future["batch_ns"] < future["ahead_ns"], future
     # making and mapping memory for the copies waited for: a part of their time
     for st in (lru, future):
         assert 0 < st["map_ns"] < st["in_ns"] - st["ahead_ns"], st
