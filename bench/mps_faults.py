@@ -1127,7 +1127,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "mps_faults",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **host_info(), "quick": a.quick, "client_size": a.size, "fault_trackers": not a.no_fault_trackers, "scratch": a.scratch, "scenarios": {}, "notes": [],
+        **host_info(), "quick": a.quick, "client_size": a.size, "fault_trackers": not a.no_fault_trackers, "standby_cublas_warm_up": os.environ.get("GPUOS_MPS_STANDBY_CUBLAS") != "0", "scratch": a.scratch, "scenarios": {}, "notes": [],
     }
     path = Path(a.out).resolve() / f"mps-faults-{short_name(result['device'])}-{result['date'][:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

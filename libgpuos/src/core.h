@@ -216,6 +216,10 @@ int gpuos_debugging(void); /* GPUOS_LIB_DEBUG=1: gpuos_dbg writes */
  * every launch wrapper looks here first (one load once passed). */
 extern int gpuos_standby_passed;
 void gpuos_standby_launch_slow(void);
+/* blaswarm.c: a warm standby starts cuBLAS on a thread of its own while it waits */
+extern GPUOS_TLS int gpuos_blaswarm_thread;
+void gpuos_blaswarm_start(void);
+
 static inline void gpuos_standby_at_launch(void)
 {
 	if (__builtin_expect(!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE), 0))

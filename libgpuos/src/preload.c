@@ -332,7 +332,7 @@ static void start_writer(void)
 
 void gpuos_preload_note_slow(uint64_t h)
 {
-	if (!h)
+	if (!h || gpuos_blaswarm_thread) /* the warm-up's kernels are cuBLAS's, not the client's */
 		return;
 	uint64_t x = h * 0x9e3779b97f4a7c15ull;
 	unsigned i = (unsigned)(x >> 50) & (SEEN_SLOTS - 1);

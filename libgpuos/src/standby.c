@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,10 +64,16 @@ static void standby_wait(const char *where)
 	__atomic_store_n(&gpuos_standby_passed, 1, __ATOMIC_RELEASE);
 }
 
+static pthread_once_t blaswarm_once = PTHREAD_ONCE_INIT;
+
 void gpuos_standby_launch_slow(void)
 {
-	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY"))
+	if (gpuos_blaswarm_thread)
+		return; /* the warm-up's own launches, while the program waits */
+	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY")) {
 		gpuos_preload_standby_waits();
+		pthread_once(&blaswarm_once, gpuos_blaswarm_start);
+	}
 	standby_wait("a kernel launch");
 }
 

@@ -15,7 +15,7 @@ TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threa
 TEST_DLOPEN := t_dlsym t_procaddr t_dlsym_answers
 # Sanitizer-instrumented builds, to run with libgpuos preloaded (it must not break them).
 TEST_SANITIZED := t_threads_tsan t_dlsym_tsan t_direct_asan t_resident_tsan
-TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN) $(TEST_SANITIZED))
+TESTPROGS := $(addprefix $(O)/tests/,$(TEST_LINKED) $(TEST_DLOPEN) $(TEST_SANITIZED)) $(O)/tests/fakecublas/libcublas.so.13
 TEST_HDRS := $(TESTS_DIR)/common.h $(TESTS_DIR)/work.h $(TESTS_DIR)/../fakecuda/fakecuda.h
 
 .PHONY: testprogs testrun
@@ -46,6 +46,11 @@ $(O)/tests/t_dlsym_tsan: $(TESTS_DIR)/t_dlsym.c $(TEST_HDRS)
 $(O)/tests/t_direct_asan: $(TESTS_DIR)/t_direct.c $(TEST_HDRS) $(O)/fakecuda/libcuda.so
 	@mkdir -p $(@D)
 	$(CC) $(TEST_CFLAGS) -fsanitize=address -fno-omit-frame-pointer -o $@ $< -L$(O)/fakecuda -lcuda -ldl -lm
+
+# a stand-in for cuBLAS (a warm standby's warm-up, blaswarm.c): preloaded by the test
+$(O)/tests/fakecublas/libcublas.so.13: $(TESTS_DIR)/fake_cublas.c
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) -shared -fPIC -o $@ $< -ldl
 
 # Every program on the fake (TEST_PRELOAD=path/libgpuos.so to run them under it).
 testrun: testprogs $(FAKE_LIB)

@@ -347,6 +347,37 @@ def test_a_warm_standby_loads_a_library_ahead_and_hands_it_over(build, env, tmp_
     assert stats["per_call"].get("cuLibraryLoadData") == 1, stats["per_call"]  # ahead, not again
 
 
+@pytest.mark.parametrize("warm_up", ["on", "off"])
+def test_a_warm_standby_starts_cublas_while_it_waits(build, env, tmp_path, warm_up):
+    """blaswarm.c: a warm standby whose program has loaded cuBLAS (here a stand-in,
+    preloaded) makes GEMMs of every common kind on a thread of its own while the program
+    waits at its first launch: their launches pass the wait (the program's do not), and
+    the program runs as usual once released.  GPUOS_MPS_STANDBY_CUBLAS=0: none."""
+    fifo, log = tmp_path / "standby", tmp_path / "cublas.log"
+    os.mkfifo(fifo, 0o600)
+    run_env = dict(env, LD_PRELOAD=f"{build / 'libgpuos.so'}:{build / 'tests' / 'fakecublas' / 'libcublas.so.13'}",
+                   GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch", FAKE_CUBLAS_LOG=str(log))
+    if warm_up == "off":
+        run_env["GPUOS_MPS_STANDBY_CUBLAS"] = "0"
+    p = subprocess.Popen([str(build / "tests" / "t_direct"), "3"], env=run_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    want = 3 * 2 * 4  # transpositions x shapes x kinds (fp32, TF32, fp16, bf16)
+    deadline = time.monotonic() + (20 if warm_up == "on" else 1.5)
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < want):
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    calls = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    release_standby(p, fifo)  # it was still waiting
+    if warm_up == "off":
+        assert calls == []
+        return
+    assert len(calls) == want, calls
+    tids, pids, launches = {c[0] for c in calls}, {c[1] for c in calls}, {c[2] for c in calls}
+    assert pids == {str(p.pid)} and tids.isdisjoint(pids)  # in the standby, not its main thread
+    assert launches == {"400"}, launches  # CUDA_ERROR_INVALID_HANDLE from the fake: it launched
+    assert {c[8] for c in calls} == {"68", "77"}  # fp32 and TF32 compute
+
+
 def standby_report(p: subprocess.Popen, kernels: Path) -> dict:
     """A warm standby's first report of what it loaded ahead (preload.c)."""
     report = Path(f"{kernels}.standby.{p.pid}")
