@@ -161,6 +161,8 @@ static void *warm_main(void *arg)
 	    gpuos_drv.mem_alloc(&w->a, SCRATCH) != CUDA_SUCCESS ||
 	    gpuos_drv.mem_alloc(&w->ws, WORKSPACE) != CUDA_SUCCESS) {
 		gpuos_dbg("cuBLAS warm-up: no stream or scratch memory");
+		if (w->a)
+			gpuos_drv.mem_free(w->a);
 		goto pop;
 	}
 	w->b = w->a + DIM * DIM * 4u;
