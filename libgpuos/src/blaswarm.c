@@ -27,6 +27,7 @@
 #include "core.h"
 
 GPUOS_TLS int gpuos_blaswarm_thread; /* this thread is ours: past the wait, not noted */
+struct gpuos_blaswarm_report gpuos_blaswarm; /* what it did, once done (preload.c reports it) */
 
 /* cuBLAS's and cublasLt's types, as ints and pointers (cublas_api.h, cublasLt.h) */
 typedef int (*create_fn)(void **);
@@ -183,8 +184,12 @@ static void *warm_main(void *arg)
 			lt_bias(w, kinds[i][0], kinds[i][1]);
 	}
 	gpuos_drv.stream_sync(w->s);
+	gpuos_blaswarm.calls = w->calls;
+	gpuos_blaswarm.failed = w->failed;
+	gpuos_blaswarm.ns = gpuos_now_ns() - t0;
+	__atomic_store_n(&gpuos_blaswarm.done, 1, __ATOMIC_RELEASE);
 	gpuos_dbg("cuBLAS warm-up: %d calls (%d failed) in %.1f ms", w->calls, w->failed,
-		  (double)(gpuos_now_ns() - t0) / 1e6);
+		  (double)gpuos_blaswarm.ns / 1e6);
 	gpuos_drv.mem_free(w->a);
 	gpuos_drv.mem_free(w->ws);
 pop:;

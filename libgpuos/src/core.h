@@ -219,6 +219,12 @@ void gpuos_standby_launch_slow(void);
 /* blaswarm.c: a warm standby starts cuBLAS on a thread of its own while it waits */
 extern GPUOS_TLS int gpuos_blaswarm_thread;
 void gpuos_blaswarm_start(void);
+struct gpuos_blaswarm_report {
+	int calls, failed; /* GEMMs made, of which the library refused */
+	uint64_t ns;       /* from the thread's start to the last one's end */
+	int done;          /* 1 once the rest is written (atomic) */
+};
+extern struct gpuos_blaswarm_report gpuos_blaswarm;
 
 static inline void gpuos_standby_at_launch(void)
 {

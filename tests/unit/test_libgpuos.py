@@ -352,11 +352,13 @@ def test_a_warm_standby_starts_cublas_while_it_waits(build, env, tmp_path, warm_
     """blaswarm.c: a warm standby whose program has loaded cuBLAS (here a stand-in,
     preloaded) makes GEMMs of every common kind on a thread of its own while the program
     waits at its first launch: their launches pass the wait (the program's do not), and
-    the program runs as usual once released.  GPUOS_MPS_STANDBY_CUBLAS=0: none."""
-    fifo, log = tmp_path / "standby", tmp_path / "cublas.log"
+    the program runs as usual once released; the standby's report (`gpuos mps clients`)
+    says what it did.  GPUOS_MPS_STANDBY_CUBLAS=0: none."""
+    fifo, log, kernels = tmp_path / "standby", tmp_path / "cublas.log", tmp_path / "kernels.txt"
     os.mkfifo(fifo, 0o600)
     run_env = dict(env, LD_PRELOAD=f"{build / 'libgpuos.so'}:{build / 'tests' / 'fakecublas' / 'libcublas.so.13'}",
-                   GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch", FAKE_CUBLAS_LOG=str(log))
+                   GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch", FAKE_CUBLAS_LOG=str(log),
+                   GPUOS_MPS_KERNELS=str(kernels))
     if warm_up == "off":
         run_env["GPUOS_MPS_STANDBY_CUBLAS"] = "0"
     p = subprocess.Popen([str(build / "tests" / "t_direct"), "3"], env=run_env, stdout=subprocess.PIPE,
@@ -367,6 +369,13 @@ def test_a_warm_standby_starts_cublas_while_it_waits(build, env, tmp_path, warm_
         assert p.poll() is None, p.communicate()
         time.sleep(0.05)
     calls = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    report = None
+    if warm_up == "on":
+        report = standby_report(p, kernels)
+        deadline = time.monotonic() + 10
+        while not report.get("cublas_warm_up") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            report = standby_report(p, kernels)
     release_standby(p, fifo)  # it was still waiting
     if warm_up == "off":
         assert calls == []
@@ -376,6 +385,9 @@ def test_a_warm_standby_starts_cublas_while_it_waits(build, env, tmp_path, warm_
     assert pids == {str(p.pid)} and tids.isdisjoint(pids)  # in the standby, not its main thread
     assert launches == {"400"}, launches  # CUDA_ERROR_INVALID_HANDLE from the fake: it launched
     assert {c[8] for c in calls} == {"68", "77"}  # fp32 and TF32 compute
+    warm = report["cublas_warm_up"]
+    assert warm["calls"] == want and warm["failed"] == 0 and warm["seconds"] > 0, report
+    assert not report["released"]
 
 
 def standby_report(p: subprocess.Popen, kernels: Path) -> dict:

@@ -1545,3 +1545,18 @@ def test_status_names_a_faulter_that_is_no_victim():
     r2 = Run().running(2)
     r2.feed(tracker_fault(r2.m.clients["c1"].pid))
     assert _victims_line(r2.m.incident.summary()) == "c1 (the faulter): pending; c2: pending"
+
+
+def test_clients_shows_what_a_warm_standby_did_ahead():
+    """`gpuos mps clients`: a standby's cell says cold or warm, the kernels it loaded ahead,
+    and once its cuBLAS warm-up is done (libgpuos blaswarm.c), how long it took."""
+    from gpuos.cli.mps import _standby_cell
+
+    row = {"standby_pid": 42, "standby_warm": False, "standby_preload": None}
+    assert _standby_cell(row) == "42 (cold)"
+    assert _standby_cell(dict(row, standby_warm=True)) == "42 (warm)"
+    pre = {"loaded": 3, "names": 4, "cublas_warm_up": None}
+    assert _standby_cell(dict(row, standby_warm=True, standby_preload=pre)) == "42 (warm, 3/4 kernels ahead)"
+    pre["cublas_warm_up"] = {"calls": 32, "failed": 0, "seconds": 0.1234}
+    assert _standby_cell(dict(row, standby_warm=True, standby_preload=pre)) == \
+        "42 (warm, 3/4 kernels ahead, cuBLAS started in 0.12 s)"

@@ -707,7 +707,9 @@ def _standby_cell(row: dict) -> str:
         return f"{row['standby_pid']} (cold)"
     if not pre:
         return f"{row['standby_pid']} (warm)"
-    return f"{row['standby_pid']} (warm, {pre.get('loaded', 0)}/{pre.get('names', 0)} kernels ahead)"
+    warm = pre.get("cublas_warm_up")
+    return (f"{row['standby_pid']} (warm, {pre.get('loaded', 0)}/{pre.get('names', 0)} kernels ahead"
+            + (f", cuBLAS started in {warm['seconds']:.2f} s" if warm else "") + ")")
 
 
 # -- run -------------------------------------------------------------------------------------
