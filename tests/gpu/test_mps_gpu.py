@@ -237,6 +237,14 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
             assert time.monotonic() < deadline, \
                 f"the standbys loaded nothing ahead: {[_preloaded(mps, c, p) for c, p in standbys.items()]}"
             time.sleep(0.5)
+        # and starts cuBLAS (the torch clients have loaded it; libgpuos/src/blaswarm.c)
+        deadline = time.monotonic() + 20
+        while not all((_preloaded(mps, c, pid) or {}).get("cublas_warm_up") for c, pid in standbys.items()):
+            assert time.monotonic() < deadline, \
+                f"no standby started cuBLAS: {[_preloaded(mps, c, p) for c, p in standbys.items()]}"
+            time.sleep(0.5)
+        warm = [_preloaded(mps, c, p)["cublas_warm_up"] for c, p in standbys.items()]
+        assert all(w["calls"] > 0 and w["failed"] == 0 for w in warm), warm
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
