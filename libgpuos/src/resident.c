@@ -159,6 +159,7 @@ static struct {
 			int pending;        /* recorded, not read yet */
 		} timed[TIMED_BATCHES];
 		struct timed_batch *open; /* the batch being issued, its start recorded */
+		int began;                /* a batch is being issued (timed or not) */
 	} swap[MAX_CTX];
 	pthread_cond_t prepare;     /* signalled when an allocation may need host memory prepared */
 	int preparer;               /* 1: its thread runs; -1: it failed for good */
@@ -767,8 +768,9 @@ static void batches_read(struct swap_ctx *sc)
  * if a timing slot is free (else the batch goes untimed: nothing waits for a slot). */
 static void batch_begin(struct swap_ctx *sc, CUstream s)
 {
-	if (sc->open || !gpuos_drv.event_elapsed)
-		return;
+	if (sc->began || !gpuos_drv.event_elapsed)
+		return; /* (a batch untimed at its first copy stays so: its bytes are all of it) */
+	sc->began = 1;
 	batches_read(sc);
 	for (int i = 0; i < TIMED_BATCHES; i++) {
 		struct timed_batch *b = &sc->timed[i];
@@ -840,8 +842,10 @@ static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 static void ahead_issued(struct swap_ctx *sc, uint64_t bytes, uint64_t ns)
 {
 	struct timed_batch *b = sc ? sc->open : NULL;
-	if (sc)
+	if (sc) {
 		sc->open = NULL;
+		sc->began = 0;
+	}
 	if (!bytes)
 		return;
 	uint64_t t0 = gpuos_now_ns();
