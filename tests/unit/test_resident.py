@@ -71,6 +71,11 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
                   "cycle")
         try:
             got[evict] = app.stats(libgpuos_env)
+            shown = subprocess.run([*GPUOS, "mem", "stats", str(got[evict]["pid"])], env=libgpuos_env,
+                                   capture_output=True, text=True, timeout=60)
+            assert shown.returncode == 0, shown.stderr
+            # the batches ahead as the GPU ran them (none for LRU: nothing comes ahead)
+            assert ("timed on the GPU" in shown.stdout) == (evict == "future"), shown.stdout
         finally:
             assert app.finish()[0] == 0
     lru, future = got["lru"], got["future"]
