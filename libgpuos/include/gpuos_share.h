@@ -36,7 +36,11 @@
  *     their `release`, and each member's release thread evicts that much of its memory
  *     to host memory and sets it to 0.  When the others have nothing left, the asker
  *     evicts its own.  The room the holder asks for is its `claim` until it has taken
- *     it: no other member takes it meanwhile.  A member beside the holder that still
+ *     it: no other member takes it meanwhile.  At a turn's start the holder asks at once
+ *     for the room of its first call and of the turn's batch (what it used in its last
+ *     turn), claims all of it, and takes it part by part as the evictions free it (each
+ *     member gives back an evicted allocation's room as soon as its copy out has ended),
+ *     copying each part in meanwhile.  A member beside the holder that still
  *     lacks room (its working
  *     set grew) leaves the set (steps_aside) and waits for a turn of its own.  No two
  *     askers ask each other, and one beside the holder waits only for evictions by

@@ -654,6 +654,10 @@ void gpuos_share_reserved(int64_t delta);
 /* The turn's set lacks `excess` bytes to make `want` resident: others evict; 1 if the
  * group's resident bytes went down. */
 int gpuos_share_ask(uint64_t excess, uint64_t want);
+/* The same, the holder claiming `claim` bytes (>= want) of the room made: a turn's batch
+ * whose parts are taken one by one as the evictions make their room; excess 0: only
+ * wait for the evictions under way (0 if there are none). */
+int gpuos_share_ask_claim(uint64_t excess, uint64_t want, uint64_t claim);
 enum { GPUOS_SHARE_OUT, GPUOS_SHARE_BESIDE, GPUOS_SHARE_HOLDER };
 int gpuos_share_role(void);       /* this member's place in the turn's set (GPUOS_SHARE_*) */
 void gpuos_share_step_aside(void); /* beside the holder: leave its set */

@@ -159,6 +159,8 @@ static struct {
 			int pending;        /* recorded, not read yet */
 		} timed[TIMED_BATCHES];
 		struct timed_batch *open; /* the batch being issued, its start recorded */
+		CUevent out_ends[EVICT_BATCH]; /* after each victim's copy-out (evict_batch) */
+		int out_ends_made;        /* 1: made; -1: could not be */
 		int began;                /* a batch is being issued (timed or not) */
 	} swap[MAX_CTX];
 	pthread_cond_t prepare;     /* signalled when an allocation may need host memory prepared */
@@ -660,6 +662,22 @@ static struct res *best_victim(uint64_t ctx, uint64_t *score)
 	return best;
 }
 
+/* sc's events for the end of each victim's copy-out (NULL: none, the stream is waited
+ * for instead). */
+static CUevent *copy_out_events(struct swap_ctx *sc)
+{
+	if (!sc || sc->out_ends_made < 0 || !gpuos_drv.event_create || !gpuos_drv.event_record ||
+	    !gpuos_drv.event_sync)
+		return NULL;
+	for (int i = 0; !sc->out_ends_made && i < EVICT_BATCH; i++)
+		if (gpuos_drv.event_create(&sc->out_ends[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+			sc->out_ends_made = -1;
+			return NULL;
+		}
+	sc->out_ends_made = 1;
+	return sc->out_ends;
+}
+
 /* Evict up to EVICT_BATCH resident allocations of the current context that the call does
  * not need, the best victims first (victim_score), and only those scoring above *above
  * (NULL: any), as one batch, until `excess` bytes are freed.  0, or -1 if there is none
@@ -685,43 +703,51 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 	int ok = !gpuos_drv.ctx_sync || gpuos_drv.ctx_sync() == CUDA_SUCCESS;
 	struct swap_ctx *sc = swap_ctx();
 	CUstream s = swap_stream(sc);
-	uint64_t t0 = gpuos_now_ns(), copied = 0;
+	uint64_t t0 = gpuos_now_ns(), copied = 0, released = 0;
 	const uint64_t *hashes = ok ? hash_victims(sc, victims, nv) : NULL;
 	uint64_t out[EVICT_BATCH] = {0};
+	CUevent *ends = ok ? copy_out_events(sc) : NULL;
 	for (size_t k = 0, first = 0; ok && k < nv; first += chunks(victims[k]->size), k++) {
 		struct res *r = victims[k];
 		ok = !host_for(r) && copy_out(r, hashes ? hashes + first : NULL, s, &out[k]) == CUDA_SUCCESS;
-		copied += out[k];
+		if (ok && ends && out[k] && gpuos_drv.event_record(ends[k], s) != CUDA_SUCCESS)
+			ends = NULL; /* wait for the stream instead */
 	}
-	ok = ok && gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
-	for (size_t k = 0, first = 0; k < nv; first += chunks(victims[k]->size), k++) {
-		struct res *r = victims[k];
-		r->tick = r->uses[(r->nuse + USES - 1) % USES]; /* its last use, as it was */
-		/* A failed batch may have copied part: the kept hashes no longer describe the
-		 * host copy (r stays resident, its contents where they were). */
-		keep_hashes(r, ok && hashes ? hashes + first : NULL);
-		if (!ok)
-			continue;
-		gpuos_drv.mem_unmap(r->base, r->size);
-		gpuos_drv.mem_release(r->h);
-		r->h = 0;
-		r->has_content = 1;
-		GPUOS_USDT3(evict, r->base, r->size, out[k]);
-		R.st.evicted_bytes += r->size;
-		R.st.evictions_future += !!R.period;
-		R.st.resident_bytes -= r->size;
-		R.st.evictions++;
-		R.st.ahead_unused += r->ahead;
-		r->ahead = r->in_flight = 0;
-		give_room(r->size);
-	}
-	if (ok) {
-		R.st.bytes_out += copied;
-		uint64_t all = 0;
-		for (size_t k = 0; k < nv; k++)
-			all += victims[k]->size;
-		R.st.clean_bytes += all - copied;
-	}
+	if (ok && !ends)
+		ok = gpuos_drv.stream_sync(s) == CUDA_SUCCESS;
+	/* Each victim's room is given back as its copy ends, those with nothing to copy
+	 * first, not when the batch's last copy does: a member waiting for room (a group's
+	 * holder at its turn's start) copies in meanwhile, PCIe carrying both directions. */
+	for (int dirty = 0; dirty < 2; dirty++)
+		for (size_t k = 0, first = 0; k < nv; first += chunks(victims[k]->size), k++) {
+			struct res *r = victims[k];
+			if (!!out[k] != dirty)
+				continue;
+			if (ok && ends && out[k])
+				ok = gpuos_drv.event_sync(ends[k]) == CUDA_SUCCESS;
+			r->tick = r->uses[(r->nuse + USES - 1) % USES]; /* its last use, as it was */
+			/* A failed batch may have copied part: the kept hashes no longer describe the
+			 * host copy (r stays resident, its contents where they were). */
+			keep_hashes(r, ok && hashes ? hashes + first : NULL);
+			if (!ok)
+				continue;
+			gpuos_drv.mem_unmap(r->base, r->size);
+			gpuos_drv.mem_release(r->h);
+			r->h = 0;
+			r->has_content = 1;
+			GPUOS_USDT3(evict, r->base, r->size, out[k]);
+			R.st.evicted_bytes += r->size;
+			R.st.evictions_future += !!R.period;
+			R.st.resident_bytes -= r->size;
+			R.st.evictions++;
+			R.st.ahead_unused += r->ahead;
+			r->ahead = r->in_flight = 0;
+			copied += out[k];
+			released += r->size;
+			give_room(r->size);
+		}
+	R.st.bytes_out += copied;
+	R.st.clean_bytes += released - copied;
 	R.st.out_ns += gpuos_now_ns() - t0;
 	return ok ? 0 : -1;
 }
@@ -746,6 +772,32 @@ static int make_room(uint64_t want, int own)
 		}
 	}
 	return 0;
+}
+
+/* `bytes` of the room a group's holder claimed for its turn (`claim`: what is left of the
+ * claim, these included), once the evictions under way have made it: 0, or -1 if none
+ * under way will (nothing taken). */
+static int turn_take(uint64_t bytes, uint64_t claim)
+{
+	while (!take_room(bytes))
+		if (!gpuos_share_ask_claim(0, bytes, claim))
+			return -1;
+	return 0;
+}
+
+/* A turn's start (a group's holder): the others asked at once for the room of this call's
+ * memory and the turn's batch (`total`), claimed whole; this call's part (`want`) taken as
+ * soon as it is made, the batch's later, part by part (turn_take).  0, or -1 (nothing
+ * taken, nothing claimed). */
+static int turn_room(uint64_t want, uint64_t total)
+{
+	uint64_t used = gpuos_share_used();
+	if (used + total > R.limit)
+		gpuos_share_ask_claim(used + total - R.limit, 0, total); /* asks; waits for none */
+	if (turn_take(want, total) == 0)
+		return 0;
+	gpuos_share_unclaim();
+	return -1;
 }
 
 /* The timings of sc's batches that have passed: bytes and GPU time into the stats. */
@@ -1006,7 +1058,7 @@ static CUresult bring_in(int *need_turn)
 	}
 	R.st.calls_swapped += !!want;
 	R.swapped = R.call;
-	if (turn && (want + turn > R.limit || make_room(want + turn, 0))) {
+	if (turn && (want + turn > R.limit || turn_room(want, want + turn))) {
 		for (size_t i = 0; i < R.n; i++)
 			R.v[i].turn = 0; /* not all of it fits: this call's memory alone */
 		turn = 0;
@@ -1047,18 +1099,27 @@ static CUresult bring_in(int *need_turn)
 		R.st.map_ns += map_ns;
 	}
 	GPUOS_USDT3(call_in, want, copied, gpuos_now_ns() - t0);
-	uint64_t ahead = 0, t1 = gpuos_now_ns();
-	for (size_t i = 0; i < R.n; i++) { /* the turn's batch, after this call's own */
+	/* the turn's batch, after this call's own: each part as the others' evictions make
+	 * its room (its copy in runs while theirs out go on) */
+	uint64_t ahead = 0, t1 = gpuos_now_ns(), claim = turn, taken = 0;
+	for (size_t i = 0; i < R.n; i++) {
 		struct res *r = &R.v[i];
 		if (!r->turn)
 			continue;
 		r->turn = 0;
-		if (c == CUDA_SUCCESS && !r->h)
-			bring_ahead(sc, r, &ahead);
+		if (c != CUDA_SUCCESS || r->h || !claim || turn_take(r->size, claim)) {
+			claim = 0; /* (a part that does not come: the rest comes with its calls) */
+			continue;
+		}
+		claim -= r->size;
+		taken += r->size;
+		bring_ahead(sc, r, &ahead);
 		mapped += r->h ? r->size : 0;
 	}
+	if (turn)
+		gpuos_share_unclaim(); /* what the batch did not take is not its */
 	ahead_issued(sc, ahead, gpuos_now_ns() - t1);
-	give_room(want + turn - mapped); /* charged for all, made only these */
+	give_room(want + taken - mapped); /* charged for these, made only those mapped */
 	if (c == CUDA_SUCCESS && R.period && !R.lru_only && !R.shared)
 		copy_ahead(sc);
 	return c;

@@ -618,8 +618,8 @@ static int take(uint64_t bytes, int free_only)
 	glock(g);
 	int holds = g->holder == S.me;
 	int ok = used(g) + bytes <= g->limit;
-	if (ok && holds)
-		g->claim = 0; /* what it asked room for is its own now */
+	if (ok && holds) /* what it asked room for is its own now, as far as it takes it */
+		g->claim = g->claim > bytes ? g->claim - bytes : 0;
 	if (free_only)
 		for (int i = 0; ok && i < GPUOS_SHARE_MEMBERS; i++)
 			ok = !g->m[i].pid || (!g->m[i].waiting && !g->m[i].release && !(in_set(g, i) && g->m[i].busy));
@@ -690,6 +690,11 @@ static int waits_on(const struct gpuos_share *g)
 
 int gpuos_share_ask(uint64_t excess, uint64_t want)
 {
+	return gpuos_share_ask_claim(excess, want, want);
+}
+
+int gpuos_share_ask_claim(uint64_t excess, uint64_t want, uint64_t claim)
+{
 	struct gpuos_share *g = S.g;
 	if (!g)
 		return 0;
@@ -705,7 +710,7 @@ int gpuos_share_ask(uint64_t excess, uint64_t want)
 	uint64_t asked = 0, before = g->resident;
 	int passes = g->holder == S.me ? 3 : 2;
 	if (g->holder == S.me)
-		g->claim = want; /* the room made is the holder's: the set's others must not take it */
+		g->claim = claim; /* the room made is the holder's: the set's others must not take it */
 	for (int pass = 0; pass < passes && asked < excess; pass++) {
 		for (;;) {
 			int pick = -1;
