@@ -305,3 +305,36 @@ def test_threads_of_two_members_lose_nothing(libgpuos_build, libgpuos_env, tmp_p
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and "ThreadSanitizer" not in err, err[-3000:]
         assert out.split()[:2] == ["ok", "100"]
+
+
+def test_a_group_file_being_made_reads_as_no_group_yet(group):
+    """Two `gpuos run --share` started at once: the second one's look at the group (its
+    limit) may find the first member's file just created (empty) or sized and not filled
+    in; that is no group yet, not a file of another version (it was: once in a host suite).
+    The look waits for a member making or joining the file (its exclusive flock)."""
+    import fcntl
+    import threading
+
+    from gpuos.errors import GpuosError, NoSuchGroup
+    from gpuos.movable.share import HEADER, MEMBER, MEMBERS, group_limit
+
+    path = group_path(group)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a member making it
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(group_limit(group)))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not got  # waits for the maker
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        t.join(10)
+        assert got == [None]  # empty: no group yet
+        os.ftruncate(fd, HEADER.size + MEMBERS * MEMBER.size)
+        assert group_limit(group) is None  # sized, not filled in
+        os.pwrite(fd, (0x12345678).to_bytes(4, "little"), 0)
+        with pytest.raises(GpuosError, match="another version") as exc:
+            group_limit(group)
+        assert not isinstance(exc.value, NoSuchGroup)
+    finally:
+        os.close(fd)

@@ -1,8 +1,10 @@
 """Groups of processes sharing one pool of GPU memory (`gpuos run --share NAME`): the group
-file libgpuos keeps in /dev/shm (libgpuos/include/gpuos_share.h), read without its lock."""
+file libgpuos keeps in /dev/shm (libgpuos/include/gpuos_share.h), read without its mutex,
+under a shared flock(2) (libgpuos makes a group file and joins it under an exclusive one)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import struct
@@ -84,11 +86,22 @@ def read_group(name: str) -> GroupStats:
     left out; libgpuos reaps it at the next look)."""
     path = group_path(name)
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise NoSuchGroup(f"no group {name!r} (no {path})") from None
     except OSError as exc:
         raise GpuosError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        # Never half made: a member that starts at the same moment as this reader creates
+        # the file (empty), then sizes and fills it, under an exclusive flock.
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        raw = os.pread(fd, os.fstat(fd).st_size, 0)
+    except OSError as exc:
+        raise GpuosError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if not raw or not any(raw[:4]):  # created, not made yet (its maker failed, or is about to)
+        raise NoSuchGroup(f"group {name!r} has no members now")
     if len(raw) < HEADER.size + MEMBERS * MEMBER.size:
         raise GpuosError(f"{path} is not a gpuos group file")
     head = HEADER.unpack_from(raw)
