@@ -54,7 +54,8 @@
  *     fails for lack of GPU memory retries for a while.)  Members must see each other in
  *     /proc: one pid namespace.
  * Readers that do not take the lock (`gpuos mem stats GROUP`) may see a moment's
- * inconsistency between fields.  Everything below `mu` is for libgpuos only.
+ * inconsistency between fields; they read under a shared flock, so never a file half made
+ * (an empty one, or one whose magic is 0, is no group yet).  Everything below `mu` is for libgpuos only.
  */
 #ifndef GPUOS_SHARE_H
 #define GPUOS_SHARE_H
