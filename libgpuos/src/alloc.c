@@ -111,7 +111,16 @@ CUresult gpuos_h_mem_alloc(PFN_cuMemAlloc_v3020 real, int pt, CUdeviceptr *dptr,
 		insert(&a, 0);
 		return CUDA_SUCCESS;
 	}
+	/* a warm standby, released: memory its client allocated at this point, made ahead
+	 * (aheadmem.c: the driver's allocation may wait for a fault's teardown) */
+	if (!on && dptr && __atomic_load_n(&gpuos_aheadmem_left, __ATOMIC_RELAXED) > 0 &&
+	    gpuos_aheadmem_take(dptr, bytesize)) {
+		gpuos_aheadmem_note(bytesize);
+		return CUDA_SUCCESS;
+	}
 	r = real(dptr, bytesize);
+	if (r == CUDA_SUCCESS)
+		gpuos_aheadmem_note(bytesize); /* an MPS client's, for its standby */
 	if (on && r == CUDA_SUCCESS)
 		add(GPUOS_ALLOC_DEVICE, GPUOS_A_DEVMEM, *dptr, bytesize, 0);
 	return r;

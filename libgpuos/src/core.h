@@ -226,6 +226,16 @@ struct gpuos_blaswarm_report {
 };
 extern struct gpuos_blaswarm_report gpuos_blaswarm;
 
+/* aheadmem.c: a warm standby makes ahead the allocations its client made after its first
+ * launch, and hands them out after its release */
+int gpuos_preload_launched(void);             /* (preload.c) this process has launched */
+void gpuos_aheadmem_note(uint64_t bytes);     /* the client: a cuMemAlloc of bytes done */
+void gpuos_aheadmem_write(const char *list_path); /* ... written to LIST.allocs if new */
+int gpuos_aheadmem_make(const char *list_path);   /* the standby: 1 made, 0 no list yet */
+int gpuos_aheadmem_take(CUdeviceptr *dptr, uint64_t bytes); /* 1: one of that size handed out */
+void gpuos_aheadmem_counts(size_t *made, size_t *taken);
+extern int gpuos_aheadmem_left;
+
 static inline void gpuos_standby_at_launch(void)
 {
 	if (__builtin_expect(!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE), 0))

@@ -308,6 +308,7 @@ static void *writer_main(void *arg)
 		nanosleep(&half, NULL);
 		if (__atomic_exchange_n(&seen_dirty, 0, __ATOMIC_ACQ_REL))
 			write_list();
+		gpuos_aheadmem_write(list_path);
 	}
 	return NULL;
 }
@@ -317,6 +318,8 @@ __attribute__((destructor)) static void preload_fini(void)
 {
 	if (list_path && __atomic_exchange_n(&seen_dirty, 0, __ATOMIC_ACQ_REL))
 		write_list();
+	if (list_path)
+		gpuos_aheadmem_write(list_path);
 }
 
 static void start_writer(void)
@@ -328,6 +331,11 @@ static void start_writer(void)
 	if (pthread_create(&t, &at, writer_main, NULL))
 		gpuos_dbg("preload: no writer thread: the list is written at exit");
 	pthread_attr_destroy(&at);
+}
+
+int gpuos_preload_launched(void)
+{
+	return __atomic_load_n(&seen_count, __ATOMIC_ACQUIRE) > 0;
 }
 
 void gpuos_preload_note_slow(uint64_t h)
@@ -555,15 +563,18 @@ static void write_stats(const struct load_stats *st)
 	if (!f)
 		return;
 	char warm[160] = "null"; /* blaswarm.c's, once done */
+	size_t ahead_n, ahead_out;
+	gpuos_aheadmem_counts(&ahead_n, &ahead_out);
 	if (__atomic_load_n(&gpuos_blaswarm.done, __ATOMIC_ACQUIRE))
 		snprintf(warm, sizeof warm, "{\"calls\": %d, \"failed\": %d, \"seconds\": %.6f}",
 			 gpuos_blaswarm.calls, gpuos_blaswarm.failed, (double)gpuos_blaswarm.ns / 1e9);
 	fprintf(f, "{\"pid\": %d, \"names\": %zu, \"loaded\": %zu, \"not_found\": %zu, \"refused\": %zu, "
 		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"taken\": %u, "
-		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s, \"cublas_warm_up\": %s}\n",
+		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s, \"cublas_warm_up\": %s, "
+		"\"allocations_made_ahead\": %zu, \"allocations_handed_out\": %zu}\n",
 		(int)getpid(), st->names, st->loaded, st->missing, st->failed, st->libraries, st->modules,
 		st->images, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
-		released() ? "true" : "false", warm);
+		released() ? "true" : "false", warm, ahead_n, ahead_out);
 	if (fclose(f) || rename(tmp, path))
 		unlink(tmp);
 }
@@ -579,8 +590,11 @@ static void *loader_main(void *arg)
 	size_t seen_codes = 0;
 	struct load_stats st = { 0 };
 	int warm_said = 0; /* the cuBLAS warm-up's end is in the report */
+	int ahead_made = 0; /* the client's allocations made ahead (aheadmem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
+		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
+			write_stats(&st);
 		struct stat sb;
 		int changed = !stat(list_path, &sb) &&
 			      (sb.st_mtim.tv_sec != seen_mtime.tv_sec || sb.st_mtim.tv_nsec != seen_mtime.tv_nsec ||

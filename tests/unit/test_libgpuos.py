@@ -390,6 +390,33 @@ def test_a_warm_standby_starts_cublas_while_it_waits(build, env, tmp_path, warm_
     assert not report["released"]
 
 
+def test_a_warm_standby_makes_ahead_what_its_client_allocated_after_its_first_launch(build, env, tmp_path):
+    """aheadmem.c: a client (GPUOS_MPS_KERNELS) writes down the sizes of its cuMemAllocs
+    after its first launch; its warm standby makes them while it waits and, released, hands
+    them out for the program's allocations of those sizes without asking the driver: the
+    program's own check that the fake driver saw exactly its calls holds only if every
+    one made ahead was handed out (else the fake saw more allocations than it made)."""
+    lib = str(build / "libgpuos.so")
+    kernels = tmp_path / "kernels.txt"
+    client = plain(build, env, "t_direct", "3", LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels))
+    assert client and all(o["ok"] for o in client)
+    sizes = [int(x) for x in Path(f"{kernels}.allocs").read_text().split()]
+    assert sizes and all(x > 0 for x in sizes), sizes
+
+    fifo = tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    p = subprocess.Popen([str(build / "tests" / "t_direct"), "3"], env=dict(
+        env, LD_PRELOAD=lib, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
+        GPUOS_MPS_KERNELS=str(kernels)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = standby_report(p, kernels)
+    deadline = time.monotonic() + 10
+    while report.get("allocations_made_ahead") != len(sizes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        report = standby_report(p, kernels)
+    assert report["allocations_made_ahead"] == len(sizes) and report["allocations_handed_out"] == 0, report
+    release_standby(p, fifo)  # its exact counts held: each one made ahead was handed out
+
+
 def standby_report(p: subprocess.Popen, kernels: Path) -> dict:
     """A warm standby's first report of what it loaded ahead (preload.c)."""
     report = Path(f"{kernels}.standby.{p.pid}")
