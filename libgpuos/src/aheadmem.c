@@ -38,6 +38,7 @@ static struct made {
 	int taken;
 } made[AHEAD_ALLOCS];
 static size_t nmade;
+static CUcontext made_ctx; /* where they were made: handed out only to calls in it */
 int gpuos_aheadmem_left; /* made and not handed out (read without the lock first) */
 static pthread_mutex_t made_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -78,6 +79,7 @@ void gpuos_aheadmem_write(const char *list_path)
 	pthread_mutex_unlock(&note_mu);
 }
 
+/* In the standby's context (the loader's thread): 1 made, 0 no list yet, -1 never. */
 int gpuos_aheadmem_make(const char *list_path)
 {
 	char path[4096];
@@ -86,10 +88,16 @@ int gpuos_aheadmem_make(const char *list_path)
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return 0; /* not written yet: the client may not have launched */
+	CUcontext ctx = NULL;
+	if (!gpuos_drv.ctx_get_current || gpuos_drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) {
+		fclose(f);
+		return -1; /* (the loader runs in the standby's context: not expected) */
+	}
 	unsigned long long size;
 	uint64_t bytes = 0;
 	size_t n = 0;
 	pthread_mutex_lock(&made_mu);
+	made_ctx = ctx;
 	while (n < AHEAD_ALLOCS && fscanf(f, "%llu", &size) == 1) {
 		if (!size || bytes + size > AHEAD_BYTES)
 			break;
@@ -111,9 +119,12 @@ int gpuos_aheadmem_take(CUdeviceptr *dptr, uint64_t bytes)
 {
 	if (gpuos_blaswarm_thread || !__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE))
 		return 0; /* the warm-up's own, or (nothing else allocates then) before the release */
+	CUcontext ctx = NULL;
+	if (!gpuos_drv.ctx_get_current || gpuos_drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+		return 0;
 	int got = 0;
 	pthread_mutex_lock(&made_mu);
-	for (size_t i = 0; i < nmade; i++)
+	for (size_t i = 0; ctx == made_ctx && i < nmade; i++)
 		if (!made[i].taken && made[i].size == bytes) {
 			made[i].taken = 1;
 			*dptr = made[i].ptr;
