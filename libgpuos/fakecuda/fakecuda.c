@@ -1772,22 +1772,6 @@ static CUresult event_destroy(CUevent h)
 	return CUDA_SUCCESS;
 }
 
-/* Work runs at its issue here: an event passes when it is recorded. */
-static CUresult event_record(CUevent h, CUstream st)
-{
-	struct event *e = oget(h, O_EVENT);
-	struct stream *s;
-	CUresult r = get_stream(st, &s);
-	if (r)
-		return r;
-	if (!e)
-		return CUDA_ERROR_INVALID_HANDLE;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	e->at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	return CUDA_SUCCESS;
-}
-
 static CUresult event_elapsed(float *ms, CUevent a, CUevent b)
 {
 	struct event *x = oget(a, O_EVENT), *y = oget(b, O_EVENT);
@@ -1808,6 +1792,18 @@ static CUresult event_stream(CUevent e, CUstream h)
 	if (r)
 		return r;
 	return oget(e, O_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Work runs at its issue here: an event passes when it is recorded. */
+static CUresult event_record(CUevent h, CUstream st)
+{
+	CUresult r = event_stream(h, st);
+	if (r == CUDA_SUCCESS) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		((struct event *)oget(h, O_EVENT))->at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	return r;
 }
 
 /* ---------------------------------------------------------------------------------

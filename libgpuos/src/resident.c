@@ -159,9 +159,9 @@ static struct {
 			int pending;        /* recorded, not read yet */
 		} timed[TIMED_BATCHES];
 		struct timed_batch *open; /* the batch being issued, its start recorded */
+		int began;                /* a batch is being issued (timed or not) */
 		CUevent out_ends[EVICT_BATCH]; /* after each victim's copy-out (evict_batch) */
 		int out_ends_made;        /* 1: made; -1: could not be */
-		int began;                /* a batch is being issued (timed or not) */
 	} swap[MAX_CTX];
 	pthread_cond_t prepare;     /* signalled when an allocation may need host memory prepared */
 	int preparer;               /* 1: its thread runs; -1: it failed for good */
