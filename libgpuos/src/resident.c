@@ -1107,7 +1107,9 @@ static CUresult bring_in(int *need_turn)
 		if (!r->turn)
 			continue;
 		r->turn = 0;
-		if (c != CUDA_SUCCESS || r->h || !claim || turn_take(r->size, claim)) {
+		if (r->h)
+			continue; /* resident already: neither charged nor brought */
+		if (c != CUDA_SUCCESS || !claim || turn_take(r->size, claim)) {
 			claim = 0; /* (a part that does not come: the rest comes with its calls) */
 			continue;
 		}
