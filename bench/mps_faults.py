@@ -38,7 +38,11 @@ faults right after, --delay 0):
   probe does not join the incident), and the supervisor's `server-ready`;
 - each victim's downtime: fault to its first heartbeat of a new run (supervised), or
   "not recovered" (stock: nothing restarts it); a client that survived: fault to its
-  next heartbeat.
+  next heartbeat;
+- with --train-checkpoint S, the training client saves its progress every S seconds and
+  resumes from it at its start (`gpuos mps run --checkpoint`): the work its victim lost,
+  measured (its iteration at the fault less the one its new run resumed from, at its rate)
+  and as the supervisor's incident record says it (`lost_s`).
 
     python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised,standby]
                                 [--budget 540] [--scenario-timeout 150] [--quick] [--bystander warm|alloc|copy|module]
@@ -132,10 +136,28 @@ def bystander_stall(beats: list[float], t0: float) -> dict[str, Any] | None:
     return {"stall_s": g, "from_s": a - t0, "to_s": b - t0, "usual_s": usual}
 
 
-def client_cmd(mode: str, heartbeat: Path, size: int, phases: Path | None = None) -> list[str]:
+def work_lost(c: dict, log: str, rates: list[float] | None, recorded: dict | None) -> dict:
+    """A checkpointing victim's work lost: its iteration at the fault (its heartbeat then)
+    less the one its new run resumed from (the new process's "resumed" line in the client's
+    log; none: from its start, 0), in seconds at its own fault-free rate; beside what the
+    supervisor's incident record says (recorded: lost_s, resumes_from)."""
+    out: dict[str, Any] = {"lost_recorded_s": (recorded or {}).get("lost_s"),
+                           "resumes_from_recorded": (recorded or {}).get("resumes_from")}
+    prefix = f"mps_client: pid {c['new_pid']} resumed from iteration "
+    resumed = next((int(ln[len(prefix):].split()[0]) for ln in log.splitlines() if ln.startswith(prefix)), 0)
+    lost = c["before"][1] - resumed
+    rate = rates[c["id"]] if rates and c["id"] < len(rates) else None
+    out.update(resumed_iteration=resumed, lost_iterations=lost,
+               lost_measured_s=round(lost / rate, 3) if rate else None)
+    return out
+
+
+def client_cmd(mode: str, heartbeat: Path, size: int, phases: Path | None = None,
+               checkpoint: Path | None = None, every: float = 0.0) -> list[str]:
     return [sys.executable, "-m", "gpuos.workloads.mps_client", "--mode", mode,
             "--heartbeat", str(heartbeat), "--size", str(size), "--max-seconds", "900"] \
-        + (["--phases", str(phases)] if phases else [])
+        + (["--phases", str(phases)] if phases else []) \
+        + (["--checkpoint", str(checkpoint), "--checkpoint-every", str(every)] if checkpoint else [])
 
 
 def first_phases(text: str, pid: int, t0: float) -> dict[str, float]:
@@ -340,8 +362,10 @@ class ScenarioFailed(Exception):
 class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
                  size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
-                 kernel_waits: bool = False, faulter: str = "bench", trackers: bool = True):
+                 kernel_waits: bool = False, faulter: str = "bench", trackers: bool = True,
+                 train_checkpoint: float = 0.0):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.train_checkpoint = train_checkpoint
         self.trackers = trackers
         self.faulter_as = faulter if mode in POLICY else "bench"
         self.phases = phases
@@ -446,7 +470,8 @@ class Scenario:
             hb = self.dir / f"hb{i}"
             c: dict[str, Any] = {"id": i, "role": role, "heartbeat": hb,
                                  "phases": self.dir / f"phases{i}" if self.phases else None}
-            cmd = client_cmd(role, hb, self.size, c["phases"])
+            ckpt = self.dir / f"ckpt{i}.pt" if role == "train" and self.train_checkpoint else None
+            cmd = client_cmd(role, hb, self.size, c["phases"], ckpt, self.train_checkpoint)
             if self.mode == "stock":
                 out = open(self.dir / f"client{i}.log", "w")
                 c["proc"] = subprocess.Popen(cmd, env=self.mps_env, stdin=subprocess.DEVNULL,
@@ -457,7 +482,8 @@ class Scenario:
             else:
                 code, text = run_bounded(
                     gpuos_cmd("mps", "run", "--policy", POLICY[self.mode], "--json",
-                              "--output", str(self.dir / f"client{i}.log"), "--", *cmd),
+                              "--output", str(self.dir / f"client{i}.log"),
+                              *(["--checkpoint", str(ckpt)] if ckpt else []), "--", *cmd),
                     self.env, 30, self.dir / f"run{i}.out")
                 reply = last_json_object(text)
                 if code != 0 or not reply:
@@ -763,6 +789,9 @@ class Scenario:
                                     for e in evs if e.get("event") == "slow-turn"]
             closed = next((e for e in evs if e.get("event") == "incident-closed"), None)
             self.r["incident_outcome"] = closed.get("outcome") if closed else None
+            self.r["lost_recorded"] = {v["client"]: {"lost_s": v.get("lost_s"), "resumes_from": v.get("resumes_from"),
+                                                     "ran_s": v.get("ran_s")}
+                                       for v in (closed or {}).get("victims", []) if v.get("client")}
         rows = []
         for c in self.clients:
             row = {k: c.get(k) for k in ("id", "role", "pid", "client", "died", "exit", "exited_s",
@@ -777,6 +806,13 @@ class Scenario:
                 row["downtime_s"] = c.get("back_s")  # None: not recovered
             else:
                 row["downtime_s"] = c.get("next_beat_s")
+            if self.train_checkpoint and c["role"] == "train" and c.get("new_pid") and row["before"]:
+                try:
+                    log = (self.dir / f"client{c['id']}.log").read_text(errors="replace")
+                except OSError:
+                    log = ""
+                row.update(work_lost(c, log, self.r.get("rates"),
+                                     self.r.get("lost_recorded", {}).get(c.get("client"))))
             rows.append(row)
         self.r["clients"] = rows
         if self.bystander:
@@ -1027,6 +1063,11 @@ def markdown(r: dict[str, Any]) -> str:
                 what += (f"; the {ph['role']} victim's new first iteration: "
                          + ", ".join(f"{k} {fmt_s(v)}" for k, v in ph["first_phases"].items()
                                      if not k.startswith("layer")))
+            lw = next((c for c in s.get("clients", []) if "lost_iterations" in c), None)
+            if lw:
+                what += (f"; the train victim lost {lw['lost_iterations']} iterations "
+                         f"({fmt_s(lw['lost_measured_s'])} s; recorded {fmt_s(lw['lost_recorded_s'])} s "
+                         f"since its {lw['resumes_from_recorded']})")
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")
@@ -1088,6 +1129,10 @@ def main() -> None:
                     help="Modes under gpuos mps: start the supervisor with --no-fault-trackers "
                          "(no UVM tracker on any client's address space: the faulter goes unnamed; "
                          "to see what the trackers cost a fault's teardown).")
+    ap.add_argument("--train-checkpoint", type=float, default=0.0, metavar="S",
+                    help="The training client saves its progress every S seconds and resumes from "
+                         "it at its start (`gpuos mps run --checkpoint`); its victim's work lost is "
+                         "measured and set beside the incident record's [0: off].")
     ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
                     help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
                          "and phase marks, written at every iteration [/dev/shm where writable, "
@@ -1175,7 +1220,8 @@ def main() -> None:
                     i += 1
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
                                  result, a.size, a.sample, a.bystander, a.phases,
-                                 a.kernel_waits, a.faulter, not a.no_fault_trackers).run()
+                                 a.kernel_waits, a.faulter, not a.no_fault_trackers,
+                                 a.train_checkpoint).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

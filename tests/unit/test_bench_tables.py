@@ -160,6 +160,20 @@ def test_mps_first_phases_and_bystander_stall_read_their_logs():
     assert mps_faults.bystander_stall([1.0, 2.0], 5.0) is None
 
 
+def test_a_checkpointing_victims_work_lost_is_from_where_its_new_run_resumed():
+    """--train-checkpoint: the iterations between the victim's heartbeat at the fault and the
+    iteration its new process says it resumed from, at its rate; from its start when no
+    line says so (nothing to resume from); beside the supervisor's record."""
+    c = {"id": 1, "new_pid": 77, "before": [0.0, 120, 5]}
+    log = "mps_client: pid 5 resumed from iteration 40\nmps_client: pid 77 resumed from iteration 100\n"
+    got = mps_faults.work_lost(c, log, [10.0, 20.0], {"lost_s": 1.1, "resumes_from": "checkpoint"})
+    assert got == {"lost_recorded_s": 1.1, "resumes_from_recorded": "checkpoint", "resumed_iteration": 100,
+                   "lost_iterations": 20, "lost_measured_s": 1.0}
+    got = mps_faults.work_lost(c, "mps_client: pid 5 resumed from iteration 40\n", [10.0, 20.0], None)
+    assert (got["resumed_iteration"], got["lost_iterations"], got["lost_measured_s"]) == (0, 120, 6.0)
+    assert got["lost_recorded_s"] is None
+
+
 def test_the_copy_in_rate_is_of_the_copies_waited_for():
     """A turn's batch and copies ahead are timed only to their issue (ahead_ns, inside
     in_ns): their bytes and that time are both left out; results from before ahead_ns

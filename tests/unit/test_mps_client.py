@@ -69,3 +69,42 @@ def test_marks_follow_their_phases_and_the_iteration_ends_synchronized(train):
     iteration(t, "cuda", t.model, t.opt() if train else None, 8, 4)
     assert "sync" == t.calls[-1] and not [c for c in t.calls if c.startswith("mark")]
     assert "model" in t.calls and not [c for c in t.calls if c.startswith("layer")]
+
+
+class Stateful:
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def test_a_checkpoint_is_written_aside_and_resumed_from(tmp_path):
+    """--checkpoint: the state and iteration saved (renamed into place, nothing left aside)
+    and read back into a new run's model and optimizer."""
+    import pickle
+
+    from gpuos.workloads.mps_client import load_checkpoint, save_checkpoint
+
+    def save(obj, path):
+        with open(path, "wb") as f:
+            pickle.dump(obj, f)
+
+    def load(path, map_location=None):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    torch = SimpleNamespace(save=save, load=load)
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint(torch, path, Stateful({"w": 1}), Stateful({"m": 2}), 41)
+    save_checkpoint(torch, path, Stateful({"w": 3}), Stateful({"m": 4}), 42)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    model, opt = Stateful({}), Stateful({})
+    assert load_checkpoint(torch, "cuda", path, model, opt) == 42
+    assert (model.state, opt.state) == ({"w": 3}, {"m": 4})
+    infer = Stateful({})
+    save_checkpoint(torch, path, Stateful({"w": 5}), None, 7)  # an inference loop: no optimizer
+    assert load_checkpoint(torch, "cuda", path, infer, None) == 7 and infer.state == {"w": 5}

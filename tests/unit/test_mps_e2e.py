@@ -216,6 +216,33 @@ def test_fault_recovery_end_to_end(mps, home):
     assert again.returncode == 0 and "not running" in again.stdout
 
 
+def test_the_incident_says_the_work_lost_since_the_clients_checkpoint(mps):
+    """`gpuos mps run --checkpoint`: the supervisor looks at the checkpoint's newest file, and
+    the incident says each victim lost the work since it (a client without one: its run)."""
+    mps.start()
+    ckpt = mps.tmp / "ckpt"
+    ckpt.mkdir()
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client(opts=("--checkpoint", str(ckpt)), name="victim")
+    b, blog = mps.client("--fault-when", str(trigger), name="faulter")
+    wait_for(lambda: connected(alog) and connected(blog), 10, "both clients connected")
+    (ckpt / "step-1.pt").write_bytes(b"x")
+    written = (ckpt / "step-1.pt").stat().st_mtime
+    wait_for(lambda: "checkpoint-seen" in mps.names(), 10, "the checkpoint seen")
+    assert mps.machine()["clients"][a]["checkpoint"] == str(ckpt)
+    time.sleep(0.5)
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    victims = {v["client"]: v for v in inc["victims"]}
+    opened = inc["opened"]
+    assert victims[a]["resumes_from"] == "checkpoint"
+    assert victims[a]["lost_s"] == pytest.approx(opened - written, abs=0.01)
+    assert victims[a]["lost_s"] < victims[a]["ran_s"]
+    assert victims[b]["resumes_from"] == "start" and victims[b]["lost_s"] == victims[b]["ran_s"]
+    human = mps("mps", "status").stdout
+    assert f"{a}: restarted, {victims[a]['lost_s']:.1f} s of work lost (since its checkpoint)" in human
+
+
 def test_end_faulted_server_kills_it_at_the_incident(mps):
     """--end-faulted-server: the faulted server is SIGKILLed as the incident opens (not left
     FAULT until its clients have gone); its clients' connections break, they exit, and are
@@ -294,6 +321,43 @@ def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_buil
     assert res.returncode == 0, res.stderr
     wait_for(lambda: not any(alive(p) for p in new.values()), 10, "standbys stopped")
     assert not list((mps.dir / "standby").iterdir())
+
+
+def test_a_standby_is_started_again_from_a_newer_checkpoint(mps, libgpuos_build):
+    """--checkpoint with policy standby: a standby resumes from the checkpoint there was at its
+    start, so once a newer one has settled (and the standby is --standby-refresh old) it is
+    replaced by one that starts from it; the incident then says the take-over lost only
+    the work since that checkpoint."""
+    mps.env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+                   LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    mps.start("--policy", "standby", "--standby-refresh", "1")
+    ckpt = mps.tmp / "ckpt.pt"
+    trigger = mps.tmp / "fault-now"
+    a, alog = mps.client("--cuinit", opts=("--checkpoint", str(ckpt)), name="victim")
+    b, blog = mps.client("--cuinit", "--fault-when", str(trigger), name="faulter")
+
+    def standby(cid: str, other_than: int | None = None) -> int | None:
+        pid = mps.machine()["clients"][cid]["standby_pid"]
+        return pid if pid and pid != other_than else None
+    first = wait_for(lambda: standby(a), 15, "the victim's standby started")
+    wait_for(lambda: standby(b), 15, "the faulter's standby started")
+    time.sleep(1.5)
+    assert standby(a) == first  # no checkpoint yet: kept
+    ckpt.write_bytes(b"x")
+    written = ckpt.stat().st_mtime
+    second = wait_for(lambda: standby(a, other_than=first), 20, "a standby from the checkpoint")
+    wait_for(lambda: not alive(first), 10, "the old standby stopped")
+    stopped = [e for e in mps.events() if e["event"] == "standby-stopped" and e.get("pid") == first]
+    assert stopped and stopped[0]["why"] == "a newer checkpoint: its replacement starts from it"
+    assert mps.machine()["clients"][a]["standby_state_at"] == pytest.approx(written)
+    wait_for(lambda: f"start {second}" in lines(alog, "start"), 10, "the new standby waits")
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    v = {x["client"]: x for x in inc["victims"]}
+    assert v[a]["recovery"] == "took-over" and mps.machine()["clients"][a]["pid"] == second
+    assert v[a]["resumes_from"] == "checkpoint"
+    assert v[a]["lost_s"] == pytest.approx(inc["opened"] - written, abs=0.01)
+    assert v[b]["resumes_from"] == "start"
 
 
 def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from gpuos.errors import GpuosError, MpsUnavailable, NoGpu
+from gpuos.mps.checkpoint import absolute, newest
 from gpuos.mps.control import DaemonInfo, _ints, find_mps_binaries, serves_gpu, server_ready
 from gpuos.mps.faultsrc import FeedFiles, gpu_match, parse_feed_line
 from gpuos.mps.gpu import GpuRef, MpsDirs, resolve_gpu
@@ -291,3 +292,26 @@ def test_signal_tree_reaches_a_gpu_process_that_left_the_clients_group(monkeypat
         if leader.poll() is None:
             os.killpg(leader.pid, signal.SIGKILL)
             leader.wait()
+
+
+# -- a client's own checkpoint (mps/checkpoint.py) ---------------------------------------------
+
+def test_the_newest_checkpoint_of_a_file_a_directory_or_a_glob(tmp_path):
+    uid = os.getuid()
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    assert newest(str(d), uid) is None  # nothing written yet
+    assert newest(str(tmp_path / "missing.pt"), uid) is None
+    old, new = d / "step-1.pt", d / "step-2"
+    old.write_bytes(b"1")
+    new.mkdir()  # a checkpoint directory counts by its own time
+    os.utime(old, (1000, 1000))
+    os.utime(new, (2000, 2000))
+    assert newest(str(d), uid) == 2000
+    assert newest(str(old), uid) == 1000
+    assert newest(str(d / "*.pt"), uid) == 1000
+    assert newest(str(d / "nothing-*"), uid) is None
+    # only the client's user's own files count: the supervisor may run as root
+    assert newest(str(d), uid + 1) is None
+    assert absolute("ckpt/*.pt", "/work") == "/work/ckpt/*.pt"
+    assert absolute("/abs/x", "/work") == "/abs/x"

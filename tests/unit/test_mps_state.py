@@ -11,7 +11,8 @@ import itertools
 
 import pytest
 
-from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
+from gpuos.mps.state import (CHECKPOINT_SETTLE_S, INPUTS, TRACKER_SOURCE,
+                             CheckpointSeen, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
                              Emit, EndServer, Fault, HookFinished, KillHook, Machine, PolicySet,
                              ProbeServer,
@@ -23,6 +24,7 @@ from gpuos.mps.state import (INPUTS, TRACKER_SOURCE, Client, ClientExited, Clien
 
 S = State
 SERVER, DAEMON = 555, 100
+REFRESH = Settings().standby_refresh  # a standby's least age before one from a newer checkpoint
 
 # Every transition the machine may make, one "state" event each (docs/mps.md draws them).
 EDGES = {
@@ -212,6 +214,89 @@ def test_the_incident_says_how_long_each_victim_had_run():
     ran = {v["client"]: v["ran_s"] for v in r.m.history[-1]["victims"]}
     assert ran == {"c1": 30.0, "c2": 30.0}
     assert {v["client"]: v["ran_s"] for v in r.last("incident-closed")["victims"]} == ran
+
+
+def test_the_incident_says_how_much_work_was_lost_since_the_checkpoint():
+    """A client that names its checkpoint: a restarted victim resumes from the newest one
+    written during its run, so it lost only the time since; one written before its run
+    (where it began) or after the fault does not count, nor does one of a client that
+    names none."""
+    r = Run().running(3, checkpoint="/w/ckpt")
+    r.m.clients["c3"].checkpoint = None
+    t0 = r.t
+    r.feed(CheckpointSeen("c1", t0 + 20.0), 25.0)   # during c1's run
+    r.feed(CheckpointSeen("c2", t0 - 100.0))        # from before c2's run: where it began
+    r.feed(CheckpointSeen("c3", t0 + 20.0))         # c3 names no checkpoint
+    assert r.last("input-ignored")["why"] == "it names no checkpoint"
+    r.feed(CheckpointSeen("c1", t0 + 10.0))         # older than the one seen: kept
+    assert r.m.clients["c1"].checkpoint_at == t0 + 20.0
+    r.fault(pid=2001, dt=5.0)                        # at t0 + 30
+    r.feed(CheckpointSeen("c1", t0 + 31.0), 1.0)    # after the fault: not for this incident
+    r.feed(Tick(), 1.0)
+    r.drained()
+    r.feed(ServerRestarted(True, SERVER))
+    for i in (1, 2, 3):
+        r.feed(ClientStarted(f"c{i}", 3000 + i))
+    got = {v["client"]: (v["ran_s"], v["lost_s"], v["resumes_from"]) for v in r.m.history[-1]["victims"]}
+    assert got == {"c1": (30.0, 10.0, "checkpoint"), "c2": (30.0, 30.0, "start"),
+                   "c3": (30.0, 30.0, "start")}
+    assert {v["client"]: v["lost_s"] for v in r.last("incident-closed")["victims"]} == \
+        {"c1": 10.0, "c2": 30.0, "c3": 30.0}
+
+
+def test_a_standby_resumes_from_the_checkpoint_it_started_from_and_is_started_again_from_a_newer():
+    """A standby's application read its checkpoint at its own start: a take-over loses the
+    work since that one, not since the newest.  So a standby older than a newer, settled
+    checkpoint is replaced (once it is Settings.standby_refresh old), and the replacement's
+    take-over loses only the time since the newer one."""
+    r = Run()
+    r.start()
+    r.feed(DaemonUp(DAEMON))
+    r.client("c1", policy="standby", checkpoint="/w/ckpt")
+    t0 = r.t
+    assert r.feed(ClientStarted("c1", 2001, 77)) == [SpawnStandby("c1", standby_token("c1"))]
+    r.feed(StandbyStarted("c1", standby_token("c1"), 4001, 88))
+    r.feed(ServerSeen(SERVER))
+    # a checkpoint 10 s in: the standby is too young to be replaced, then it is not settled
+    assert r.feed(CheckpointSeen("c1", t0 + 10.0), 10.0) == []
+    # settled, and the standby old enough: replaced
+    assert r.feed(Tick(), REFRESH) == [StopStandby("c1", standby_token("c1"), 4001, 88),
+                                                      SpawnStandby("c1", standby_token("c1", 2))]
+    c = r.m.clients["c1"]
+    assert c.standby_token == standby_token("c1", 2) and c.standby_state_at == t0 + 10.0
+    stop = r.last("standby-stopped")
+    assert (stop["pid"], stop["why"]) == (4001, "a newer checkpoint: its replacement starts from it")
+    r.feed(StandbyStarted("c1", standby_token("c1", 2), 4002, 89))
+    # a newer checkpoint just written: not settled, the standby is kept
+    t_new = r.t + REFRESH
+    r.feed(CheckpointSeen("c1", t_new), REFRESH)
+    assert r.feed(Tick(), CHECKPOINT_SETTLE_S / 2) == []
+    # the fault comes first: the standby from the checkpoint at t0 + 10 takes over
+    r.fault(pid=2001)
+    opened = r.t
+    r.drained()
+    assert of(r.feed(ServerRestarted(True, SERVER)), ReleaseStandby)
+    r.feed(ClientStarted("c1", 4002, 89))
+    v = r.m.history[-1]["victims"][0]
+    assert v["recovery"] == "took-over"
+    assert (v["lost_s"], v["resumes_from"]) == (round(opened - (t0 + 10.0), 3), "checkpoint")
+    assert v["lost_s"] > round(opened - t_new, 3)  # more than since the newest: what it cost
+
+
+def test_no_standby_is_replaced_during_an_incident_or_without_a_newer_checkpoint():
+    r = Run()
+    r.start()
+    r.feed(DaemonUp(DAEMON))
+    r.client("c1", policy="standby", checkpoint="/w/ckpt")
+    r.feed(CheckpointSeen("c1", r.t - 5.0))  # before its start: its standby starts from it
+    r.feed(ClientStarted("c1", 2001, 77))
+    r.feed(StandbyStarted("c1", standby_token("c1"), 4001, 88))
+    r.feed(ServerSeen(SERVER))
+    assert r.m.clients["c1"].standby_state_at is not None
+    assert not of(r.feed(Tick(), 10 * REFRESH), StopStandby)  # nothing newer
+    r.feed(CheckpointSeen("c1", r.t))
+    r.fault(pid=2001)
+    assert not of(r.feed(Tick(), 10 * REFRESH), StopStandby)  # draining: kept to be released
 
 
 def test_hook_and_none_policies():
@@ -1386,6 +1471,7 @@ def _inputs(m: Machine) -> list:
         Fault({"xid": 79, "fault_class": "device"}, True),
         Fault({}, None),
         ClientRequest(Client(id="new", cmd=["x"], cwd="/", uid=0, gid=0)),
+        CheckpointSeen(cid, 1234.5), CheckpointSeen("nobody", 1.0),
         ClientStarted(cid, 3001), ClientSpawnFailed(cid, "x"), ClientExited(cid, 1, pid),
         ClientExited(cid, 0), ClientExited("nobody", 1), ClientExiting(cid, pid),
         ClientExiting("nobody", 1),

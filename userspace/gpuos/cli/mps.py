@@ -13,6 +13,7 @@ import click
 from .. import procs
 from ..errors import (Busy, GpuosError, MpsFailed, MpsForeign, MpsNotReady, MpsNotRunning,
                       NotPermitted, Timeout)
+from ..mps.checkpoint import absolute as checkpoint_path
 from ..mps.control import MpsCommandError, MpsControl, find_mps_binaries, foreign_daemons
 from ..mps.gpu import (ComputeMode, GpuRef, MpsDirs, all_dirs, find_nvidia_smi,
                        process_memory, resolve_gpu)
@@ -189,6 +190,10 @@ def mps() -> None:
                    "once, and kill the stopped victims (SIGKILL) S seconds later, so "
                    "that the driver's teardown of their contexts does not hold up the standbys' "
                    "first work. 0: off. Experimental [default: 0].")
+@click.option("--standby-refresh", type=click.FloatRange(1, 86400), default=None, metavar="S",
+              help="A standby of a client that names its checkpoint (`gpuos mps run --checkpoint`) "
+                   "is started again from a newer checkpoint once it is S seconds old: a standby "
+                   "resumes from the checkpoint there was at its own start [default: 30].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
@@ -223,7 +228,7 @@ def mps() -> None:
 @json_option
 @click.pass_obj
 def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server,
-              end_faulted_server, hold_victims, feeds,
+              end_faulted_server, hold_victims, standby_refresh, feeds,
               no_kmsg, no_nvml,
               no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
               hook_timeout, poll,
@@ -336,7 +341,7 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
                             ("max_faults", max_faults),
                             ("hook_timeout", hook_timeout), ("default_policy", policy),
                             ("default_hook", hook), ("end_faulted_server", end_faulted_server),
-                            ("hold_victims", hold_victims)):
+                            ("hold_victims", hold_victims), ("standby_refresh", standby_refresh)):
             if value is not None:
                 setattr(settings, name, value)
         if kill_grace is not None:
@@ -538,6 +543,7 @@ def _status_of(gpu: GpuRef, dirs: MpsDirs, saved: SavedState, events: int) -> di
             "hold_victims": m.settings.hold_victims, "end_faulted_server": m.settings.end_faulted_server},
         "pipe_dir": dirs.pipe, "log_dir": dirs.log, "events_file": dirs.events,
         "default_policy": m.settings.default_policy, "default_hook": m.settings.default_hook,
+        "standby_refresh": m.settings.standby_refresh,
         "clients": counts, "unmanaged_clients": m.unmanaged,
         "incident": m.incident.summary() if m.incident else None,
         "incidents": m.history[-5:], "failure": m.failure,
@@ -547,12 +553,20 @@ def _status_of(gpu: GpuRef, dirs: MpsDirs, saved: SavedState, events: int) -> di
     }
 
 
+def lost_text(v: dict) -> str:
+    """A victim's work lost, for people: ", 12.3 s of work lost (since its checkpoint)"."""
+    if v.get("lost_s") is None:
+        return ""
+    since = "since its checkpoint" if v.get("resumes_from") == "checkpoint" else "its whole run"
+    return f", {v['lost_s']:.1f} s of work lost ({since})"
+
+
 def _victims_line(inc: dict) -> str:
     parts = []
     for v in inc["victims"]:
         who = v["client"] or f"pid {v['pid']}"
         role = {"named": " (named by the fault)", "faulter": " (the faulter)"}.get(v["role"], "")
-        parts.append(f"{who}{role}: {v['recovery']}")
+        parts.append(f"{who}{role}: {v['recovery']}{lost_text(v)}")
     # A faulter a tracker named that is no victim: a client gpuos did not start, found by
     # its environment before the server's client list showed it.
     victims = {v["pid"] for v in inc["victims"]}
@@ -735,14 +749,19 @@ def _standby_cell(row: dict) -> str:
 @click.option("--output", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Append CMD's stdout and stderr (every run of it) to FILE, opened as you "
                    "[default: $GPUOS_HOME/mps/GPU/output/ID.log].")
+@click.option("--checkpoint", metavar="PATH", default=None,
+              help="Where CMD writes its own checkpoints and resumes from at its start: a file, "
+                   "a directory (its entries) or a glob; the newest of your files there counts. "
+                   "Each incident then says how much work the fault cost CMD, and under policy "
+                   "standby a standby older than a newer checkpoint is started again from it.")
 @click.option("--wait", is_flag=True,
               help="Follow CMD's output and wait until it is done for good (recoveries included); "
                    "exit with its status (128+N for signal N).")
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, max_faults, output, wait, as_json,
-                cmd) -> None:
+def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, max_faults, output, checkpoint, wait,
+                as_json, cmd) -> None:
     """Run CMD as a client of the GPU's MPS, under the supervisor.
 
     \b
@@ -774,7 +793,8 @@ def run_mps_cmd(rt: Runtime, gpu_spec, policy, hook, max_restarts, max_faults, o
     reply = request(dirs, {"op": "run", "cmd": list(cmd), "cwd": os.getcwd(), "env": env,
                            "policy": policy, "hook": hook, "max_restarts": max_restarts,
                            "max_faults": max_faults,
-                           "output": str(Path(output).absolute()) if output else None})
+                           "output": str(Path(output).absolute()) if output else None,
+                           "checkpoint": checkpoint_path(checkpoint, os.getcwd()) if checkpoint else None})
     cid = reply["client"]
     if not wait:
         if as_json:

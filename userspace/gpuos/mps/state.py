@@ -33,6 +33,13 @@ will not come back, or the spare dies, standbys are cold until a spare is starte
 Standbys are kept by one rule applied after every input (``_keep_standbys``): a
 running client whose policy is standby has one while the machine runs; a standby
 whose client ended, changed policy, or whose supervisor stops, is stopped.
+
+A client may name the checkpoint its application writes and resumes from at its start
+(``Client.checkpoint``; the runtime reports its newest time: ``CheckpointSeen``).  Each
+victim's record then says how much work the fault cost it (``Victim.lost_s``): the time
+since the state its replacement resumes from, the newest checkpoint before the fault for
+a restart, the one there was when its standby started for a take-over; and a standby
+older than a newer checkpoint is replaced by one that starts from it (``_keep_standbys``).
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ HISTORY_KEPT = 50
 # A client's standbys that ended before they were needed, in a row, after which it gets
 # no more (a command that never calls cuInit would otherwise be run again and again).
 STANDBY_LOSSES = 3
+# A standby is replaced to start from a newer checkpoint once that checkpoint has not
+# changed for CHECKPOINT_SETTLE_S (one written in parts is not read half-written), and
+# not before the standby is Settings.standby_refresh old.
+CHECKPOINT_SETTLE_S = 2.0
 
 
 def fault_pid(fault: dict) -> int | None:
@@ -97,6 +108,11 @@ class Settings:
                                     # (Machine._end_faulted_server), not waiting for its clients
     hold_victims: float = 0.0       # s a swapped incident's victims are held stopped before
                                     # SIGKILL (Machine._hold_victims); 0: not held
+    # s a standby lives at least before it is replaced to start from its client's newer
+    # checkpoint: a replacement is a whole start-up of the application (5-10 s for PyTorch),
+    # a time with no warm standby, so a client that checkpoints often would otherwise
+    # never have one ready.
+    standby_refresh: float = 30.0
 
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempt - 1))
@@ -121,6 +137,10 @@ class Client:
     max_restarts: int | None = None
     max_faults: int | None = None   # None: the supervisor's
     output: str | None = None       # file for its stdout and stderr
+    # The checkpoint its application writes and resumes from at its start (a file, a
+    # directory or a glob: the newest match counts), and that newest one's time.
+    checkpoint: str | None = None
+    checkpoint_at: float | None = None
     pid: int | None = None
     starttime: int | None = None    # /proc starttime: (pid, starttime) names one process
     # pending | starting | running | exited | failed | victim | hooked | not-recovered
@@ -141,6 +161,8 @@ class Client:
     standby_losses: int = 0              # standbys in a row that ended unused
     standby_slot: int | None = None      # the slot whose pipe directory it was given
     standby_warm: bool = False           # waits at its first launch, a spare server's client
+    standby_spawned_at: float | None = None
+    standby_state_at: float | None = None  # the checkpoint it resumed from (None: its start)
 
 
 @dataclass
@@ -166,6 +188,12 @@ class Victim:
     # lost unless the application saves its own progress (a hook may resume from it).
     ran_s: float | None = None
     starttime: int | None = None    # the victim process's: signals reach no other process
+    started_at: float | None = None     # when the run the fault ended began
+    checkpoint_at: float | None = None  # its newest checkpoint when the incident opened
+    # The work the fault cost it: seconds from the state its replacement resumes from
+    # (resumes_from: "checkpoint", or "start": the victim's own start) to the incident.
+    lost_s: float | None = None
+    resumes_from: str | None = None
 
 
 @dataclass
@@ -200,7 +228,8 @@ class Incident:
                            for f in self.faults],
                 "victims": [{"client": v.client, "pid": v.pid, "role": v.role,
                              "exit_status": v.exit_status, "signalled": v.signalled,
-                             "recovery": v.recovery, "detail": v.detail, "ran_s": v.ran_s}
+                             "recovery": v.recovery, "detail": v.detail, "ran_s": v.ran_s,
+                             "lost_s": v.lost_s, "resumes_from": v.resumes_from}
                             for v in self.victims]}
 
 
@@ -264,6 +293,14 @@ class Fault:
 @dataclass(frozen=True)
 class ClientRequest:
     client: Client
+
+
+@dataclass(frozen=True)
+class CheckpointSeen:
+    """The newest file of a client's checkpoint (Client.checkpoint) is from `at`."""
+
+    client_id: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -357,7 +394,7 @@ class Tick:
 
 SLOTTED = (DaemonUp, DaemonFailed, DaemonStopped, ServerRestarted)  # inputs that name a daemon
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
-          ServerStatus, ServerRestarted, Fault, ClientRequest, ClientStarted, ClientSpawnFailed,
+          ServerStatus, ServerRestarted, Fault, ClientRequest, CheckpointSeen, ClientStarted, ClientSpawnFailed,
           ClientExited, ClientExiting, StandbyStarted, StandbySpawnFailed, StandbyExited,
           UnmanagedClients, UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
 
@@ -788,11 +825,13 @@ class Machine:
             ran = None if c.started_at is None else round(
                 (self._now if c.state == "running" else c.exited_at or self._now) - c.started_at, 3)
             if c.state == "running" and cause != "daemon-exit":
-                inc.victims.append(Victim(client=c.id, pid=c.pid, ran_s=ran, starttime=c.starttime))
+                inc.victims.append(Victim(client=c.id, pid=c.pid, ran_s=ran, starttime=c.starttime,
+                                          started_at=c.started_at, checkpoint_at=c.checkpoint_at))
                 c.state = "victim"
             elif c.state == "failed" and (c.exited_at or 0) >= horizon:
                 inc.victims.append(Victim(client=c.id, pid=c.pid, exited=True,
-                                          exit_status=c.exit_status, ran_s=ran))
+                                          exit_status=c.exit_status, ran_s=ran,
+                                          started_at=c.started_at, checkpoint_at=c.checkpoint_at))
                 c.state = "victim"
         managed_pids = self._managed_pids()
         for pid in self.unmanaged if cause != "daemon-exit" else []:
@@ -1059,6 +1098,7 @@ class Machine:
         if c is None:
             v.recovery = "unmanaged"
             return
+        self._work_lost(v, v.checkpoint_at)  # a standby released below resumes from its own
         policy = self._policy(c)
         limit = c.max_restarts if c.max_restarts is not None else self.settings.max_restarts
         fault_limit = c.max_faults if c.max_faults is not None else self.settings.max_faults
@@ -1088,6 +1128,7 @@ class Machine:
             self._emit("hook-started", client=c.id, pid=v.pid, hook=hook)
             self._out.append(RunHook(c.id, v.token))
         elif policy == "standby" and c.standby_pid and c.standby_slot == self.slot:
+            self._work_lost(v, c.standby_state_at)
             v.recovery = "in-progress"
             v.token = c.standby_token
             c.state = "starting"
@@ -1101,6 +1142,21 @@ class Machine:
                 v.detail = "no standby was ready: restarted"
             self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd,
                        **({"why": v.detail} if v.detail else {}))
+
+    @staticmethod
+    def _work_lost(v: Victim, state_at: float | None) -> None:
+        """v.lost_s: the work its replacement does again, from the state it resumes from to
+        the end of the victim's run.  That state is a checkpoint written during the run
+        (state_at: the newest before the incident for a restart, the one its standby started
+        from for a take-over), else the victim's own start: a checkpoint from before the
+        run is where the victim itself began."""
+        if v.ran_s is None or v.started_at is None:
+            return
+        end = v.started_at + v.ran_s
+        if state_at is not None and v.started_at < state_at <= end:
+            v.resumes_from, v.lost_s = "checkpoint", round(end - state_at, 3)
+        else:
+            v.resumes_from, v.lost_s = "start", v.ran_s
 
     def _check_recovered(self) -> None:
         inc = self.incident
@@ -1478,11 +1534,13 @@ class Machine:
                 and (c.state in ("running", "victim", "starting") or failing)
             releasing = self._in_progress(c.id) and self.incident.victim_of(c.id).token == c.standby_token
             misplaced = self.state is State.RUNNING and (c.standby_slot, c.standby_warm) != (place, warm)
-            if c.standby_token is not None and not releasing and (not wanted or misplaced):
+            stale = self._stale_standby(c)
+            if c.standby_token is not None and not releasing and (not wanted or misplaced or stale):
                 self._out.append(StopStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
                 self._emit("standby-stopped", client=c.id, pid=c.standby_pid,
-                           why="moved to the spare server" if wanted and warm
-                           else "the spare server is gone" if wanted
+                           why="moved to the spare server" if wanted and warm and misplaced
+                           else "the spare server is gone" if wanted and misplaced
+                           else "a newer checkpoint: its replacement starts from it" if wanted
                            else f"client {c.state}" if serving else f"supervisor {self.state.value}")
                 c.standby_token = c.standby_pid = c.standby_starttime = None
             if c.standby_token is None and wanted and self.state is State.RUNNING \
@@ -1490,7 +1548,27 @@ class Machine:
                 c.standby_spawns += 1
                 c.standby_token = f"{self.gpu}:{c.id}:standby:{c.standby_spawns}"
                 c.standby_slot, c.standby_warm = place, warm
+                c.standby_spawned_at, c.standby_state_at = self._now, c.checkpoint_at
                 self._out.append(SpawnStandby(c.id, c.standby_token, slot=place, warm=warm))
+
+    def _stale_standby(self, c: Client) -> bool:
+        """Is c's standby to be replaced by one that starts from its newer checkpoint: one
+        that has settled, while the machine runs and the standby is old enough
+        (CHECKPOINT_SETTLE_S, Settings.standby_refresh)."""
+        return (self.state is State.RUNNING and c.standby_pid is not None and c.checkpoint_at is not None
+                and (c.standby_state_at is None or c.checkpoint_at > c.standby_state_at)
+                and self._now - c.checkpoint_at >= CHECKPOINT_SETTLE_S
+                and self._now - (c.standby_spawned_at or 0) >= self.settings.standby_refresh)
+
+    def _on_checkpoint_seen(self, i: CheckpointSeen) -> None:
+        c = self.clients.get(i.client_id)
+        if c is None or not c.checkpoint:
+            self._emit("input-ignored", input="CheckpointSeen", client=i.client_id,
+                       why="no such client" if c is None else "it names no checkpoint")
+            return
+        if c.checkpoint_at is None or i.at > c.checkpoint_at:
+            c.checkpoint_at = i.at
+            self._emit("checkpoint-seen", client=c.id, at=i.at)
 
     def _on_standby_started(self, i: StandbyStarted) -> None:
         c = self.clients.get(i.client_id)
@@ -1521,6 +1599,7 @@ class Machine:
         v = self.incident.victim_of(c.id) if self.incident else None
         if v is not None and v.recovery == "in-progress" and v.token == token:
             # It ended as it was released: the victim is restarted instead.
+            self._work_lost(v, v.checkpoint_at)
             v.token = self._spawn(c)
             v.detail = "its standby had ended: restarted"
             self._emit("victim-restarting", client=c.id, pid=v.pid, cmd=c.cmd, why=v.detail)
@@ -1638,6 +1717,7 @@ _HANDLERS = {
     ServerRestarted: Machine._on_restart,
     Fault: Machine._on_fault,
     ClientRequest: Machine._on_client_request,
+    CheckpointSeen: Machine._on_checkpoint_seen,
     ClientStarted: Machine._on_client_started,
     ClientSpawnFailed: Machine._on_client_spawn_failed,
     ClientExited: Machine._on_client_exited,

@@ -178,7 +178,10 @@ def describe_event(ev: dict) -> str:
                   + (", ".join(f"{v['client'] or 'pid'} {v['pid']}" for v in ev.get("victims", []))
                      or "none"))
     elif name == "incident-closed":
-        detail = f"{ev.get('outcome')} in {ev.get('seconds')} s"
+        lost = [f"{v['client'] or v['pid']} {v['lost_s']:.1f} s" for v in ev.get("victims", [])
+                if v.get("lost_s") is not None]
+        detail = f"{ev.get('outcome')} in {ev.get('seconds')} s" + (
+            f"; work lost: {', '.join(lost)}" if lost else "")
     elif name == "state":
         detail = f"{ev.get('previous')} -> {ev.get('state')}: {ev.get('why')}"
     else:

@@ -48,14 +48,15 @@ from .faultsrc import FeedFiles, MpsPeers, client_of, gpu_match, open_sources
 from .gpu import ComputeMode, GpuRef, MpsDirs, find_nvidia_smi
 from .launch import (SIGNALS, ClientSpec, find_by_token, output_path, same_process, signal_tree,
                      spec_path, start_client, start_hook, starttime)
-from .state import (POLICIES, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
-                    ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit,
+from .state import (POLICIES, CheckpointSeen, Client, ClientExited, ClientExiting, ClientRequest,
+                    ClientSpawnFailed, ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp, Emit,
                     EndServer, Fault,
                     HookFinished, KillHook, Machine, PolicySet, ProbeServer, ReleaseStandby,
                     RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
                     SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
                     StandbyStarted, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
                     TerminateMpsClient, Tick, TRACKER_SOURCE, UnmanagedClients, UnmanagedGone)
+from .checkpoint import newest as newest_checkpoint
 from .standby import Releases, fifo_path, start_standby
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
@@ -65,6 +66,7 @@ SLOW_PART_S = 0.005  # each part of it this long
 TRACK_YOUNG_S = 10.0  # a followed process this young without a fault tracker yet is looked
 TRACK_SOON_S = 0.02   # at this often, to have its tracker from its first context on
 LEAVING_POLL_S = 0.01  # a swapped incident's victims are looked at this often until they exit
+CHECKPOINT_POLL_S = 1.0  # clients' checkpoints (--checkpoint) are looked at this often
 
 
 @dataclass
@@ -183,6 +185,8 @@ class Supervisor:
         self._turn: dict[str, float] = {}  # this loop turn's seconds by part (_timed)
         self._next_mps = 0.0
         self._next_status = 0.0
+        self._next_checkpoints = 0.0
+        self._checkpoints_seen: dict[str, float] = {}  # by client: the newest time fed
         self._watch_error: str | None = None
         self.listener: socket.socket | None = None
 
@@ -296,6 +300,8 @@ class Supervisor:
             quiet = 0 if got or not woken_by_source else quiet + 1
             with self._timed("mps"):
                 self._watch_mps()
+            with self._timed("checkpoints"):
+                self._look_at_checkpoints()
             with self._timed("tick"):
                 self._feed(Tick())
             self._say_slow_turn(time.monotonic() - turn_start)
@@ -303,6 +309,23 @@ class Supervisor:
             self._restore_compute_mode()
             return 0
         return MpsFailed.exit_code
+
+    def _look_at_checkpoints(self) -> None:
+        """Every CHECKPOINT_POLL_S, the newest time of each client's checkpoint
+        (--checkpoint), fed when it is new.  After the turn's faults and releases: a stat
+        per client is never on a recovery's path.  A checkpoint written in the last poll
+        before a fault may be missed: the work lost is then said too high, never too low."""
+        now = time.monotonic()
+        if now < self._next_checkpoints:
+            return
+        self._next_checkpoints = now + CHECKPOINT_POLL_S
+        for c in list(self.machine.clients.values()):
+            if not c.checkpoint or c.state not in ("running", "starting"):
+                continue
+            at = newest_checkpoint(c.checkpoint, c.uid)
+            if at is not None and at > self._checkpoints_seen.get(c.id, float("-inf")):
+                self._checkpoints_seen[c.id] = at
+                self._feed(CheckpointSeen(c.id, at))
 
     def _poll_timeout(self) -> float:
         """The poll interval; LEAVING_POLL_S while a swapped incident waits for its victims
@@ -890,14 +913,18 @@ class Supervisor:
             v = req.get(key)
             if v is not None and (type(v) is not int or v < least):
                 raise GpuosError(f"{key} must be an integer of at least {least}, not {v!r}")
+        checkpoint = req.get("checkpoint")
+        if checkpoint is not None and (type(checkpoint) is not str or not os.path.isabs(checkpoint)
+                                       or len(checkpoint) > 4096 or "\0" in checkpoint):
+            raise GpuosError(f"checkpoint must be an absolute path, not {checkpoint!r}")
         n = 1 + max([int(k[1:]) for k in m.clients if k[1:].isdigit()] or [0])
         cid = f"c{n}"
         ClientSpec(cmd=cmd, cwd=str(req["cwd"]), env={str(k): str(v) for k, v in req["env"].items()},
                    uid=uid, gid=gid).save(spec_path(self.dirs, cid))
         c = Client(id=cid, cmd=cmd, cwd=str(req["cwd"]), uid=uid, gid=gid, policy=policy,
                    hook=req.get("hook"), max_restarts=req.get("max_restarts"),
-                   max_faults=req.get("max_faults"),
-                   output=req.get("output"))
+                   max_faults=req.get("max_faults"), output=req.get("output"),
+                   checkpoint=checkpoint)
         self._feed(ClientRequest(c))
         c = self.machine.clients.get(cid, c)
         return {"ok": True, "client": cid, "pid": c.pid, "state": c.state,

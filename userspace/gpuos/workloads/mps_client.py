@@ -8,6 +8,11 @@ the GPU really did the work) FILE is replaced atomically by one line
 ``<unix time> <iteration> <pid>``: a harness sees when the client last made progress,
 and a restarted client by its pid changing and its iteration starting again at 1.
 
+With --checkpoint FILE it resumes from FILE at its start (weights, optimizer state and
+iteration count) where FILE exists, and with --checkpoint-every S saves them there every S
+seconds (written aside and renamed): an application that keeps its own progress, whose
+heartbeat's iteration then goes on from the checkpoint's in a new run.
+
 With --hold-file FILE it stops after its first iteration (its context, weights and
 first forward done, as a warm standby would be), writes FILE.ready and goes on only
 once FILE exists.
@@ -127,6 +132,23 @@ def iteration(torch, dev, model, opt, size: int, batch: int,
     torch.cuda.synchronize()
 
 
+def save_checkpoint(torch, path: str, model, opt, iteration: int) -> None:
+    """The model's and optimizer's state and the iteration, written aside and renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    torch.save({"iteration": iteration, "model": model.state_dict(),
+                "opt": opt.state_dict() if opt is not None else None}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(torch, dev, path: str, model, opt) -> int:
+    """Resume from save_checkpoint's file: the iteration it was written after."""
+    state = torch.load(path, map_location=dev)
+    model.load_state_dict(state["model"])
+    if opt is not None and state.get("opt") is not None:
+        opt.load_state_dict(state["opt"])
+    return int(state["iteration"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("infer", "train"), required=True)
@@ -152,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Append 'pid iteration phase unix-time' to FILE after each phase of this "
                          "process's first PHASED iterations, the GPU synchronized first (where a "
                          "first iteration's time goes; a standby copy writes its own lines).")
+    ap.add_argument("--checkpoint", metavar="FILE",
+                    help="Resume from FILE at the start where it exists (weights, optimizer state, "
+                         "iteration); with --checkpoint-every, save there.")
+    ap.add_argument("--checkpoint-every", type=float, default=0.0, metavar="S",
+                    help="Save the checkpoint every S seconds of iterations (aside, then renamed) [0: never].")
     ap.add_argument("--max-seconds", type=float, default=3600.0,
                     help="Exit 0 after this long, whatever happens [3600].")
     a = ap.parse_args(argv)
@@ -178,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         model, opt = make_model(torch, dev, a.mode, a.size)
         run_new_module = new_module_runner() if a.new_module else None
         it = 0
+        if a.checkpoint and os.path.exists(a.checkpoint):
+            it = load_checkpoint(torch, dev, a.checkpoint, model, opt)
+            print(f"mps_client: pid {os.getpid()} resumed from iteration {it}", flush=True)
+        saved_at = time.monotonic()
 
         def mark(phase: str) -> None:
             torch.cuda.synchronize()
@@ -198,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             _beat(path, tmp, it, done)
             if beats is not None:
                 beats.write(f"{done:.6f}\n")
+            if a.checkpoint and a.checkpoint_every and time.monotonic() - saved_at >= a.checkpoint_every:
+                save_checkpoint(torch, a.checkpoint, model, opt, it)
+                saved_at = time.monotonic()
             if it == 1 and a.hold_file:
                 with open(a.hold_file + ".ready", "w") as f:
                     f.write(f"{time.time():.6f}\n")
