@@ -42,7 +42,9 @@ faults right after, --delay 0):
 - with --train-checkpoint S, the training client saves its progress every S seconds and
   resumes from it at its start (`gpuos mps run --checkpoint`): the work its victim lost,
   measured (its iteration at the fault less the one its new run resumed from, at its rate)
-  and as the supervisor's incident record says it (`lost_s`).
+  and as the supervisor's incident record says it (`lost_s`); with --standby-refresh R
+  too, standby modes fault only once the training client's standby is one the supervisor
+  started again from a checkpoint (R s old at least).
 
     python3 bench/mps_faults.py [--n 2,4,8] [--kinds oob-write,trap,...] [--modes stock,supervised,standby]
                                 [--budget 540] [--scenario-timeout 150] [--quick] [--bystander warm|alloc|copy|module]
@@ -363,9 +365,9 @@ class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
                  size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
                  kernel_waits: bool = False, faulter: str = "bench", trackers: bool = True,
-                 train_checkpoint: float = 0.0):
+                 train_checkpoint: float = 0.0, standby_refresh: float = 0.0):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
-        self.train_checkpoint = train_checkpoint
+        self.train_checkpoint, self.standby_refresh = train_checkpoint, standby_refresh
         self.trackers = trackers
         self.faulter_as = faulter if mode in POLICY else "bench"
         self.phases = phases
@@ -413,7 +415,8 @@ class Scenario:
         extra = (["--spare-server"] if self.mode in WARM else []) + (
             ["--end-faulted-server"] if self.mode == "spare-end" else []) + (
             ["--hold-victims", str(HOLD_VICTIMS_S)] if self.mode == "spare-hold" else []) + (
-            [] if self.trackers else ["--no-fault-trackers"])
+            [] if self.trackers else ["--no-fault-trackers"]) + (
+            ["--standby-refresh", str(self.standby_refresh)] if self.standby_refresh else [])
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
                                           *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
@@ -561,6 +564,24 @@ class Scenario:
                     return
             time.sleep(0.5)
         raise ScenarioFailed("the standbys were not all waiting in time")
+
+    def wait_standby_from_checkpoint(self) -> None:
+        """--standby-refresh: until the training client's standby is one the supervisor started
+        from a checkpoint (state.json: standby_state_at), so that the fault tests a take-over
+        that resumes from it."""
+        train = next(c for c in self.clients if c["role"] == "train")
+        state = self.events_file.with_name("state.json")
+        deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
+        while time.monotonic() < deadline:
+            try:
+                c = json.loads(state.read_text())["machine"]["clients"][train["client"]]
+            except (OSError, ValueError, KeyError):
+                c = {}
+            if c.get("standby_state_at") and c.get("standby_pid"):
+                self.r["train_standby_state_at"] = c["standby_state_at"]
+                return
+            time.sleep(0.5)
+        raise ScenarioFailed("no standby of the training client started from a checkpoint in time")
 
     def sample_rates(self) -> None:
         """Each client's iterations per second over sample_s, before the fault."""
@@ -836,6 +857,9 @@ class Scenario:
         self.start_clients()
         if self.mode in STANDBYS:
             self.wait_standbys()
+            if self.train_checkpoint and self.standby_refresh:
+                self.wait_standby_from_checkpoint()
+                self.wait_standbys()
         if self.bystander:
             self.start_bystander()
         self.sample_rates()
@@ -1133,6 +1157,10 @@ def main() -> None:
                     help="The training client saves its progress every S seconds and resumes from "
                          "it at its start (`gpuos mps run --checkpoint`); its victim's work lost is "
                          "measured and set beside the incident record's [0: off].")
+    ap.add_argument("--standby-refresh", type=float, default=0.0, metavar="S",
+                    help="Modes under gpuos mps: `gpuos mps start --standby-refresh S`; with "
+                         "--train-checkpoint and standbys, the fault waits until the training client's "
+                         "standby is one started from a checkpoint [0: the supervisor's default].")
     ap.add_argument("--scratch", default=default_scratch(), metavar="DIR",
                     help="Where the run's files go: MPS pipes and logs, and the clients' heartbeats "
                          "and phase marks, written at every iteration [/dev/shm where writable, "
@@ -1221,7 +1249,7 @@ def main() -> None:
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
                                  result, a.size, a.sample, a.bystander, a.phases,
                                  a.kernel_waits, a.faulter, not a.no_fault_trackers,
-                                 a.train_checkpoint).run()
+                                 a.train_checkpoint, a.standby_refresh).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

@@ -283,6 +283,25 @@ def test_a_standby_resumes_from_the_checkpoint_it_started_from_and_is_started_ag
     assert v["lost_s"] > round(opened - t_new, 3)  # more than since the newest: what it cost
 
 
+def test_a_standby_follows_checkpoints_that_come_faster_than_they_settle():
+    """A loop that checkpoints every second never leaves its newest one unchanged for
+    CHECKPOINT_SETTLE_S: its standby is replaced all the same once it is old enough."""
+    r = Run()
+    r.start()
+    r.feed(DaemonUp(DAEMON))
+    r.client("c1", policy="standby", checkpoint="/w/ckpt")
+    r.feed(ClientStarted("c1", 2001, 77))
+    r.feed(StandbyStarted("c1", standby_token("c1"), 4001, 88))
+    r.feed(ServerSeen(SERVER))
+    stops = []
+    for _ in range(int(REFRESH) + 2):
+        stop = of(r.feed(CheckpointSeen("c1", r.t + 1.0), 1.0), StopStandby)
+        if stop:
+            stops.append((stop, r.m.clients["c1"].checkpoint_at))
+    assert [s for s, _ in stops] == [[StopStandby("c1", standby_token("c1"), 4001, 88)]]
+    assert r.m.clients["c1"].standby_state_at == stops[0][1]  # the newest when it was replaced
+
+
 def test_no_standby_is_replaced_during_an_incident_or_without_a_newer_checkpoint():
     r = Run()
     r.start()

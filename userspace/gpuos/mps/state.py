@@ -74,8 +74,10 @@ HISTORY_KEPT = 50
 # no more (a command that never calls cuInit would otherwise be run again and again).
 STANDBY_LOSSES = 3
 # A standby is replaced to start from a newer checkpoint once that checkpoint has not
-# changed for CHECKPOINT_SETTLE_S (one written in parts is not read half-written), and
-# not before the standby is Settings.standby_refresh old.
+# changed for CHECKPOINT_SETTLE_S (one written in parts is not read half-written), or at
+# once where checkpoints come more often than that (waiting would never end: they are
+# small, or written aside and renamed), and not before the standby is
+# Settings.standby_refresh old.
 CHECKPOINT_SETTLE_S = 2.0
 
 
@@ -141,6 +143,7 @@ class Client:
     # directory or a glob: the newest match counts), and that newest one's time.
     checkpoint: str | None = None
     checkpoint_at: float | None = None
+    checkpoint_gap: float | None = None  # between the last two newest times seen
     pid: int | None = None
     starttime: int | None = None    # /proc starttime: (pid, starttime) names one process
     # pending | starting | running | exited | failed | victim | hooked | not-recovered
@@ -1553,11 +1556,12 @@ class Machine:
 
     def _stale_standby(self, c: Client) -> bool:
         """Is c's standby to be replaced by one that starts from its newer checkpoint: one
-        that has settled, while the machine runs and the standby is old enough
-        (CHECKPOINT_SETTLE_S, Settings.standby_refresh)."""
+        that has settled (or checkpoints come faster than that), while the machine runs and
+        the standby is old enough (CHECKPOINT_SETTLE_S, Settings.standby_refresh)."""
         return (self.state is State.RUNNING and c.standby_pid is not None and c.checkpoint_at is not None
                 and (c.standby_state_at is None or c.checkpoint_at > c.standby_state_at)
-                and self._now - c.checkpoint_at >= CHECKPOINT_SETTLE_S
+                and (self._now - c.checkpoint_at >= CHECKPOINT_SETTLE_S
+                     or (c.checkpoint_gap is not None and c.checkpoint_gap < CHECKPOINT_SETTLE_S))
                 and self._now - (c.standby_spawned_at or 0) >= self.settings.standby_refresh)
 
     def _on_checkpoint_seen(self, i: CheckpointSeen) -> None:
@@ -1567,6 +1571,7 @@ class Machine:
                        why="no such client" if c is None else "it names no checkpoint")
             return
         if c.checkpoint_at is None or i.at > c.checkpoint_at:
+            c.checkpoint_gap = None if c.checkpoint_at is None else i.at - c.checkpoint_at
             c.checkpoint_at = i.at
             self._emit("checkpoint-seen", client=c.id, at=i.at)
 
