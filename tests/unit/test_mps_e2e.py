@@ -228,7 +228,10 @@ def test_the_incident_says_the_work_lost_since_the_clients_checkpoint(mps):
     wait_for(lambda: connected(alog) and connected(blog), 10, "both clients connected")
     (ckpt / "step-1.pt").write_bytes(b"x")
     written = (ckpt / "step-1.pt").stat().st_mtime
-    wait_for(lambda: "checkpoint-seen" in mps.names(), 10, "the checkpoint seen")
+    def seen() -> float | None:
+        code, cl = mps.json("mps", "clients")
+        return next(r["checkpoint_at"] for r in cl["clients"] if r["id"] == a)
+    assert wait_for(seen, 10, "the checkpoint seen") == pytest.approx(written)
     assert mps.machine()["clients"][a]["checkpoint"] == str(ckpt)
     time.sleep(0.5)
     trigger.touch()
