@@ -111,6 +111,9 @@ CUresult gpuos_h_mem_alloc(PFN_cuMemAlloc_v3020 real, int pt, CUdeviceptr *dptr,
 		insert(&a, 0);
 		return CUDA_SUCCESS;
 	}
+	/* an MPS client's or its warm standby's start-up memory, shareable (sharemem.c) */
+	if (!on && dptr && gpuos_sharemem_alloc(dptr, bytesize))
+		return CUDA_SUCCESS;
 	/* a warm standby, released: memory its client allocated at this point, made ahead
 	 * (aheadmem.c: the driver's allocation may wait for a fault's teardown) */
 	if (!on && dptr && __atomic_load_n(&gpuos_aheadmem_left, __ATOMIC_RELAXED) > 0 &&
@@ -229,7 +232,10 @@ CUresult gpuos_h_mem_free(PFN_cuMemFree_v3020 real, int pt, CUdeviceptr dptr)
 	(void)pt;
 	struct gpuos_alloc a;
 	int had = take_device(dptr, &a);
-	CUresult r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr);
+	CUresult r;
+	if (!had && gpuos_sharemem_free(dptr, &r))
+		return r;
+	r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr);
 	return freed(&gpuos_allocs, had, &a, 0, r);
 }
 
@@ -239,8 +245,12 @@ CUresult gpuos_h_mem_free_async(PFN_cuMemFreeAsync_v11020 real, int pt, CUdevice
 	uint64_t stream = gpuos_eff_stream(st, pt);
 	int had = !gpuos_stream_captured(stream) && take_device(dptr, &a);
 	/* Movable memory is freed at once, after all the context's work (gpuos_movable_free
-	 * waits for it): the stream's work so far, which may use it, included. */
-	CUresult r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr, st);
+	 * waits for it): the stream's work so far, which may use it, included.  So is
+	 * shareable start-up memory (sharemem.c). */
+	CUresult r;
+	if (!had && gpuos_sharemem_free(dptr, &r))
+		return r;
+	r = had && (a.flags & GPUOS_A_MOVABLE) ? gpuos_movable_free(&a) : real(dptr, st);
 	return freed(&gpuos_allocs, had, &a, stream, r);
 }
 

@@ -236,6 +236,15 @@ int gpuos_aheadmem_take(CUdeviceptr *dptr, uint64_t bytes); /* 1: one of that si
 void gpuos_aheadmem_counts(size_t *made, size_t *taken);
 extern int gpuos_aheadmem_left;
 
+/* sharemem.c: a warm standby maps its client's start-up memory instead of a copy
+ * (GPUOS_MPS_SHARE_MEMORY=1) */
+int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes); /* 1: made exportable (before the first launch) */
+int gpuos_sharemem_free(CUdeviceptr p, CUresult *r);       /* 1: it was one of those (*r: the free's) */
+void gpuos_sharemem_launched(void);     /* the client's first launch: serve them */
+int gpuos_sharemem_standby_pass(void);  /* the waiting standby: 1 once its client answered */
+void gpuos_sharemem_released(void);     /* the standby, released: its own content where changed */
+void gpuos_sharemem_report(char *out, size_t cap);
+
 static inline void gpuos_standby_at_launch(void)
 {
 	if (__builtin_expect(!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE), 0))

@@ -357,6 +357,7 @@ void gpuos_preload_note_slow(uint64_t h)
 		}
 		if (__atomic_add_fetch(&seen_count, 1, __ATOMIC_ACQ_REL) >= SEEN_SLOTS / 4 * 3)
 			__atomic_store_n(&gpuos_preload_noting, 0, __ATOMIC_RELEASE); /* enough */
+		gpuos_sharemem_launched(); /* a client's start-up memory, for its standby (once) */
 		/* A CUfunction or a CUkernel: the driver refuses the other kind.  Named now, while
 		 * the handle is surely valid (once per function, not per launch). */
 		const char *name = NULL;
@@ -563,6 +564,8 @@ static void write_stats(const struct load_stats *st)
 	if (!f)
 		return;
 	char warm[160] = "null"; /* blaswarm.c's, once done */
+	char shared[256];
+	gpuos_sharemem_report(shared, sizeof shared);
 	size_t ahead_n, ahead_out;
 	gpuos_aheadmem_counts(&ahead_n, &ahead_out);
 	if (__atomic_load_n(&gpuos_blaswarm.done, __ATOMIC_ACQUIRE))
@@ -571,10 +574,10 @@ static void write_stats(const struct load_stats *st)
 	fprintf(f, "{\"pid\": %d, \"names\": %zu, \"loaded\": %zu, \"not_found\": %zu, \"refused\": %zu, "
 		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"taken\": %u, "
 		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s, \"cublas_warm_up\": %s, "
-		"\"allocations_made_ahead\": %zu, \"allocations_handed_out\": %zu}\n",
+		"\"allocations_made_ahead\": %zu, \"allocations_handed_out\": %zu, \"memory_shared\": %s}\n",
 		(int)getpid(), st->names, st->loaded, st->missing, st->failed, st->libraries, st->modules,
 		st->images, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
-		released() ? "true" : "false", warm, ahead_n, ahead_out);
+		released() ? "true" : "false", warm, ahead_n, ahead_out, shared);
 	if (fclose(f) || rename(tmp, path))
 		unlink(tmp);
 }
@@ -591,9 +594,12 @@ static void *loader_main(void *arg)
 	struct load_stats st = { 0 };
 	int warm_said = 0; /* the cuBLAS warm-up's end is in the report */
 	int ahead_made = 0; /* the client's allocations made ahead (aheadmem.c) */
+	int shared_asked = 0; /* its start-up memory mapped in place of ours (sharemem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
 		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
+			write_stats(&st);
+		if (!shared_asked && (shared_asked = gpuos_sharemem_standby_pass()) != 0)
 			write_stats(&st);
 		struct stat sb;
 		int changed = !stat(list_path, &sb) &&

@@ -73,6 +73,9 @@ void gpuos_standby_launch_slow(void)
 	if (!__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE) && getenv("GPUOS_MPS_STANDBY")) {
 		gpuos_preload_standby_waits();
 		pthread_once(&blaswarm_once, gpuos_blaswarm_start);
+		standby_wait("a kernel launch");
+		gpuos_sharemem_released(); /* its own start-up content where its client changed it */
+		return;
 	}
 	standby_wait("a kernel launch");
 }

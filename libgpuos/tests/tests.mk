@@ -11,7 +11,7 @@ TESTS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 include $(TESTS_DIR)/../fakecuda/fake.mk
 
 TEST_CFLAGS = -O2 -g -std=gnu11 -pthread -Wall -Wextra -Werror -I$(CUDA_INC) -I$(TESTS_DIR)/../fakecuda -I$(TESTS_DIR) $(TEST_EXTRA_CFLAGS)
-TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threads t_ctx_reuse t_unhooked t_movable t_agent t_resident t_preload
+TEST_LINKED := t_direct t_graph t_validate t_fork t_bench t_scan t_pause t_threads t_ctx_reuse t_unhooked t_movable t_agent t_resident t_preload t_share
 TEST_DLOPEN := t_dlsym t_procaddr t_dlsym_answers
 # Sanitizer-instrumented builds, to run with libgpuos preloaded (it must not break them).
 TEST_SANITIZED := t_threads_tsan t_dlsym_tsan t_direct_asan t_resident_tsan

@@ -3,7 +3,7 @@
 
     fake_client.py --log FILE [--fault-when FILE] [--fault-after S] [--xid N]
                    [--fault-class C] [--stubborn [--ignore-term]] [--exit-after S] [--no-feed]
-                   [--cuinit [--launch]]
+                   [--cuinit [--launch [--weights]]]
 
 Connects like a CUDA program under MPS: asks the control daemon in
 $CUDA_MPS_PIPE_DIRECTORY for a server (the daemon starts one for the first client),
@@ -25,7 +25,9 @@ With --cuinit it first calls cuInit of the libcuda.so.1 it finds (libgpuos's fak
 driver in tests), as a CUDA program does before it becomes an MPS client: a standby
 (GPUOS_MPS_STANDBY, libgpuos preloaded) waits there.  With --launch, once connected,
 it calls cuLaunchKernel too, as a CUDA program's first kernel: a warm standby
-(GPUOS_MPS_STANDBY_AT=launch) waits there, a client of the spare server.
+(GPUOS_MPS_STANDBY_AT=launch) waits there, a client of the spare server.  With
+--weights, before that launch it allocates 4 MiB and copies in the same bytes in every
+process, as a model's weights (what a warm standby may share: libgpuos/src/sharemem.c).
 
 Log lines: "start PID", "cuinit PID", "connected SERVER PID", "launched PID", "tick N",
 "fault", "error TEXT", "stubborn", "exit CODE".
@@ -59,6 +61,7 @@ def main() -> int:
     ap.add_argument("--no-feed", action="store_true")
     ap.add_argument("--cuinit", action="store_true")
     ap.add_argument("--launch", action="store_true")
+    ap.add_argument("--weights", action="store_true")
     args = ap.parse_args()
     log = open(args.log, "a", buffering=1)
     pid = os.getpid()
@@ -111,6 +114,11 @@ def main() -> int:
         cuda.cuDeviceGet(ctypes.byref(dev), 0)
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
         cuda.cuCtxSetCurrent(ctx)
+        if args.weights:
+            weights, size = ctypes.c_uint64(), 4 << 20
+            data = (ctypes.c_ubyte * size).from_buffer_copy(bytes(range(256)) * (size // 256))
+            cuda.cuMemAlloc_v2(ctypes.byref(weights), ctypes.c_size_t(size))
+            cuda.cuMemcpyHtoD_v2(weights, data, ctypes.c_size_t(size))
         cuda.cuModuleLoadData(ctypes.byref(mod), b"fake module of fake_client")
         cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"fake_noop")
         cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)

@@ -417,6 +417,82 @@ def test_a_warm_standby_makes_ahead_what_its_client_allocated_after_its_first_la
     release_standby(p, fifo)  # its exact counts held: each one made ahead was handed out
 
 
+@pytest.mark.parametrize("client_writes", [False, True])
+def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build, env, tmp_path, client_writes):
+    """sharemem.c (GPUOS_MPS_SHARE_MEMORY=1): a client's start-up allocations are served to
+    its warm standby, which maps each one whose content equals its own in place of its own
+    (three here; the fourth, written with each process's pid, differs and is kept).  Its
+    program then reads what it wrote itself: also where the client wrote the shared memory
+    after the standby mapped it (as a training client changes its weights), which the
+    standby puts back from its own copy at its release."""
+    lib = str(build / "libgpuos.so")
+    kernels, fifo = tmp_path / "kernels.txt", tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    share = dict(env, LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels), GPUOS_MPS_SHARE_MEMORY="1")
+    client = subprocess.Popen([str(build / "tests" / "t_share"), "client"], env=share, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    standby = None
+    try:
+        assert json.loads(client.stdout.readline()) == {"ready": True}, client.stderr.read()
+        assert Path(f"{kernels}.share").is_socket()
+        standby = subprocess.Popen([str(build / "tests" / "t_share"), "standby"], env=dict(
+            share, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        report = standby_report(standby, kernels)
+        deadline = time.monotonic() + 20
+        while not (report.get("memory_shared") or {}).get("asked") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            report = standby_report(standby, kernels)
+        shared = report["memory_shared"]
+        assert (shared["allocations"], shared["bytes"], shared["restored"]) == (3, 3 * (4 << 20), 0), report
+        if client_writes:
+            client.stdin.write("write\n")
+            client.stdin.flush()
+            assert json.loads(client.stdout.readline()) == {"written": True}
+        stack = Path(f"/proc/{standby.pid}/syscall").read_text().split()
+        assert stack and stack[0] == "257", f"not waiting in openat: {stack}"
+        from gpuos.mps.standby import Releases
+        releases = Releases()
+        releases.release(fifo)
+        out, err = standby.communicate(timeout=30)
+        releases.close()
+        assert standby.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"ok": True, "bad": []}, (out, err)
+        final = json.loads(Path(f"{kernels}.standby.{standby.pid}").read_text())["memory_shared"]
+        assert (final["restored"], final["restored_bytes"]) == ((1, 4 << 20) if client_writes else (0, 0)), final
+    finally:
+        for p in (standby, client):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    client.stdin.close()
+
+
+def test_without_the_setting_a_standby_shares_nothing(build, env, tmp_path):
+    lib = str(build / "libgpuos.so")
+    kernels, fifo = tmp_path / "kernels.txt", tmp_path / "standby"
+    os.mkfifo(fifo, 0o600)
+    base = dict(env, LD_PRELOAD=lib, GPUOS_MPS_KERNELS=str(kernels))
+    client = subprocess.Popen([str(build / "tests" / "t_share"), "client"], env=base, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(client.stdout.readline()) == {"ready": True}
+        assert not Path(f"{kernels}.share").exists()
+        standby = subprocess.Popen([str(build / "tests" / "t_share"), "standby"], env=dict(
+            base, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert standby_report(standby, kernels)["memory_shared"] is None
+        from gpuos.mps.standby import Releases
+        releases = Releases()
+        releases.release(fifo)
+        out, err = standby.communicate(timeout=30)
+        releases.close()
+        assert json.loads(out.strip().splitlines()[-1]) == {"ok": True, "bad": []}, (out, err)
+    finally:
+        client.kill()
+        client.communicate()
+
+
 def standby_report(p: subprocess.Popen, kernels: Path) -> dict:
     """A warm standby's first report of what it loaded ahead (preload.c)."""
     report = Path(f"{kernels}.standby.{p.pid}")

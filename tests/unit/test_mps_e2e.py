@@ -239,7 +239,9 @@ def test_the_incident_says_the_work_lost_since_the_clients_checkpoint(mps):
     victims = {v["client"]: v for v in inc["victims"]}
     opened = inc["opened"]
     assert victims[a]["resumes_from"] == "checkpoint"
-    assert victims[a]["lost_s"] == pytest.approx(opened - written, abs=0.01)
+    # from the checkpoint to the end of the victim's run: its exit, which the fake server's
+    # fault brings a moment before the fault event opens the incident
+    assert opened - written - 0.5 < victims[a]["lost_s"] <= opened - written + 0.01
     assert victims[a]["lost_s"] < victims[a]["ran_s"]
     assert victims[b]["resumes_from"] == "start" and victims[b]["lost_s"] == victims[b]["ran_s"]
     human = mps("mps", "status").stdout
@@ -359,7 +361,7 @@ def test_a_standby_is_started_again_from_a_newer_checkpoint(mps, libgpuos_build)
     v = {x["client"]: x for x in inc["victims"]}
     assert v[a]["recovery"] == "took-over" and mps.machine()["clients"][a]["pid"] == second
     assert v[a]["resumes_from"] == "checkpoint"
-    assert v[a]["lost_s"] == pytest.approx(inc["opened"] - written, abs=0.01)
+    assert inc["opened"] - written - 0.5 < v[a]["lost_s"] <= inc["opened"] - written + 0.01  # to its exit
     assert v[b]["resumes_from"] == "start"
 
 
@@ -435,6 +437,29 @@ def test_spare_server_warm_standbys_take_over_at_once(mps, libgpuos_build):
     wait_for(lambda: not any(alive(p) for p in [*new.values(), *sb.values()]), 10, "all stopped")
     for slot in (0, 1):
         assert not (mps.dir / f"slot{slot}" / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+
+
+def test_warm_standbys_share_their_clients_start_up_memory(mps, libgpuos_build):
+    """--share-standby-memory: clients and their warm standbys run with libgpuos's
+    sharing on, and each standby maps its client's weights instead of its own copy; its
+    report, in `gpuos mps clients --json`, says so."""
+    mps.env.update(GPUOS_LIBGPUOS=str(libgpuos_build / "libgpuos.so"),
+                   LD_LIBRARY_PATH=str(libgpuos_build / "fakecuda"))
+    bad = mps("mps", "start", "--gpu", mps.uuid, "--share-standby-memory")
+    assert bad.returncode == 2 and "--share-standby-memory needs --spare-server" in bad.stderr
+    mps.start("--policy", "standby", "--spare-server", "--share-standby-memory")
+    a, alog = mps.client("--cuinit", "--launch", "--weights", name="server")
+
+    def shared() -> dict | None:
+        code, cl = mps.json("mps", "clients")
+        row = next(r for r in cl["clients"] if r["id"] == a)
+        got = ((row["standby_preload"] or {}).get("memory_shared") or {})
+        return got if got.get("asked") else None
+    got = wait_for(shared, 30, "the standby asked its client for its memory")
+    assert (got["allocations"], got["bytes"], got["restored"]) == (1, 4 << 20, 0), got
+    assert "4.0 MiB of its client's memory shared" in mps("mps", "clients").stdout
+    code, st = mps.json("mps", "status")
+    assert st["gpus"][0]["spare"]["share_standby_memory"] is True
 
 
 def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_build):

@@ -190,6 +190,11 @@ def mps() -> None:
                    "once, and kill the stopped victims (SIGKILL) S seconds later, so "
                    "that the driver's teardown of their contexts does not hold up the standbys' "
                    "first work. 0: off. Experimental [default: 0].")
+@click.option("--share-standby-memory/--no-share-standby-memory", default=None,
+              help="With --spare-server: each warm standby maps the GPU memory its client made "
+                   "before its first launch (weights) where it holds the same content, instead of "
+                   "a second copy, and keeps its own in host memory, put back at a take-over where "
+                   "the client changed it. Experimental [default: off].")
 @click.option("--standby-refresh", type=click.FloatRange(1, 86400), default=None, metavar="S",
               help="A standby of a client that names its checkpoint (`gpuos mps run --checkpoint`) "
                    "is started again from a newer checkpoint once it is S seconds old: a standby "
@@ -228,7 +233,7 @@ def mps() -> None:
 @json_option
 @click.pass_obj
 def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_server,
-              end_faulted_server, hold_victims, standby_refresh, feeds,
+              end_faulted_server, hold_victims, share_standby_memory, standby_refresh, feeds,
               no_kmsg, no_nvml,
               no_fault_trackers, drain_grace, kill_grace, restart_attempts, max_restarts, max_faults,
               hook_timeout, poll,
@@ -299,6 +304,9 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
         if not fresh and spare_server and not spare:
             notes.append("--spare-server ignored: the supervisor resumed keeps its setting "
                          "(stop it first to change it)")
+        if share_standby_memory and not spare:
+            raise click.UsageError("--share-standby-memory needs --spare-server: only warm standbys "
+                                   "share their clients' memory")
         if hold_victims and not spare:
             raise click.UsageError("--hold-victims needs --spare-server: victims are held only "
                                    "while warm standbys on the spare take their place")
@@ -341,7 +349,8 @@ def start_cmd(rt: Runtime, gpu_spec, exclusive, foreground, policy, hook, spare_
                             ("max_faults", max_faults),
                             ("hook_timeout", hook_timeout), ("default_policy", policy),
                             ("default_hook", hook), ("end_faulted_server", end_faulted_server),
-                            ("hold_victims", hold_victims), ("standby_refresh", standby_refresh)):
+                            ("hold_victims", hold_victims), ("standby_refresh", standby_refresh),
+                            ("share_standby_memory", share_standby_memory)):
             if value is not None:
                 setattr(settings, name, value)
         if kill_grace is not None:
@@ -540,7 +549,8 @@ def _status_of(gpu: GpuRef, dirs: MpsDirs, saved: SavedState, events: int) -> di
         "spare": None if m.slot is None else {
             "state": m.spare, "slot": 1 - m.slot, "daemon_pid": m.spare_daemon_pid,
             "server_pid": m.spare_server_pid, "pipe_dir": dirs.pipe_of(1 - m.slot),
-            "hold_victims": m.settings.hold_victims, "end_faulted_server": m.settings.end_faulted_server},
+            "hold_victims": m.settings.hold_victims, "end_faulted_server": m.settings.end_faulted_server,
+            "share_standby_memory": m.settings.share_standby_memory},
         "pipe_dir": dirs.pipe, "log_dir": dirs.log, "events_file": dirs.events,
         "default_policy": m.settings.default_policy, "default_hook": m.settings.default_hook,
         "standby_refresh": m.settings.standby_refresh,
@@ -725,8 +735,11 @@ def _standby_cell(row: dict) -> str:
     if not pre:
         return f"{row['standby_pid']} (warm)"
     warm = pre.get("cublas_warm_up")
+    shared = pre.get("memory_shared") or {}
     return (f"{row['standby_pid']} (warm, {pre.get('loaded', 0)}/{pre.get('names', 0)} kernels ahead"
-            + (f", cuBLAS started in {warm['seconds']:.2f} s" if warm else "") + ")")
+            + (f", cuBLAS started in {warm['seconds']:.2f} s" if warm else "")
+            + (f", {human_bytes(shared['bytes'])} of its client's memory shared" if shared.get("bytes") else "")
+            + ")")
 
 
 # -- run -------------------------------------------------------------------------------------

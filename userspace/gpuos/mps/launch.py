@@ -25,6 +25,7 @@ from .store import write_json_atomic
 
 TOKEN_ENV = "GPUOS_MPS_TOKEN"
 KERNELS_ENV = "GPUOS_MPS_KERNELS"
+SHARE_ENV = "GPUOS_MPS_SHARE_MEMORY"  # its start-up memory, mapped by its warm standby
 
 
 @dataclass
@@ -151,18 +152,22 @@ def kernel_list(dirs: MpsDirs, client_id: str, uid: int, gid: int) -> Path:
     return path
 
 
-def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
-                 slot: int | None = None, note_kernels: bool = False) -> subprocess.Popen:
+def start_client(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str, slot: int | None = None,
+                 note_kernels: bool = False, share_memory: bool = False) -> subprocess.Popen:
     """The client's command, as sent; note_kernels: under libgpuos, leaving the names of
-    the kernels it launches for its warm standby."""
+    the kernels it launches for its warm standby; share_memory: and serving it its
+    start-up memory (libgpuos/src/sharemem.c)."""
     spec = ClientSpec.load(spec_path(dirs, client.id))
     env = mps_env(spec.env, dirs, gpu, slot)
     env[TOKEN_ENV] = token
     env["GPUOS_MPS_CLIENT"] = client.id
     env.pop(KERNELS_ENV, None)
+    env.pop(SHARE_ENV, None)
     if note_kernels:
         with_libgpuos(env)
         env[KERNELS_ENV] = str(kernel_list(dirs, client.id, spec.uid, spec.gid))
+        if share_memory:
+            env[SHARE_ENV] = "1"
     return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
                  users_file=client.output is not None)
 

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from .gpu import GpuRef, MpsDirs
-from .launch import (KERNELS_ENV, TOKEN_ENV, ClientSpec, kernel_list, kernel_list_path, mps_env,
-                     output_path, spawn, spec_path, with_libgpuos)
+from .launch import (KERNELS_ENV, SHARE_ENV, TOKEN_ENV, ClientSpec, kernel_list, kernel_list_path,
+                     mps_env, output_path, spawn, spec_path, with_libgpuos)
 from .state import Client
 
 STANDBY_ENV = "GPUOS_MPS_STANDBY"
@@ -55,9 +55,10 @@ def make_fifo(path: Path, uid: int, gid: int) -> None:
 
 
 def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
-                  slot: int | None = None, warm: bool = False):
+                  slot: int | None = None, warm: bool = False, share_memory: bool = False):
     """The client's command as a standby (a subprocess.Popen), waiting at its first cuInit,
-    or (warm) at its first launch, for the MPS daemon of slot."""
+    or (warm) at its first launch, for the MPS daemon of slot; share_memory (warm): mapping
+    its client's start-up memory in place of its own (libgpuos/src/sharemem.c)."""
     spec = ClientSpec.load(spec_path(dirs, client.id))
     env = mps_env(spec.env, dirs, gpu, slot)
     with_libgpuos(env)
@@ -68,9 +69,12 @@ def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
     env[STANDBY_ENV] = str(path)
     env.pop(STANDBY_AT_ENV, None)
     env.pop(KERNELS_ENV, None)
+    env.pop(SHARE_ENV, None)
     if warm:
         env[STANDBY_AT_ENV] = "launch"
         env[KERNELS_ENV] = str(kernel_list(dirs, client.id, spec.uid, spec.gid))
+        if share_memory:
+            env[SHARE_ENV] = "1"
     try:
         return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
                      users_file=client.output is not None)

@@ -115,6 +115,8 @@ class Settings:
     # a time with no warm standby, so a client that checkpoints often would otherwise
     # never have one ready.
     standby_refresh: float = 30.0
+    # warm standbys map their clients' start-up memory instead of a copy (sharemem.c)
+    share_standby_memory: bool = False
 
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempt - 1))

@@ -561,7 +561,8 @@ class Supervisor:
         if recovering:
             self._hold("mps-recovering")
         try:
-            p = start_client(self.dirs, self.gpu, c, a.token, a.slot, note_kernels=a.note_kernels)
+            p = start_client(self.dirs, self.gpu, c, a.token, a.slot, note_kernels=a.note_kernels,
+                             share_memory=a.note_kernels and self.machine.settings.share_standby_memory)
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             self.inbox.append(ClientSpawnFailed(c.id, f"cannot start {c.cmd[0] if c.cmd else '?'}: "
                                                       f"{exc}"))
@@ -577,7 +578,8 @@ class Supervisor:
             self.inbox.append(StandbyStarted(c.id, a.token, *found, adopted=True))
             return
         try:
-            p = start_standby(self.dirs, self.gpu, c, a.token, a.slot, a.warm)
+            p = start_standby(self.dirs, self.gpu, c, a.token, a.slot, a.warm,
+                              share_memory=a.warm and self.machine.settings.share_standby_memory)
         except (GpuosError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             self.inbox.append(StandbySpawnFailed(c.id, a.token, f"cannot start a standby: "
                                                                 f"{getattr(exc, 'message', exc)}"))

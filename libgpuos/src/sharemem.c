@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sharemem.c - a warm standby maps its client's start-up memory instead of holding a
+ * second copy of it (docs/mps.md, "Memory shared with the standby").
+ *
+ * Why: a warm standby (standby.c) has run its program's start-up, so it holds a copy of
+ * everything its client put on the GPU before its first launch (weights, for a model
+ * server): as much GPU memory again as the client's, which for a large model does not
+ * fit.  With GPUOS_MPS_SHARE_MEMORY=1 (`gpuos mps start --share-standby-memory`):
+ *
+ * Client side (GPUOS_MPS_KERNELS=LIST): each cuMemAlloc of at least the VMM granularity
+ * before its first launch is made exportable (an address range, physical memory made
+ * with cuMemCreate as a POSIX fd, mapped at its start: memory.c's way, without the
+ * allocation map of a tracked process).  From its first launch on, a thread serves
+ * them on the unix socket LIST.share, in the client's own 0700 directory, to processes
+ * of its own user: one message per allocation (its order and size) with its fd.
+ *
+ * Standby side (LIST and GPUOS_MPS_STANDBY_AT=launch): its start-up allocations are made
+ * the same way.  While it waits at its first launch, the loader thread (preload.c) asks
+ * the client's socket; for each client allocation it takes its own next one of the same
+ * size, maps the client's at a spare address and compares the two (fingerprint.cu's
+ * chunk hashes).  Where they are equal it copies its own content to host memory, releases
+ * its own physical memory and maps the client's at its own address: one copy on the
+ * GPU, held also by the standby, so it outlives the faulted server (measured:
+ * tools/probes/mps_vmm_probe.py).  When it is released, before the program's first
+ * launch goes on, it hashes what it shares again and puts its own content back where the
+ * client wrote it since (a training client's weights): the program sees its own
+ * start-up state either way.  The report says what was shared and put back.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core.h"
+
+#define SHARE_MAX 1024 /* start-up allocations shared at most */
+#define CHUNK 4096ull  /* fingerprint.cu's chunk */
+
+struct shared_msg {
+	uint64_t seq;  /* the allocation's place in the start-up order; UINT64_MAX: the end */
+	uint64_t size; /* its physical memory's bytes */
+};
+
+static struct entry {
+	uint64_t base, size;
+	CUmemGenericAllocationHandle h;
+	CUcontext ctx;
+	int device;
+	uint64_t seq;
+	int freed;
+	/* the standby's: the client's memory mapped here instead, and its own content */
+	int shared;
+	void *backup;
+	uint64_t *hashes;
+} table[SHARE_MAX];
+static size_t ntable;
+static uint64_t next_seq;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int enabled = -1;
+static const char *list;
+static int standby;
+
+static struct {
+	size_t allocations, restored;
+	uint64_t bytes, restored_bytes, check_ns;
+} report;
+static int asked;    /* the client's socket answered (shared or not): not asked again */
+static int stopping; /* released: a pass under way stops at its next allocation */
+
+static int on(void)
+{
+	int e = __atomic_load_n(&enabled, __ATOMIC_ACQUIRE);
+	if (e >= 0)
+		return e;
+	const char *s = getenv("GPUOS_MPS_SHARE_MEMORY");
+	list = getenv("GPUOS_MPS_KERNELS");
+	const char *at = getenv("GPUOS_MPS_STANDBY_AT");
+	standby = at && !strcmp(at, "launch") && getenv("GPUOS_MPS_STANDBY");
+	e = s && !strcmp(s, "1") && list && *list;
+	__atomic_store_n(&enabled, e, __ATOMIC_RELEASE);
+	return e;
+}
+
+/* LIST.share as a socket address.  A socket's path must fit in 108 bytes, which a
+ * GPUOS_HOME's kernel list need not: the directory is named through an fd of it
+ * (/proc/self/fd/N/NAME), *dirfd, to close after bind or connect. */
+static int socket_addr(struct sockaddr_un *sa, int *dirfd)
+{
+	memset(sa, 0, sizeof *sa);
+	sa->sun_family = AF_UNIX;
+	const char *slash = strrchr(list, '/');
+	char dir[4096];
+	if (!slash || (size_t)(slash - list) >= sizeof dir)
+		return -1;
+	memcpy(dir, list, (size_t)(slash - list));
+	dir[slash - list] = 0;
+	*dirfd = open(*dir ? dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (*dirfd < 0)
+		return -1;
+	if (snprintf(sa->sun_path, sizeof sa->sun_path, "/proc/self/fd/%d/%s.share", *dirfd, slash + 1) >=
+	    (int)sizeof sa->sun_path) {
+		close(*dirfd);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- both sides: start-up allocations, exportable --------------------------------------------- */
+
+int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes)
+{
+	if (!on() || gpuos_blaswarm_thread || gpuos_preload_launched() || !gpuos_drv.mem_export)
+		return 0;
+	CUdevice dev;
+	size_t g = 0;
+	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				     .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE },
+				     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR };
+	if (!gpuos_drv.ctx_get_device || gpuos_drv.ctx_get_device(&dev) != CUDA_SUCCESS ||
+	    !gpuos_drv.mem_get_allocation_granularity || !gpuos_drv.mem_address_reserve)
+		return 0;
+	prop.location.id = dev;
+	if (gpuos_drv.mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+	    !g || (g & (g - 1)) || bytes < g || bytes > SIZE_MAX - g)
+		return 0;
+	size_t size = (bytes + g - 1) & ~(g - 1);
+	pthread_mutex_lock(&mu);
+	if (ntable == SHARE_MAX) {
+		pthread_mutex_unlock(&mu);
+		return 0;
+	}
+	CUdeviceptr va;
+	CUmemGenericAllocationHandle h;
+	if (gpuos_drv.mem_address_reserve(&va, size, 0, 0, 0) != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&mu);
+		return 0;
+	}
+	if (gpuos_movable_map_new(va, size, dev, &h) != CUDA_SUCCESS) {
+		gpuos_drv.mem_address_free(va, size);
+		pthread_mutex_unlock(&mu);
+		return 0;
+	}
+	table[ntable++] = (struct entry){ .base = va, .size = size, .h = h, .ctx = (CUcontext)(uintptr_t)gpuos_current_ctx(),
+					  .device = dev, .seq = next_seq++ };
+	pthread_mutex_unlock(&mu);
+	*dptr = va;
+	return 1;
+}
+
+static void entry_drop(struct entry *e)
+{
+	free(e->backup);
+	free(e->hashes);
+	e->backup = NULL;
+	e->hashes = NULL;
+	e->freed = 1;
+}
+
+int gpuos_sharemem_free(CUdeviceptr p, CUresult *r)
+{
+	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1)
+		return 0;
+	pthread_mutex_lock(&mu);
+	struct entry *e = NULL;
+	for (size_t i = 0; i < ntable && !e; i++)
+		if (!table[i].freed && table[i].base == p)
+			e = &table[i];
+	if (!e) {
+		pthread_mutex_unlock(&mu);
+		return 0;
+	}
+	/* cuMemFree waits for the work that may still use the memory; cuMemUnmap does not. */
+	*r = gpuos_drv.ctx_sync ? gpuos_drv.ctx_sync() : CUDA_SUCCESS;
+	if (*r == CUDA_SUCCESS && (*r = gpuos_drv.mem_unmap(e->base, e->size)) == CUDA_SUCCESS) {
+		gpuos_drv.mem_release(e->h);
+		gpuos_drv.mem_address_free(e->base, e->size);
+		entry_drop(e);
+	}
+	pthread_mutex_unlock(&mu);
+	return 1;
+}
+
+/* ---- client side: the socket ----------------------------------------------------------------- */
+
+static int send_one(int c, const struct shared_msg *m, int fd)
+{
+	struct iovec iov = { (void *)m, sizeof *m };
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (fd >= 0) {
+		memset(ctl, 0, sizeof ctl);
+		msg.msg_control = ctl;
+		msg.msg_controllen = sizeof ctl;
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	}
+	ssize_t n;
+	do
+		n = sendmsg(c, &msg, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	return n == (ssize_t)sizeof *m ? 0 : -1;
+}
+
+static void serve(int c)
+{
+	struct ucred cred;
+	socklen_t len = sizeof cred;
+	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) || cred.uid != getuid())
+		return; /* another user's: its GPU memory is not theirs to map */
+	pthread_mutex_lock(&mu);
+	for (size_t i = 0; i < ntable; i++) {
+		if (table[i].freed)
+			continue;
+		int fd = -1;
+		if (gpuos_drv.mem_export(&fd, table[i].h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
+			continue;
+		struct shared_msg m = { table[i].seq, table[i].size };
+		int bad = send_one(c, &m, fd);
+		close(fd);
+		if (bad)
+			goto out;
+	}
+	struct shared_msg end = { UINT64_MAX, 0 };
+	send_one(c, &end, -1);
+out:
+	pthread_mutex_unlock(&mu);
+}
+
+static void *server_main(void *arg)
+{
+	int s = (int)(intptr_t)arg;
+	for (;;) {
+		int c = accept4(s, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			break;
+		}
+		serve(c);
+		close(c);
+	}
+	close(s);
+	return NULL;
+}
+
+static void start_server(void)
+{
+	struct sockaddr_un sa;
+	int dirfd;
+	if (socket_addr(&sa, &dirfd))
+		return;
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0) {
+		close(dirfd);
+		return;
+	}
+	unlink(sa.sun_path); /* an earlier run's */
+	/* Who may connect: the directory is the user's own, 0700 (launch.py kernel_list), and
+	 * serve() answers only a peer of this user (SO_PEERCRED). */
+	int bad = bind(s, (struct sockaddr *)&sa, sizeof sa) || listen(s, 8);
+	close(dirfd);
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (bad || pthread_create(&t, &at, server_main, (void *)(intptr_t)s)) {
+		gpuos_dbg("sharemem: no socket at %s: %s", sa.sun_path, strerror(errno));
+		close(s);
+	}
+	pthread_attr_destroy(&at);
+}
+
+static pthread_once_t server_once = PTHREAD_ONCE_INIT;
+
+void gpuos_sharemem_launched(void)
+{
+	if (on() && !standby && !gpuos_blaswarm_thread)
+		pthread_once(&server_once, start_server);
+}
+
+/* ---- standby side: the client's memory in place of its own ------------------------------------ */
+
+static struct {
+	CUmodule mod;
+	CUfunction hash;
+	CUstream s;
+	int broken;
+} fp;
+
+/* Chunk hashes of segs (on the GPU, in the current context) into out (n in all), or -1. */
+static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *out, uint64_t n)
+{
+	if (fp.broken)
+		return -1;
+	if (!fp.hash && (gpuos_fp_load(&fp.mod) != CUDA_SUCCESS ||
+			 gpuos_drv.module_get_function(&fp.hash, fp.mod, "gpuos_fp_hash") != CUDA_SUCCESS ||
+			 gpuos_drv.stream_create(&fp.s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
+		fp.broken = 1;
+		return -1;
+	}
+	CUdeviceptr d_segs = 0, d_out = 0;
+	int r = -1;
+	if (gpuos_own_dev_alloc(&d_segs, nseg * sizeof *segs) == CUDA_SUCCESS &&
+	    gpuos_own_dev_alloc(&d_out, n * 8) == CUDA_SUCCESS &&
+	    gpuos_drv.memcpy_htod_async(d_segs, segs, nseg * sizeof *segs, fp.s) == CUDA_SUCCESS &&
+	    gpuos_fp_hash(fp.hash, d_segs, nseg, d_out, n, fp.s) == CUDA_SUCCESS &&
+	    gpuos_drv.memcpy_dtoh_async(out, d_out, n * 8, fp.s) == CUDA_SUCCESS &&
+	    gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS)
+		r = 0;
+	gpuos_own_dev_free(&d_out, n * 8);
+	gpuos_own_dev_free(&d_segs, nseg * sizeof *segs);
+	return r;
+}
+
+/* Map the client's memory (handle h, e->size bytes) at e's address if it holds what e
+ * holds: e's own content goes to host memory first.  1 shared, 0 not, -1 failed. */
+static int share_one(struct entry *e, CUmemGenericAllocationHandle h)
+{
+	uint64_t n = e->size / CHUNK;
+	CUdeviceptr tmp;
+	if (gpuos_drv.mem_address_reserve(&tmp, e->size, 0, 0, 0) != CUDA_SUCCESS)
+		return -1;
+	const CUmemAccessDesc *acc;
+	size_t nacc = gpuos_movable_access(e->device, &acc);
+	int r = -1;
+	uint64_t *hashes = malloc(2 * n * 8);
+	void *backup = NULL;
+	if (!hashes || gpuos_drv.mem_map(tmp, e->size, 0, h, 0) != CUDA_SUCCESS)
+		goto free_tmp;
+	if (gpuos_drv.mem_set_access(tmp, e->size, acc, nacc) != CUDA_SUCCESS)
+		goto unmap_tmp;
+	struct gpuos_fp_seg segs[2] = { { e->base, e->size, 0 }, { tmp, e->size, n } };
+	if (hash(segs, 2, hashes, 2 * n))
+		goto unmap_tmp;
+	if (memcmp(hashes, hashes + n, n * 8)) {
+		r = 0;
+		goto unmap_tmp;
+	}
+	if (!(backup = malloc(e->size)) ||
+	    gpuos_drv.memcpy_dtoh_async(backup, e->base, e->size, fp.s) != CUDA_SUCCESS ||
+	    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS)
+		goto unmap_tmp;
+	/* Own memory out, the client's in, at the program's address. */
+	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
+		goto unmap_tmp;
+	if (gpuos_drv.mem_map(e->base, e->size, 0, h, 0) != CUDA_SUCCESS ||
+	    gpuos_drv.mem_set_access(e->base, e->size, acc, nacc) != CUDA_SUCCESS) {
+		/* put its own back: nothing was lost */
+		gpuos_drv.mem_unmap(e->base, e->size);
+		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) != CUDA_SUCCESS ||
+		    gpuos_drv.mem_set_access(e->base, e->size, acc, nacc) != CUDA_SUCCESS)
+			fprintf(stderr, "libgpuos: sharemem: the standby's memory at %#llx could not be mapped "
+					"again\n", (unsigned long long)e->base);
+		goto unmap_tmp;
+	}
+	gpuos_drv.mem_release(e->h);
+	e->h = h;
+	e->shared = 1;
+	e->backup = backup;
+	backup = NULL;
+	e->hashes = realloc(hashes, n * 8);
+	hashes = NULL;
+	r = 1;
+unmap_tmp:
+	gpuos_drv.mem_unmap(tmp, e->size);
+free_tmp:
+	gpuos_drv.mem_address_free(tmp, e->size);
+	free(backup);
+	free(hashes);
+	return r;
+}
+
+static int recv_one(int c, struct shared_msg *m, int *fd)
+{
+	struct iovec iov = { m, sizeof *m };
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+	ssize_t n;
+	do
+		n = recvmsg(c, &msg, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	*fd = -1;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(fd, CMSG_DATA(cm), sizeof *fd);
+	return n == (ssize_t)sizeof *m ? 0 : -1;
+}
+
+int gpuos_sharemem_standby_pass(void)
+{
+	if (!on() || !standby || __atomic_load_n(&asked, __ATOMIC_ACQUIRE))
+		return 0;
+	struct sockaddr_un sa;
+	int dirfd;
+	if (socket_addr(&sa, &dirfd))
+		return 0;
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int bad = c < 0 || connect(c, (struct sockaddr *)&sa, sizeof sa);
+	close(dirfd);
+	if (bad) { /* the client has not launched yet */
+		if (c >= 0)
+			close(c);
+		return 0;
+	}
+	uint64_t t0 = gpuos_now_ns();
+	pthread_mutex_lock(&mu);
+	size_t next = 0; /* own allocations are matched in their order */
+	for (;;) {
+		struct shared_msg m;
+		int fd = -1;
+		/* Released (also just before this pass took the lock): the program goes on with
+		 * what is shared so far, checked; nothing is swapped under it from now on. */
+		if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
+			break;
+		if (recv_one(c, &m, &fd) || m.seq == UINT64_MAX) {
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		if (fd < 0)
+			continue;
+		CUmemGenericAllocationHandle h;
+		int imported = gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+			       CUDA_SUCCESS;
+		close(fd);
+		if (!imported)
+			continue;
+		int r = 0;
+		for (size_t i = next; i < ntable; i++)
+			if (!table[i].freed && !table[i].shared && table[i].size == m.size) {
+				r = share_one(&table[i], h);
+				if (r == 1) {
+					report.allocations++;
+					report.bytes += m.size;
+				}
+				next = i + 1;
+				break;
+			}
+		if (r != 1)
+			gpuos_drv.mem_release(h);
+	}
+	pthread_mutex_unlock(&mu);
+	close(c);
+	__atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
+	gpuos_dbg("sharemem: %zu allocations, %llu bytes shared in %.3f s", report.allocations,
+		  (unsigned long long)report.bytes, (double)(gpuos_now_ns() - t0) / 1e9);
+	return 1;
+}
+
+void gpuos_sharemem_released(void)
+{
+	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby)
+		return;
+	__atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&mu); /* waits for a pass under way: to the end of its allocation */
+	uint64_t t0 = gpuos_now_ns();
+	for (size_t i = 0; i < ntable; i++) {
+		struct entry *e = &table[i];
+		if (e->freed || !e->shared || !e->backup)
+			continue;
+		uint64_t n = e->size / CHUNK;
+		uint64_t *now = malloc(n * 8);
+		struct gpuos_fp_seg seg = { e->base, e->size, 0 };
+		int same = now && !hash(&seg, 1, now, n) && !memcmp(now, e->hashes, n * 8);
+		free(now);
+		if (!same) {
+			/* The client wrote it since (or it cannot be told): the standby's own content,
+			 * in memory of its own, at the same address. */
+			CUmemGenericAllocationHandle h;
+			if (gpuos_drv.mem_unmap(e->base, e->size) == CUDA_SUCCESS &&
+			    gpuos_movable_map_new(e->base, e->size, e->device, &h) == CUDA_SUCCESS &&
+			    gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp.s) == CUDA_SUCCESS &&
+			    gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS) {
+				gpuos_drv.mem_release(e->h);
+				e->h = h;
+				e->shared = 0;
+				report.restored++;
+				report.restored_bytes += e->size;
+			} else {
+				fprintf(stderr, "libgpuos: sharemem: the standby's own content of %#llx could not be "
+						"put back: its memory may hold its client's\n", (unsigned long long)e->base);
+			}
+		}
+		free(e->backup);
+		free(e->hashes);
+		e->backup = NULL;
+		e->hashes = NULL;
+	}
+	report.check_ns = gpuos_now_ns() - t0;
+	pthread_mutex_unlock(&mu);
+}
+
+void gpuos_sharemem_report(char *out, size_t cap)
+{
+	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby) {
+		snprintf(out, cap, "null");
+		return;
+	}
+	pthread_mutex_lock(&mu);
+	snprintf(out, cap,
+		 "{\"asked\": %s, \"allocations\": %zu, \"bytes\": %llu, \"restored\": %zu, \"restored_bytes\": %llu, "
+		 "\"check_seconds\": %.6f}",
+		 __atomic_load_n(&asked, __ATOMIC_ACQUIRE) ? "true" : "false", report.allocations, (unsigned long long)report.bytes, report.restored,
+		 (unsigned long long)report.restored_bytes, (double)report.check_ns / 1e9);
+	pthread_mutex_unlock(&mu);
+}
