@@ -365,8 +365,9 @@ class Scenario:
     def __init__(self, mode: str, n: int, kind: str, limit: float, workdir: Path, gpu: dict,
                  size: int, sample_s: float = 3.0, bystander: str = "", phases: bool = False,
                  kernel_waits: bool = False, faulter: str = "bench", trackers: bool = True,
-                 train_checkpoint: float = 0.0, standby_refresh: float = 0.0):
+                 train_checkpoint: float = 0.0, standby_refresh: float = 0.0, share_memory: bool = False):
         self.mode, self.n, self.kind, self.size = mode, n, kind, size
+        self.share_memory = share_memory and mode in WARM
         self.train_checkpoint, self.standby_refresh = train_checkpoint, standby_refresh
         self.trackers = trackers
         self.faulter_as = faulter if mode in POLICY else "bench"
@@ -416,7 +417,8 @@ class Scenario:
             ["--end-faulted-server"] if self.mode == "spare-end" else []) + (
             ["--hold-victims", str(HOLD_VICTIMS_S)] if self.mode == "spare-hold" else []) + (
             [] if self.trackers else ["--no-fault-trackers"]) + (
-            ["--standby-refresh", str(self.standby_refresh)] if self.standby_refresh else [])
+            ["--standby-refresh", str(self.standby_refresh)] if self.standby_refresh else []) + (
+            ["--share-standby-memory"] if self.share_memory else [])
         code, out = run_bounded(gpuos_cmd("mps", "start", "--gpu", "0", "--json", "--timeout", "60",
                                           *extra),
                                 self.env, min(90, self.left()), self.dir / "mps-start.out")
@@ -554,6 +556,10 @@ class Scenario:
             pids = [r.get("standby_pid") for r in rows if r.get("id")
                     and r.get("standby_warm") == (self.mode in WARM)]
             self.standby_of = {r["id"]: r.get("standby_pid") for r in rows if r.get("id")}
+            # GPU memory (NVML) of each client and its standby while they wait: what a warm
+            # standby costs, and what --share-standby-memory saves of it
+            self.r["gpu_memory"] = {r["id"]: {"client": r.get("gpu_memory"), "standby": r.get("standby_gpu_memory")}
+                                    for r in rows if r.get("id")}
             if len(pids) == self.n and all(pids):
                 looks = []
                 for _ in range(2):
@@ -1157,6 +1163,10 @@ def main() -> None:
                     help="The training client saves its progress every S seconds and resumes from "
                          "it at its start (`gpuos mps run --checkpoint`); its victim's work lost is "
                          "measured and set beside the incident record's [0: off].")
+    ap.add_argument("--share-standby-memory", action="store_true",
+                    help="Spare modes: `gpuos mps start --share-standby-memory` (warm standbys map "
+                         "their clients' start-up memory); each client's and standby's GPU memory is "
+                         "recorded either way.")
     ap.add_argument("--standby-refresh", type=float, default=0.0, metavar="S",
                     help="Modes under gpuos mps: `gpuos mps start --standby-refresh S`; with "
                          "--train-checkpoint and standbys, the fault waits until the training client's "
@@ -1249,7 +1259,7 @@ def main() -> None:
                     s = Scenario(mode, n, kind, min(a.scenario_timeout, left), tmp / f"s{i}",
                                  result, a.size, a.sample, a.bystander, a.phases,
                                  a.kernel_waits, a.faulter, not a.no_fault_trackers,
-                                 a.train_checkpoint, a.standby_refresh).run()
+                                 a.train_checkpoint, a.standby_refresh, a.share_standby_memory).run()
                     result["scenarios"][key(mode, n, kind)] = s
                     ran_failed |= "error" in s
                     if "error" not in s:

@@ -697,6 +697,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
                      if standby and c.standby_warm else None,
                      "restarts": c.restarts, "exit_status": c.exit_status,
                      "gpu_memory": mem.get(c.pid) if mem is not None and c.pid else None,
+                     "standby_gpu_memory": mem.get(standby) if mem is not None and standby else None,
                      "command": c.cmd, "cwd": c.cwd, "uid": c.uid,
                      "output": str(output_path(dirs, c)), "checkpoint": c.checkpoint,
                      "checkpoint_at": c.checkpoint_at,
@@ -711,7 +712,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
                      "standby_warm": False, "standby_preload": None,
                      "restarts": 0,
                      "exit_status": None, "gpu_memory": mem.get(p) if mem is not None else None,
-                     "command": cmd, "cwd": None, "uid": None, "output": None, "checkpoint": None,
+                     "standby_gpu_memory": None, "command": cmd, "cwd": None, "uid": None, "output": None, "checkpoint": None,
                      "checkpoint_at": None, "standby_state_at": None})
     if as_json:
         emit_json({"ok": True, "gpu": gpu, "server_pid": m.server_pid, "clients": rows,
