@@ -42,6 +42,7 @@
 
 #define SHARE_MAX 1024 /* start-up allocations shared at most */
 #define CHUNK 4096ull  /* fingerprint.cu's chunk */
+#define BACKUP_PIECE (64ull << 20)
 
 struct shared_msg {
 	uint64_t seq;  /* the allocation's place in the start-up order; UINT64_MAX: the end */
@@ -55,8 +56,10 @@ static struct entry {
 	int device;
 	uint64_t seq;
 	int freed;
-	/* the standby's: the client's memory mapped here instead, and its own content */
-	int shared;
+	/* the standby's: the client's memory mapped here instead, and its own content; the
+	 * fd it came as, kept: the driver does not export an imported handle again (measured
+	 * on an H100, r580), and a standby that takes over serves it to the next one */
+	int shared, fd;
 	void *backup;
 	uint64_t *hashes;
 } table[SHARE_MAX];
@@ -149,7 +152,7 @@ int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes)
 		return 0;
 	}
 	table[ntable++] = (struct entry){ .base = va, .size = size, .h = h, .ctx = (CUcontext)(uintptr_t)gpuos_current_ctx(),
-					  .device = dev, .seq = next_seq++ };
+					  .device = dev, .seq = next_seq++, .fd = -1 };
 	pthread_mutex_unlock(&mu);
 	*dptr = va;
 	return 1;
@@ -161,6 +164,9 @@ static void entry_drop(struct entry *e)
 	free(e->hashes);
 	e->backup = NULL;
 	e->hashes = NULL;
+	if (e->fd >= 0)
+		close(e->fd);
+	e->fd = -1;
 	e->freed = 1;
 }
 
@@ -218,25 +224,34 @@ static void serve(int c)
 	socklen_t len = sizeof cred;
 	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) || cred.uid != getuid())
 		return; /* another user's: its GPU memory is not theirs to map */
+	/* Exported under the lock, sent without it: a standby reads them at its own pace (it
+	 * compares each), and the program's frees must not wait for that. */
+	static struct shared_msg m[SHARE_MAX];
+	static int fds[SHARE_MAX];
+	size_t n = 0;
 	pthread_mutex_lock(&mu);
 	for (size_t i = 0; i < ntable; i++) {
 		if (table[i].freed)
 			continue;
-		int fd = -1;
-		if (gpuos_drv.mem_export(&fd, table[i].h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
-			continue;
-		struct shared_msg m = { table[i].seq, table[i].size };
-		int bad = send_one(c, &m, fd);
-		close(fd);
-		if (bad)
-			goto out;
+		int ok = table[i].fd >= 0 ? (fds[n] = fcntl(table[i].fd, F_DUPFD_CLOEXEC, 0)) >= 0
+					  : gpuos_drv.mem_export(&fds[n], table[i].h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+								 0) == CUDA_SUCCESS;
+		if (ok)
+			m[n++] = (struct shared_msg){ table[i].seq, table[i].size };
 	}
-	struct shared_msg end = { UINT64_MAX, 0 };
-	send_one(c, &end, -1);
-out:
 	pthread_mutex_unlock(&mu);
+	size_t sent = 0;
+	while (sent < n && !send_one(c, &m[sent], fds[sent]))
+		sent++;
+	if (sent == n) {
+		struct shared_msg end = { UINT64_MAX, 0 };
+		send_one(c, &end, -1);
+	}
+	for (size_t i = 0; i < n; i++)
+		close(fds[i]);
 }
 
+/* One connection at a time, on this one thread (serve's arrays are its own). */
 static void *server_main(void *arg)
 {
 	int s = (int)(intptr_t)arg;
@@ -288,6 +303,8 @@ void gpuos_sharemem_launched(void)
 	if (on() && !standby && !gpuos_blaswarm_thread)
 		pthread_once(&server_once, start_server);
 }
+/* (A standby that took over serves its own start-up memory, shared or not, to the next
+ * standby: gpuos_sharemem_released.) */
 
 /* ---- standby side: the client's memory in place of its own ------------------------------------ */
 
@@ -325,7 +342,7 @@ static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *ou
 
 /* Map the client's memory (handle h, e->size bytes) at e's address if it holds what e
  * holds: e's own content goes to host memory first.  1 shared, 0 not, -1 failed. */
-static int share_one(struct entry *e, CUmemGenericAllocationHandle h)
+static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 {
 	uint64_t n = e->size / CHUNK;
 	CUdeviceptr tmp;
@@ -347,10 +364,20 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h)
 		r = 0;
 		goto unmap_tmp;
 	}
-	if (!(backup = malloc(e->size)) ||
-	    gpuos_drv.memcpy_dtoh_async(backup, e->base, e->size, fp.s) != CUDA_SUCCESS ||
-	    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS)
+	if (!(backup = malloc(e->size)))
 		goto unmap_tmp;
+	/* In pieces, so that a release meanwhile does not wait for a whole large copy: the
+	 * allocation is then left the standby's own. */
+	for (uint64_t o = 0; o < e->size; o += BACKUP_PIECE) {
+		uint64_t len = e->size - o < BACKUP_PIECE ? e->size - o : BACKUP_PIECE;
+		if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
+			r = 0;
+			goto unmap_tmp;
+		}
+		if (gpuos_drv.memcpy_dtoh_async((char *)backup + o, e->base + o, len, fp.s) != CUDA_SUCCESS ||
+		    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS)
+			goto unmap_tmp;
+	}
 	/* Own memory out, the client's in, at the program's address. */
 	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
 		goto unmap_tmp;
@@ -366,6 +393,7 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h)
 	}
 	gpuos_drv.mem_release(e->h);
 	e->h = h;
+	e->fd = fd;
 	e->shared = 1;
 	e->backup = backup;
 	backup = NULL;
@@ -431,15 +459,15 @@ int gpuos_sharemem_standby_pass(void)
 		if (fd < 0)
 			continue;
 		CUmemGenericAllocationHandle h;
-		int imported = gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
-			       CUDA_SUCCESS;
-		close(fd);
-		if (!imported)
+		if (gpuos_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+		    CUDA_SUCCESS) {
+			close(fd);
 			continue;
+		}
 		int r = 0;
 		for (size_t i = next; i < ntable; i++)
 			if (!table[i].freed && !table[i].shared && table[i].size == m.size) {
-				r = share_one(&table[i], h);
+				r = share_one(&table[i], h, fd);
 				if (r == 1) {
 					report.allocations++;
 					report.bytes += m.size;
@@ -447,8 +475,10 @@ int gpuos_sharemem_standby_pass(void)
 				next = i + 1;
 				break;
 			}
-		if (r != 1)
+		if (r != 1) {
 			gpuos_drv.mem_release(h);
+			close(fd);
+		}
 	}
 	pthread_mutex_unlock(&mu);
 	close(c);
@@ -485,6 +515,8 @@ void gpuos_sharemem_released(void)
 				gpuos_drv.mem_release(e->h);
 				e->h = h;
 				e->shared = 0;
+				close(e->fd); /* its own memory now: exported when asked */
+				e->fd = -1;
 				report.restored++;
 				report.restored_bytes += e->size;
 			} else {
@@ -499,6 +531,9 @@ void gpuos_sharemem_released(void)
 	}
 	report.check_ns = gpuos_now_ns() - t0;
 	pthread_mutex_unlock(&mu);
+	/* It is the client now: its next standby asks it (at the same socket path; the
+	 * victim's, held or gone, is replaced). */
+	pthread_once(&server_once, start_server);
 }
 
 void gpuos_sharemem_report(char *out, size_t cap)

@@ -448,18 +448,28 @@ def test_warm_standbys_share_their_clients_start_up_memory(mps, libgpuos_build):
     bad = mps("mps", "start", "--gpu", mps.uuid, "--share-standby-memory")
     assert bad.returncode == 2 and "--share-standby-memory needs --spare-server" in bad.stderr
     mps.start("--policy", "standby", "--spare-server", "--share-standby-memory")
+    trigger = mps.tmp / "fault-now"
     a, alog = mps.client("--cuinit", "--launch", "--weights", name="server")
+    b, blog = mps.client("--cuinit", "--launch", "--fault-when", str(trigger), name="faulter")
 
-    def shared() -> dict | None:
+    def shared(other_than: int | None = None) -> dict | None:
         code, cl = mps.json("mps", "clients")
         row = next(r for r in cl["clients"] if r["id"] == a)
         got = ((row["standby_preload"] or {}).get("memory_shared") or {})
-        return got if got.get("asked") else None
+        return got if got.get("asked") and row["standby_pid"] != other_than else None
     got = wait_for(shared, 30, "the standby asked its client for its memory")
     assert (got["allocations"], got["bytes"], got["restored"]) == (1, 4 << 20, 0), got
     assert "4.0 MiB of its client's memory shared" in mps("mps", "clients").stdout
     code, st = mps.json("mps", "status")
     assert st["gpus"][0]["spare"]["share_standby_memory"] is True
+    # A standby that took over serves its memory in turn: the next standby maps it.
+    first = mps.machine()["clients"][a]["standby_pid"]
+    trigger.touch()
+    inc = mps.wait_incident_closed()
+    assert {v["client"]: v["recovery"] for v in inc["victims"]}[a] == "took-over"
+    assert mps.machine()["clients"][a]["pid"] == first
+    got = wait_for(lambda: shared(other_than=first), 30, "the next standby shares with the one that took over")
+    assert (got["allocations"], got["bytes"]) == (1, 4 << 20), got
 
 
 def test_hold_victims_stops_them_until_the_standbys_took_over(mps, libgpuos_build):
