@@ -476,7 +476,8 @@ class Scenario:
             c: dict[str, Any] = {"id": i, "role": role, "heartbeat": hb,
                                  "phases": self.dir / f"phases{i}" if self.phases else None}
             ckpt = self.dir / f"ckpt{i}.pt" if role == "train" and self.train_checkpoint else None
-            cmd = client_cmd(role, hb, self.size, c["phases"], ckpt, self.train_checkpoint)
+            cmd = client_cmd(role, hb, self.size, c["phases"], ckpt, self.train_checkpoint) + (
+                ["--seed", str(7 + i)] if self.share_memory else [])  # its standby: the same weights
             if self.mode == "stock":
                 out = open(self.dir / f"client{i}.log", "w")
                 c["proc"] = subprocess.Popen(cmd, env=self.mps_env, stdin=subprocess.DEVNULL,

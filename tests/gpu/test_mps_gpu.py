@@ -201,14 +201,15 @@ def _waiting(pid: int) -> bool:
 
 
 def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool = False,
-                       hold: bool = False) -> None:
+                       hold: bool = False, share: bool = False) -> None:
     clients = []
     for i, mode in enumerate(("infer", "train")):
         hb = mps.root / f"hb{i}"
         code, text = mps.cli("mps", "run", "--policy", policy, "--json",
                              "--output", str(mps.root / f"client{i}.log"), "--",
                              sys.executable, "-m", "gpuos.workloads.mps_client", "--mode", mode,
-                             "--heartbeat", str(hb), "--max-seconds", "600", timeout=30)
+                             "--heartbeat", str(hb), "--max-seconds", "600",
+                             *(["--seed", str(7 + i)] if share else []), timeout=30)
         reply = _last_json(text)
         assert code == 0 and reply.get("client"), text
         clients.append({"client": reply["client"], "heartbeat": hb})
@@ -245,6 +246,16 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
             time.sleep(0.5)
         warm = [_preloaded(mps, c, p)["cublas_warm_up"] for c, p in standbys.items()]
         assert all(w["calls"] > 0 and w["failed"] == 0 for w in warm), warm
+    if share:  # each maps its client's weights (same seed: same bytes) instead of a copy
+        deadline = time.monotonic() + 30
+        while not all(((_preloaded(mps, c, p) or {}).get("memory_shared") or {}).get("asked")
+                      for c, p in standbys.items()):
+            assert time.monotonic() < deadline, \
+                f"no standby asked its client: {[_preloaded(mps, c, p) for c, p in standbys.items()]}"
+            time.sleep(0.5)
+        shared = {c: _preloaded(mps, c, p)["memory_shared"] for c, p in standbys.items()}
+        print("shared:", shared)
+        assert all(s["allocations"] > 0 and s["bytes"] > 0 for s in shared.values()), shared
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
@@ -341,6 +352,11 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
         time.sleep(0.2)
     if policy == "standby":
         assert [b[2] for b in beats] == [standbys[c["client"]] for c in clients], (beats, standbys)
+    if share:  # the trainer changed its weights since: its standby put its own back
+        time.sleep(3)  # the standbys' reports after the release
+        after = {c["client"]: _preloaded(mps, c["client"], standbys[c["client"]])["memory_shared"] for c in clients}
+        print("after the release:", after)
+        assert after[clients[1]["client"]]["restored"] > 0, after
     print(f"{kind} ({policy}): fault to both clients computing again: "
           f"{max(b[0] for b in beats) - t0:.2f} s")
 
@@ -384,3 +400,9 @@ def test_mps_fault_victims_taken_over_by_warm_standbys_on_the_spare(mps: Mps, ki
 @pytest.mark.parametrize("kind", ["oob-write", "trap"])
 def test_mps_fault_victims_held_while_warm_standbys_take_over(mps: Mps, kind: str) -> None:
     _fault_and_recover(mps, kind, policy="standby", spare=True, hold=True)
+
+
+@pytest.mark.parametrize("mps", [("--spare-server", "--hold-victims", "0.5", "--share-standby-memory")],
+                         indirect=True)
+def test_mps_fault_taken_over_by_standbys_that_share_their_clients_weights(mps: Mps) -> None:
+    _fault_and_recover(mps, "oob-write", policy="standby", spare=True, hold=True, share=True)

@@ -174,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Append 'pid iteration phase unix-time' to FILE after each phase of this "
                          "process's first PHASED iterations, the GPU synchronized first (where a "
                          "first iteration's time goes; a standby copy writes its own lines).")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="Seed of the weights and inputs [a random one]: with a seed, every process of "
+                         "the command starts with the same weights, as a server loading a model file "
+                         "does (what a warm standby may share with its client).")
     ap.add_argument("--checkpoint", metavar="FILE",
                     help="Resume from FILE at the start where it exists (weights, optimizer state, "
                          "iteration); with --checkpoint-every, save there.")
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dev = torch.device("cuda")
-        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        torch.manual_seed(a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little"))
         model, opt = make_model(torch, dev, a.mode, a.size)
         run_new_module = new_module_runner() if a.new_module else None
         it = 0
