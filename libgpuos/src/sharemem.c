@@ -397,7 +397,8 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 	e->shared = 1;
 	e->backup = backup;
 	backup = NULL;
-	e->hashes = realloc(hashes, n * 8);
+	uint64_t *kept = realloc(hashes, n * 8); /* its own half only */
+	e->hashes = kept ? kept : hashes;
 	hashes = NULL;
 	r = 1;
 unmap_tmp:
