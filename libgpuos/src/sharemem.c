@@ -489,6 +489,38 @@ int gpuos_sharemem_standby_pass(void)
 	return 1;
 }
 
+/* e's own bytes back, in memory of its own at its address, in place of the client's. */
+static int restore(struct entry *e)
+{
+	CUmemGenericAllocationHandle h;
+	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
+		return -1;
+	if (gpuos_movable_map_new(e->base, e->size, e->device, &h) != CUDA_SUCCESS) {
+		/* the client's again, as it was: the program goes on with what it shared */
+		const CUmemAccessDesc *acc;
+		size_t nacc = gpuos_movable_access(e->device, &acc);
+		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) == CUDA_SUCCESS)
+			gpuos_drv.mem_set_access(e->base, e->size, acc, nacc);
+		return -1;
+	}
+	if (gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp.s) != CUDA_SUCCESS ||
+	    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS) {
+		gpuos_drv.mem_unmap(e->base, e->size);
+		gpuos_drv.mem_release(h);
+		const CUmemAccessDesc *acc;
+		size_t nacc = gpuos_movable_access(e->device, &acc);
+		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) == CUDA_SUCCESS)
+			gpuos_drv.mem_set_access(e->base, e->size, acc, nacc);
+		return -1;
+	}
+	gpuos_drv.mem_release(e->h);
+	e->h = h;
+	e->shared = 0;
+	close(e->fd); /* its own memory now: exported when asked */
+	e->fd = -1;
+	return 0;
+}
+
 void gpuos_sharemem_released(void)
 {
 	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby)
@@ -496,33 +528,28 @@ void gpuos_sharemem_released(void)
 	__atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
 	pthread_mutex_lock(&mu); /* waits for a pass under way: to the end of its allocation */
 	uint64_t t0 = gpuos_now_ns();
-	for (size_t i = 0; i < ntable; i++) {
-		struct entry *e = &table[i];
-		if (e->freed || !e->shared || !e->backup)
-			continue;
-		uint64_t n = e->size / CHUNK;
-		uint64_t *now = malloc(n * 8);
-		struct gpuos_fp_seg seg = { e->base, e->size, 0 };
-		int same = now && !hash(&seg, 1, now, n) && !memcmp(now, e->hashes, n * 8);
-		free(now);
-		if (!same) {
-			/* The client wrote it since (or it cannot be told): the standby's own content,
-			 * in memory of its own, at the same address. */
-			CUmemGenericAllocationHandle h;
-			if (gpuos_drv.mem_unmap(e->base, e->size) == CUDA_SUCCESS &&
-			    gpuos_movable_map_new(e->base, e->size, e->device, &h) == CUDA_SUCCESS &&
-			    gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp.s) == CUDA_SUCCESS &&
-			    gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS) {
-				gpuos_drv.mem_release(e->h);
-				e->h = h;
-				e->shared = 0;
-				close(e->fd); /* its own memory now: exported when asked */
-				e->fd = -1;
+	/* Every shared allocation hashed in one launch: this is on the take-over's path. */
+	static struct gpuos_fp_seg segs[SHARE_MAX];
+	size_t idx[SHARE_MAX], nseg = 0;
+	uint64_t n = 0;
+	for (size_t i = 0; i < ntable; i++)
+		if (!table[i].freed && table[i].shared && table[i].backup) {
+			segs[nseg] = (struct gpuos_fp_seg){ table[i].base, table[i].size, n };
+			idx[nseg++] = i;
+			n += table[i].size / CHUNK;
+		}
+	uint64_t *now = nseg ? malloc(n * 8) : NULL;
+	int hashed = now && !hash(segs, (unsigned int)nseg, now, n);
+	for (size_t k = 0; k < nseg; k++) {
+		struct entry *e = &table[idx[k]];
+		if (!hashed || memcmp(now + segs[k].first_chunk, e->hashes, e->size / CHUNK * 8)) {
+			/* The client wrote it since (or it cannot be told): the standby's own bytes. */
+			if (restore(e) == 0) {
 				report.restored++;
 				report.restored_bytes += e->size;
 			} else {
-				fprintf(stderr, "libgpuos: sharemem: the standby's own content of %#llx could not be "
-						"put back: its memory may hold its client's\n", (unsigned long long)e->base);
+				fprintf(stderr, "libgpuos: sharemem: the standby's own bytes at %#llx could not be put "
+						"back: it goes on with its client's there\n", (unsigned long long)e->base);
 			}
 		}
 		free(e->backup);
@@ -530,6 +557,7 @@ void gpuos_sharemem_released(void)
 		e->backup = NULL;
 		e->hashes = NULL;
 	}
+	free(now);
 	report.check_ns = gpuos_now_ns() - t0;
 	pthread_mutex_unlock(&mu);
 	/* It is the client now: its next standby asks it (at the same socket path; the
