@@ -574,18 +574,17 @@ class Scenario:
 
     def wait_standby_from_checkpoint(self) -> None:
         """--standby-refresh: until the training client's standby is one the supervisor started
-        from a checkpoint (state.json: standby_state_at), so that the fault tests a take-over
-        that resumes from it."""
+        from a checkpoint (`gpuos mps clients --json`: standby_state_at), so that the fault
+        tests a take-over that resumes from it."""
         train = next(c for c in self.clients if c["role"] == "train")
-        state = self.events_file.with_name("state.json")
         deadline = time.monotonic() + min(READY_TIMEOUT, self.left() - 20)
         while time.monotonic() < deadline:
-            try:
-                c = json.loads(state.read_text())["machine"]["clients"][train["client"]]
-            except (OSError, ValueError, KeyError):
-                c = {}
-            if c.get("standby_state_at") and c.get("standby_pid"):
-                self.r["train_standby_state_at"] = c["standby_state_at"]
+            code, out = run_bounded(gpuos_cmd("mps", "clients", "--json"), self.env, 30,
+                                    self.dir / "clients.out")
+            row = next((r for r in (last_json_object(out) or {}).get("clients", [])
+                        if r.get("id") == train["client"]), {})
+            if row.get("standby_state_at"):  # null while its standby is not alive
+                self.r["train_standby_state_at"] = row["standby_state_at"]
                 return
             time.sleep(0.5)
         raise ScenarioFailed("no standby of the training client started from a checkpoint in time")

@@ -626,6 +626,8 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a);
 CUresult gpuos_movable_free(const struct gpuos_alloc *a);
 /* The bytes of a's reservation and physical memory: its size rounded up to the granularity. */
 size_t gpuos_movable_reserved(const struct gpuos_alloc *a);
+/* The device's VMM granularity (asked once); SIZE_MAX where it has none. */
+size_t gpuos_movable_granularity(int device);
 /* The devices given access to movable memory on `device` (it, and its peers). */
 size_t gpuos_movable_access(int device, const CUmemAccessDesc **out);
 /* New physical memory for [va, va + size) on device, mapped read-write. */

@@ -58,7 +58,7 @@ static void movable_prop(CUmemAllocationProp *p, int device)
 }
 
 /* The device's VMM granularity; SIZE_MAX where it has none (or the driver lacks the API). */
-static size_t device_granularity(int device)
+size_t gpuos_movable_granularity(int device)
 {
 	if (device < 0 || device >= MAX_DEVICES)
 		return SIZE_MAX;
@@ -79,7 +79,7 @@ static size_t device_granularity(int device)
 
 size_t gpuos_movable_reserved(const struct gpuos_alloc *a)
 {
-	size_t g = device_granularity(a->device);
+	size_t g = gpuos_movable_granularity(a->device);
 	size_t n = a->end - a->base;
 	return g == SIZE_MAX ? n : (n + g - 1) & ~(g - 1);
 }
@@ -149,7 +149,7 @@ int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a)
 	CUdevice dev;
 	if (!gpuos_drv.ctx_get_device || gpuos_drv.ctx_get_device(&dev) != CUDA_SUCCESS)
 		return 0;
-	size_t g = device_granularity(dev);
+	size_t g = gpuos_movable_granularity(dev);
 	if (g == SIZE_MAX || bytes < g || bytes > SIZE_MAX - g)
 		return 0;
 	size_t size = (bytes + g - 1) & ~(g - 1);

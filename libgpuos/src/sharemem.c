@@ -123,16 +123,10 @@ int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes)
 	if (!on() || gpuos_blaswarm_thread || gpuos_preload_launched() || !gpuos_drv.mem_export)
 		return 0;
 	CUdevice dev;
-	size_t g = 0;
-	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-				     .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE },
-				     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR };
-	if (!gpuos_drv.ctx_get_device || gpuos_drv.ctx_get_device(&dev) != CUDA_SUCCESS ||
-	    !gpuos_drv.mem_get_allocation_granularity || !gpuos_drv.mem_address_reserve)
+	if (!gpuos_drv.ctx_get_device || gpuos_drv.ctx_get_device(&dev) != CUDA_SUCCESS)
 		return 0;
-	prop.location.id = dev;
-	if (gpuos_drv.mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-	    !g || (g & (g - 1)) || bytes < g || bytes > SIZE_MAX - g)
+	size_t g = gpuos_movable_granularity(dev); /* SIZE_MAX: no VMM API here */
+	if (g == SIZE_MAX || bytes < g || bytes > SIZE_MAX - g)
 		return 0;
 	size_t size = (bytes + g - 1) & ~(g - 1);
 	pthread_mutex_lock(&mu);
@@ -340,6 +334,15 @@ static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *ou
 	return r;
 }
 
+/* h mapped at [va, va + size), read-write for the device and its peers (movable memory's). */
+static CUresult map_at(uint64_t va, uint64_t size, int device, CUmemGenericAllocationHandle h)
+{
+	const CUmemAccessDesc *acc;
+	size_t nacc = gpuos_movable_access(device, &acc);
+	CUresult r = gpuos_drv.mem_map(va, size, 0, h, 0);
+	return r == CUDA_SUCCESS ? gpuos_drv.mem_set_access(va, size, acc, nacc) : r;
+}
+
 /* Map the client's memory (handle h, e->size bytes) at e's address if it holds what e
  * holds: e's own content goes to host memory first.  1 shared, 0 not, -1 failed. */
 static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
@@ -348,15 +351,13 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 	CUdeviceptr tmp;
 	if (gpuos_drv.mem_address_reserve(&tmp, e->size, 0, 0, 0) != CUDA_SUCCESS)
 		return -1;
-	const CUmemAccessDesc *acc;
-	size_t nacc = gpuos_movable_access(e->device, &acc);
 	int r = -1;
 	uint64_t *hashes = malloc(2 * n * 8);
 	void *backup = NULL;
-	if (!hashes || gpuos_drv.mem_map(tmp, e->size, 0, h, 0) != CUDA_SUCCESS)
+	if (!hashes)
 		goto free_tmp;
-	if (gpuos_drv.mem_set_access(tmp, e->size, acc, nacc) != CUDA_SUCCESS)
-		goto unmap_tmp;
+	if (map_at(tmp, e->size, e->device, h) != CUDA_SUCCESS)
+		goto unmap_tmp; /* (an unmap of nothing mapped is refused, harmlessly) */
 	struct gpuos_fp_seg segs[2] = { { e->base, e->size, 0 }, { tmp, e->size, n } };
 	if (hash(segs, 2, hashes, 2 * n))
 		goto unmap_tmp;
@@ -381,12 +382,10 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 	/* Own memory out, the client's in, at the program's address. */
 	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
 		goto unmap_tmp;
-	if (gpuos_drv.mem_map(e->base, e->size, 0, h, 0) != CUDA_SUCCESS ||
-	    gpuos_drv.mem_set_access(e->base, e->size, acc, nacc) != CUDA_SUCCESS) {
+	if (map_at(e->base, e->size, e->device, h) != CUDA_SUCCESS) {
 		/* put its own back: nothing was lost */
 		gpuos_drv.mem_unmap(e->base, e->size);
-		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) != CUDA_SUCCESS ||
-		    gpuos_drv.mem_set_access(e->base, e->size, acc, nacc) != CUDA_SUCCESS)
+		if (map_at(e->base, e->size, e->device, e->h) != CUDA_SUCCESS)
 			fprintf(stderr, "libgpuos: sharemem: the standby's memory at %#llx could not be mapped "
 					"again\n", (unsigned long long)e->base);
 		goto unmap_tmp;
@@ -496,21 +495,14 @@ static int restore(struct entry *e)
 	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
 		return -1;
 	if (gpuos_movable_map_new(e->base, e->size, e->device, &h) != CUDA_SUCCESS) {
-		/* the client's again, as it was: the program goes on with what it shared */
-		const CUmemAccessDesc *acc;
-		size_t nacc = gpuos_movable_access(e->device, &acc);
-		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) == CUDA_SUCCESS)
-			gpuos_drv.mem_set_access(e->base, e->size, acc, nacc);
+		map_at(e->base, e->size, e->device, e->h); /* the client's again: it goes on with that */
 		return -1;
 	}
 	if (gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp.s) != CUDA_SUCCESS ||
 	    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS) {
 		gpuos_drv.mem_unmap(e->base, e->size);
 		gpuos_drv.mem_release(h);
-		const CUmemAccessDesc *acc;
-		size_t nacc = gpuos_movable_access(e->device, &acc);
-		if (gpuos_drv.mem_map(e->base, e->size, 0, e->h, 0) == CUDA_SUCCESS)
-			gpuos_drv.mem_set_access(e->base, e->size, acc, nacc);
+		map_at(e->base, e->size, e->device, e->h);
 		return -1;
 	}
 	gpuos_drv.mem_release(e->h);

@@ -186,7 +186,6 @@ class Supervisor:
         self._next_mps = 0.0
         self._next_status = 0.0
         self._next_checkpoints = 0.0
-        self._checkpoints_seen: dict[str, float] = {}  # by client: the newest time fed
         self._watch_error: str | None = None
         self.listener: socket.socket | None = None
 
@@ -323,8 +322,7 @@ class Supervisor:
             if not c.checkpoint or c.state not in ("running", "starting"):
                 continue
             at = newest_checkpoint(c.checkpoint, c.uid)
-            if at is not None and at > self._checkpoints_seen.get(c.id, float("-inf")):
-                self._checkpoints_seen[c.id] = at
+            if at is not None and (c.checkpoint_at is None or at > c.checkpoint_at):
                 self._feed(CheckpointSeen(c.id, at))
 
     def _poll_timeout(self) -> float:
