@@ -242,6 +242,7 @@ int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes); /* 1: made exportable
 int gpuos_sharemem_free(CUdeviceptr p, CUresult *r);       /* 1: it was one of those (*r: the free's) */
 void gpuos_sharemem_launched(void);     /* the client's first launch: serve them */
 int gpuos_sharemem_standby_pass(void);  /* the waiting standby: 1 once its client answered */
+int gpuos_sharemem_standby_recheck(void); /* waiting: own content back where the client wrote (1: some) */
 void gpuos_sharemem_released(void);     /* the standby, released: its own content where changed */
 void gpuos_sharemem_report(char *out, size_t cap);
 

@@ -601,6 +601,8 @@ static void *loader_main(void *arg)
 			write_stats(&st);
 		if (!shared_asked && (shared_asked = gpuos_sharemem_standby_pass()) != 0)
 			write_stats(&st);
+		if (shared_asked && gpuos_sharemem_standby_recheck())
+			write_stats(&st);
 		struct stat sb;
 		int changed = !stat(list_path, &sb) &&
 			      (sb.st_mtim.tv_sec != seen_mtime.tv_sec || sb.st_mtim.tv_nsec != seen_mtime.tv_nsec ||

@@ -22,10 +22,14 @@
  * chunk hashes).  Where they are equal it copies its own content to host memory, releases
  * its own physical memory and maps the client's at its own address: one copy on the
  * GPU, held also by the standby, so it outlives the faulted server (measured:
- * tools/probes/mps_vmm_probe.py).  When it is released, before the program's first
- * launch goes on, it hashes what it shares again and puts its own content back where the
- * client wrote it since (a training client's weights): the program sees its own
- * start-up state either way.  The report says what was shared and put back.
+ * tools/probes/mps_vmm_probe.py).  Its own content is kept in pinned host memory, so
+ * that putting it back runs at PCIe speed.  While it waits it hashes what it shares once
+ * a second and puts its own content back wherever the client wrote it (a training
+ * client's weights: memory written is not memory to share), so the release seldom has
+ * copies to make: when it is released, before the program's first launch goes on, it
+ * hashes what it still shares once more (one launch, into buffers made ahead) and puts
+ * its own content back where the client wrote it since.  The program sees its own
+ * start-up state either way.  The report says what was shared and put back, and when.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +47,11 @@
 #define SHARE_MAX 1024 /* start-up allocations shared at most */
 #define CHUNK 4096ull  /* fingerprint.cu's chunk */
 #define BACKUP_PIECE (64ull << 20)
+/* While waiting, what the client wrote is given back: checked once a second, or less
+ * often where hashing all of it would read more than RECHECK_RATE bytes a second of the
+ * GPU's memory (a standby's checks must not slow its co-runners). */
+#define RECHECK_NS 1000000000ull
+#define RECHECK_RATE (8ull << 30)
 
 struct shared_msg {
 	uint64_t seq;  /* the allocation's place in the start-up order; UINT64_MAX: the end */
@@ -60,7 +69,8 @@ static struct entry {
 	 * fd it came as, kept: the driver does not export an imported handle again (measured
 	 * on an H100, r580), and a standby that takes over serves it to the next one */
 	int shared, fd;
-	void *backup;
+	void *backup; /* pinned where the driver allowed (backup_pinned) */
+	int backup_pinned;
 	uint64_t *hashes;
 } table[SHARE_MAX];
 static size_t ntable;
@@ -72,8 +82,8 @@ static const char *list;
 static int standby;
 
 static struct {
-	size_t allocations, restored;
-	uint64_t bytes, restored_bytes, check_ns;
+	size_t allocations, restored, given_back;
+	uint64_t bytes, restored_bytes, given_back_bytes, check_ns;
 } report;
 static int asked;    /* the client's socket answered (shared or not): not asked again */
 static int stopping; /* released: a pass under way stops at its next allocation */
@@ -152,12 +162,21 @@ int gpuos_sharemem_alloc(CUdeviceptr *dptr, size_t bytes)
 	return 1;
 }
 
-static void entry_drop(struct entry *e)
+/* e's own content in host memory, and its hashes: no longer needed. */
+static void backup_drop(struct entry *e)
 {
+	if (e->backup_pinned)
+		gpuos_drv.mem_host_unregister(e->backup);
 	free(e->backup);
 	free(e->hashes);
 	e->backup = NULL;
+	e->backup_pinned = 0;
 	e->hashes = NULL;
+}
+
+static void entry_drop(struct entry *e)
+{
+	backup_drop(e);
 	if (e->fd >= 0)
 		close(e->fd);
 	e->fd = -1;
@@ -302,15 +321,20 @@ void gpuos_sharemem_launched(void)
 
 /* ---- standby side: the client's memory in place of its own ------------------------------------ */
 
+/* The hash kernel and its device buffers, kept: the release's check (on the take-over's
+ * path) then allocates nothing (hash_reserve after the pass). */
 static struct {
 	CUmodule mod;
 	CUfunction hash;
 	CUstream s;
 	int broken;
+	CUdeviceptr d_segs, d_out;
+	size_t cap_segs;
+	uint64_t cap_n;
 } fp;
 
-/* Chunk hashes of segs (on the GPU, in the current context) into out (n in all), or -1. */
-static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *out, uint64_t n)
+/* fp's buffers for nseg segments and n chunks at least, or -1. */
+static int hash_reserve(size_t nseg, uint64_t n)
 {
 	if (fp.broken)
 		return -1;
@@ -320,18 +344,34 @@ static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *ou
 		fp.broken = 1;
 		return -1;
 	}
-	CUdeviceptr d_segs = 0, d_out = 0;
-	int r = -1;
-	if (gpuos_own_dev_alloc(&d_segs, nseg * sizeof *segs) == CUDA_SUCCESS &&
-	    gpuos_own_dev_alloc(&d_out, n * 8) == CUDA_SUCCESS &&
-	    gpuos_drv.memcpy_htod_async(d_segs, segs, nseg * sizeof *segs, fp.s) == CUDA_SUCCESS &&
-	    gpuos_fp_hash(fp.hash, d_segs, nseg, d_out, n, fp.s) == CUDA_SUCCESS &&
-	    gpuos_drv.memcpy_dtoh_async(out, d_out, n * 8, fp.s) == CUDA_SUCCESS &&
-	    gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS)
-		r = 0;
-	gpuos_own_dev_free(&d_out, n * 8);
-	gpuos_own_dev_free(&d_segs, nseg * sizeof *segs);
-	return r;
+	if (nseg > fp.cap_segs) {
+		gpuos_own_dev_free(&fp.d_segs, fp.cap_segs * sizeof(struct gpuos_fp_seg));
+		fp.cap_segs = 0;
+		if (gpuos_own_dev_alloc(&fp.d_segs, nseg * sizeof(struct gpuos_fp_seg)) != CUDA_SUCCESS)
+			return -1;
+		fp.cap_segs = nseg;
+	}
+	if (n > fp.cap_n) {
+		gpuos_own_dev_free(&fp.d_out, fp.cap_n * 8);
+		fp.cap_n = 0;
+		if (gpuos_own_dev_alloc(&fp.d_out, n * 8) != CUDA_SUCCESS)
+			return -1;
+		fp.cap_n = n;
+	}
+	return 0;
+}
+
+/* Chunk hashes of segs (on the GPU, in the current context) into out (n in all), or -1. */
+static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *out, uint64_t n)
+{
+	if (hash_reserve(nseg, n))
+		return -1;
+	return gpuos_drv.memcpy_htod_async(fp.d_segs, segs, nseg * sizeof *segs, fp.s) == CUDA_SUCCESS &&
+			       gpuos_fp_hash(fp.hash, fp.d_segs, nseg, fp.d_out, n, fp.s) == CUDA_SUCCESS &&
+			       gpuos_drv.memcpy_dtoh_async(out, fp.d_out, n * 8, fp.s) == CUDA_SUCCESS &&
+			       gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS
+		       ? 0
+		       : -1;
 }
 
 /* h mapped at [va, va + size), read-write for the device and its peers (movable memory's). */
@@ -354,6 +394,7 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 	int r = -1;
 	uint64_t *hashes = malloc(2 * n * 8);
 	void *backup = NULL;
+	int pinned = 0;
 	if (!hashes)
 		goto free_tmp;
 	if (map_at(tmp, e->size, e->device, h) != CUDA_SUCCESS)
@@ -367,39 +408,48 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 	}
 	if (!(backup = malloc(e->size)))
 		goto unmap_tmp;
+	/* Pinned, so that putting it back (maybe on the take-over's path) runs at PCIe speed;
+	 * pageable where the driver refuses (still correct, slower). */
+	pinned = gpuos_drv.mem_host_register &&
+		 gpuos_drv.mem_host_register(backup, e->size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
 	/* In pieces, so that a release meanwhile does not wait for a whole large copy: the
 	 * allocation is then left the standby's own. */
 	for (uint64_t o = 0; o < e->size; o += BACKUP_PIECE) {
 		uint64_t len = e->size - o < BACKUP_PIECE ? e->size - o : BACKUP_PIECE;
 		if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
 			r = 0;
-			goto unmap_tmp;
+			goto unpin;
 		}
 		if (gpuos_drv.memcpy_dtoh_async((char *)backup + o, e->base + o, len, fp.s) != CUDA_SUCCESS ||
 		    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS)
-			goto unmap_tmp;
+			goto unpin;
 	}
 	/* Own memory out, the client's in, at the program's address. */
 	if (gpuos_drv.mem_unmap(e->base, e->size) != CUDA_SUCCESS)
-		goto unmap_tmp;
+		goto unpin;
 	if (map_at(e->base, e->size, e->device, h) != CUDA_SUCCESS) {
 		/* put its own back: nothing was lost */
 		gpuos_drv.mem_unmap(e->base, e->size);
 		if (map_at(e->base, e->size, e->device, e->h) != CUDA_SUCCESS)
 			fprintf(stderr, "libgpuos: sharemem: the standby's memory at %#llx could not be mapped "
 					"again\n", (unsigned long long)e->base);
-		goto unmap_tmp;
+		goto unpin;
 	}
 	gpuos_drv.mem_release(e->h);
 	e->h = h;
 	e->fd = fd;
 	e->shared = 1;
 	e->backup = backup;
+	e->backup_pinned = pinned;
 	backup = NULL;
+	pinned = 0;
 	uint64_t *kept = realloc(hashes, n * 8); /* its own half only */
 	e->hashes = kept ? kept : hashes;
 	hashes = NULL;
 	r = 1;
+unpin:
+	if (pinned)
+		gpuos_drv.mem_host_unregister(backup);
 unmap_tmp:
 	gpuos_drv.mem_unmap(tmp, e->size);
 free_tmp:
@@ -480,6 +530,16 @@ int gpuos_sharemem_standby_pass(void)
 			close(fd);
 		}
 	}
+	/* The release's check allocates nothing: its buffers are made now. */
+	size_t nseg = 0;
+	uint64_t n = 0;
+	for (size_t i = 0; i < ntable; i++)
+		if (!table[i].freed && table[i].shared && table[i].backup) {
+			nseg++;
+			n += table[i].size / CHUNK;
+		}
+	if (nseg)
+		hash_reserve(nseg, n);
 	pthread_mutex_unlock(&mu);
 	close(c);
 	__atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
@@ -513,16 +573,14 @@ static int restore(struct entry *e)
 	return 0;
 }
 
-void gpuos_sharemem_released(void)
+/* Every shared allocation that still has its own content aside, hashed in one launch:
+ * where the client wrote it (or it cannot be told), the standby's own content goes back.
+ * At the release (final) the content aside is dropped either way: sharing is settled. */
+static void check_shared(int final)
 {
-	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby)
-		return;
-	__atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
-	pthread_mutex_lock(&mu); /* waits for a pass under way: to the end of its allocation */
-	uint64_t t0 = gpuos_now_ns();
-	/* Every shared allocation hashed in one launch: this is on the take-over's path. */
 	static struct gpuos_fp_seg segs[SHARE_MAX];
-	size_t idx[SHARE_MAX], nseg = 0;
+	static size_t idx[SHARE_MAX];
+	size_t nseg = 0;
 	uint64_t n = 0;
 	for (size_t i = 0; i < ntable; i++)
 		if (!table[i].freed && table[i].shared && table[i].backup) {
@@ -530,26 +588,71 @@ void gpuos_sharemem_released(void)
 			idx[nseg++] = i;
 			n += table[i].size / CHUNK;
 		}
-	uint64_t *now = nseg ? malloc(n * 8) : NULL;
+	if (!nseg)
+		return;
+	uint64_t *now = malloc(n * 8);
 	int hashed = now && !hash(segs, (unsigned int)nseg, now, n);
+	if (!hashed && !final) {
+		free(now); /* told next time, or at the release */
+		return;
+	}
 	for (size_t k = 0; k < nseg; k++) {
 		struct entry *e = &table[idx[k]];
-		if (!hashed || memcmp(now + segs[k].first_chunk, e->hashes, e->size / CHUNK * 8)) {
+		if (!final && __atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
+			break; /* released: the release checks the rest */
+		int written = !hashed || memcmp(now + segs[k].first_chunk, e->hashes, e->size / CHUNK * 8);
+		if (written) {
 			/* The client wrote it since (or it cannot be told): the standby's own bytes. */
 			if (restore(e) == 0) {
-				report.restored++;
-				report.restored_bytes += e->size;
-			} else {
+				if (final) {
+					report.restored++;
+					report.restored_bytes += e->size;
+				} else {
+					report.given_back++;
+					report.given_back_bytes += e->size;
+				}
+			} else if (final) {
 				fprintf(stderr, "libgpuos: sharemem: the standby's own bytes at %#llx could not be put "
 						"back: it goes on with its client's there\n", (unsigned long long)e->base);
+			} else {
+				continue; /* tried again next time; the release's check has the last word */
 			}
 		}
-		free(e->backup);
-		free(e->hashes);
-		e->backup = NULL;
-		e->hashes = NULL;
+		if (written || final)
+			backup_drop(e);
 	}
 	free(now);
+}
+
+int gpuos_sharemem_standby_recheck(void)
+{
+	static uint64_t last;
+	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby || !__atomic_load_n(&asked, __ATOMIC_ACQUIRE) ||
+	    __atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
+		return 0;
+	uint64_t t = gpuos_now_ns(), every = RECHECK_NS;
+	if (report.bytes / RECHECK_RATE >= 1)
+		every = report.bytes / RECHECK_RATE * RECHECK_NS;
+	if (t - last < every)
+		return 0;
+	last = t;
+	pthread_mutex_lock(&mu);
+	size_t before = report.given_back;
+	if (!__atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
+		check_shared(0);
+	int news = report.given_back != before;
+	pthread_mutex_unlock(&mu);
+	return news;
+}
+
+void gpuos_sharemem_released(void)
+{
+	if (__atomic_load_n(&enabled, __ATOMIC_ACQUIRE) != 1 || !standby)
+		return;
+	__atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&mu); /* waits for a pass under way: to the end of its allocation */
+	uint64_t t0 = gpuos_now_ns();
+	check_shared(1); /* on the take-over's path: one launch, buffers made ahead */
 	report.check_ns = gpuos_now_ns() - t0;
 	pthread_mutex_unlock(&mu);
 	/* It is the client now: its next standby asks it (at the same socket path; the
@@ -565,9 +668,10 @@ void gpuos_sharemem_report(char *out, size_t cap)
 	}
 	pthread_mutex_lock(&mu);
 	snprintf(out, cap,
-		 "{\"asked\": %s, \"allocations\": %zu, \"bytes\": %llu, \"restored\": %zu, \"restored_bytes\": %llu, "
-		 "\"check_seconds\": %.6f}",
-		 __atomic_load_n(&asked, __ATOMIC_ACQUIRE) ? "true" : "false", report.allocations, (unsigned long long)report.bytes, report.restored,
+		 "{\"asked\": %s, \"allocations\": %zu, \"bytes\": %llu, \"given_back\": %zu, "
+		 "\"given_back_bytes\": %llu, \"restored\": %zu, \"restored_bytes\": %llu, \"check_seconds\": %.6f}",
+		 __atomic_load_n(&asked, __ATOMIC_ACQUIRE) ? "true" : "false", report.allocations, (unsigned long long)report.bytes,
+		 report.given_back, (unsigned long long)report.given_back_bytes, report.restored,
 		 (unsigned long long)report.restored_bytes, (double)report.check_ns / 1e9);
 	pthread_mutex_unlock(&mu);
 }

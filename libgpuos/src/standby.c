@@ -23,6 +23,10 @@
  * (SA_RESTART, or EINTR: open again), so a standby cannot slip into the server early;
  * a signal that kills kills.  A FIFO that cannot be opened for another reason is said
  * on stderr, and the process goes on.
+ *
+ * Just before it waits it writes "waiting <pid>" into FIFO.state, a file the supervisor
+ * made for it (never created here): a standby that replaces an older one (from a newer
+ * checkpoint) takes its place only once it waits, so there is always one to take over.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +46,22 @@ static int waits_at_launch(void)
 	return at && strcmp(at, "launch") == 0;
 }
 
+/* "waiting <pid>" into PATH.state, where the supervisor made that file (O_NOFOLLOW, no
+ * O_CREAT: nothing is made here, and a link is not followed). */
+static void say_waiting(const char *path)
+{
+	char state[4096], line[64];
+	if (snprintf(state, sizeof state, "%s.state", path) >= (int)sizeof state)
+		return;
+	int fd = open(state, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	int n = snprintf(line, sizeof line, "waiting %d\n", (int)getpid());
+	if (write(fd, line, (size_t)n) != n)
+		gpuos_dbg("standby: cannot write %s: %s", state, strerror(errno));
+	close(fd);
+}
+
 static void standby_wait(const char *where)
 {
 	if (__atomic_load_n(&gpuos_standby_passed, __ATOMIC_ACQUIRE))
@@ -49,6 +69,7 @@ static void standby_wait(const char *where)
 	const char *path = getenv("GPUOS_MPS_STANDBY");
 	if (path && *path) {
 		gpuos_dbg("standby: waiting at %s for %s", where, path);
+		say_waiting(path);
 		int fd;
 		do
 			fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -352,11 +352,14 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
         time.sleep(0.2)
     if policy == "standby":
         assert [b[2] for b in beats] == [standbys[c["client"]] for c in clients], (beats, standbys)
-    if share:  # the trainer changed its weights since: its standby put its own back
+    if share:  # the trainer changed its weights since: its standby put its own back (while
+        # it waited, or at its release); the inference loop's standby still shares its weights
         time.sleep(3)  # the standbys' reports after the release
         after = {c["client"]: _preloaded(mps, c["client"], standbys[c["client"]])["memory_shared"] for c in clients}
         print("after the release:", after)
-        assert after[clients[1]["client"]]["restored"] > 0, after
+        trainer, server = after[clients[1]["client"]], after[clients[0]["client"]]
+        assert trainer["given_back"] + trainer["restored"] > 0, after
+        assert server["bytes"] - server["given_back_bytes"] - server["restored_bytes"] > 0, after
     print(f"{kind} ({policy}): fault to both clients computing again: "
           f"{max(b[0] for b in beats) - t0:.2f} s")
 

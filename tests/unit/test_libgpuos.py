@@ -417,14 +417,16 @@ def test_a_warm_standby_makes_ahead_what_its_client_allocated_after_its_first_la
     release_standby(p, fifo)  # its exact counts held: each one made ahead was handed out
 
 
-@pytest.mark.parametrize("client_writes", [False, True])
+@pytest.mark.parametrize("client_writes", ["never", "while-waiting", "before-release"])
 def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build, env, tmp_path, client_writes):
     """sharemem.c (GPUOS_MPS_SHARE_MEMORY=1): a client's start-up allocations are served to
     its warm standby, which maps each one whose content equals its own in place of its own
     (three here; the fourth, written with each process's pid, differs and is kept).  Its
     program then reads what it wrote itself: also where the client wrote the shared memory
-    after the standby mapped it (as a training client changes its weights), which the
-    standby puts back from its own copy at its release."""
+    after the standby mapped it (as a training client changes its weights).  The waiting
+    standby's check (once a second) puts its own copy back (given back: shared no more);
+    where the client wrote just before the release, the release's check does (restored;
+    or the waiting check, if it came between: one of the two, once)."""
     lib = str(build / "libgpuos.so")
     kernels, fifo = tmp_path / "kernels.txt", tmp_path / "standby"
     os.mkfifo(fifo, 0o600)
@@ -445,10 +447,16 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
             report = standby_report(standby, kernels)
         shared = report["memory_shared"]
         assert (shared["allocations"], shared["bytes"], shared["restored"]) == (3, 3 * (4 << 20), 0), report
-        if client_writes:
+        if client_writes != "never":
             client.stdin.write("write\n")
             client.stdin.flush()
             assert json.loads(client.stdout.readline()) == {"written": True}
+        if client_writes == "while-waiting":
+            deadline = time.monotonic() + 20
+            while not report["memory_shared"]["given_back"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+                report = standby_report(standby, kernels)
+            assert report["memory_shared"]["given_back_bytes"] == 4 << 20, report
         stack = Path(f"/proc/{standby.pid}/syscall").read_text().split()
         assert stack and stack[0] == "257", f"not waiting in openat: {stack}"
         from gpuos.mps.standby import Releases
@@ -459,7 +467,10 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         assert standby.returncode == 0, err
         assert json.loads(out.strip().splitlines()[-1]) == {"ok": True, "bad": []}, (out, err)
         final = json.loads(Path(f"{kernels}.standby.{standby.pid}").read_text())["memory_shared"]
-        assert (final["restored"], final["restored_bytes"]) == ((1, 4 << 20) if client_writes else (0, 0)), final
+        put_back = {"never": (0, 0), "while-waiting": (1, 0)}.get(client_writes)
+        assert (final["given_back"], final["restored"]) == put_back if put_back else \
+            final["given_back"] + final["restored"] == 1, final
+        assert final["given_back_bytes"] + final["restored_bytes"] == (0 if client_writes == "never" else 4 << 20)
     finally:
         for p in (standby, client):
             if p is not None and p.poll() is None:

@@ -320,7 +320,8 @@ def test_standby_waits_at_cuinit_then_takes_the_victims_place(mps, libgpuos_buil
     new = wait_for(standbys, 15, "new standbys")
     assert all(new[cid] not in (sb[cid], old[cid]) for cid in (a, b))
     fifos = sorted(p.name for p in (mps.dir / "standby").iterdir())
-    assert fifos == sorted(f"{cid}.2" for cid in (a, b))  # the released ones are gone
+    # the released ones are gone; the new ones' with their state files
+    assert fifos == sorted(f"{cid}.2{x}" for cid in (a, b) for x in ("", ".state"))
 
     res = mps("mps", "stop", "--json")
     assert res.returncode == 0, res.stderr
@@ -351,9 +352,14 @@ def test_a_standby_is_started_again_from_a_newer_checkpoint(mps, libgpuos_build)
     ckpt.write_bytes(b"x")
     written = ckpt.stat().st_mtime
     second = wait_for(lambda: standby(a, other_than=first), 20, "a standby from the checkpoint")
+    # make before break: it took the old one's place once it waited (libgpuos said so in
+    # its FIFO's state file), and only then was the old one stopped
     wait_for(lambda: not alive(first), 10, "the old standby stopped")
+    assert f"start {second}" in lines(alog, "start")
+    names = [(e["event"], e.get("pid")) for e in mps.events()]
+    assert names.index(("standby-refreshed", second)) < names.index(("standby-stopped", first))
     stopped = [e for e in mps.events() if e["event"] == "standby-stopped" and e.get("pid") == first]
-    assert stopped and stopped[0]["why"] == "a newer checkpoint: its replacement starts from it"
+    assert stopped and stopped[0]["why"] == "a newer checkpoint: its replacement, started from it, waits"
     assert mps.machine()["clients"][a]["standby_state_at"] == pytest.approx(written)
     wait_for(lambda: f"start {second}" in lines(alog, "start"), 10, "the new standby waits")
     trigger.touch()

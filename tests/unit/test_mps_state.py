@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from gpuos.mps.state import (CHECKPOINT_SETTLE_S, INPUTS, TRACKER_SOURCE,
-                             CheckpointSeen, Client, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
+                             CheckpointSeen, Client, StandbyWaiting, ClientExited, ClientExiting, ClientRequest, ClientSpawnFailed,
                              ClientStarted, DaemonExited, DaemonFailed, DaemonStopped, DaemonUp,
                              Emit, EndServer, Fault, HookFinished, KillHook, Machine, PolicySet,
                              ProbeServer,
@@ -248,7 +248,8 @@ def test_a_standby_resumes_from_the_checkpoint_it_started_from_and_is_started_ag
     """A standby's application read its checkpoint at its own start: a take-over loses the
     work since that one, not since the newest.  So a standby older than a newer, settled
     checkpoint is replaced (once it is Settings.standby_refresh old), and the replacement's
-    take-over loses only the time since the newer one."""
+    take-over loses only the time since the newer one.  Make before break: the old
+    standby stays until its replacement waits, and is the one released by a fault before."""
     r = Run()
     r.start()
     r.feed(DaemonUp(DAEMON))
@@ -259,23 +260,39 @@ def test_a_standby_resumes_from_the_checkpoint_it_started_from_and_is_started_ag
     r.feed(ServerSeen(SERVER))
     # a checkpoint 10 s in: the standby is too young to be replaced, then it is not settled
     assert r.feed(CheckpointSeen("c1", t0 + 10.0), 10.0) == []
-    # settled, and the standby old enough: replaced
-    assert r.feed(Tick(), REFRESH) == [StopStandby("c1", standby_token("c1"), 4001, 88),
-                                                      SpawnStandby("c1", standby_token("c1", 2))]
+    # settled, and the standby old enough: its replacement starts beside it
+    assert r.feed(Tick(), REFRESH) == [SpawnStandby("c1", standby_token("c1", 2))]
     c = r.m.clients["c1"]
-    assert c.standby_token == standby_token("c1", 2) and c.standby_state_at == t0 + 10.0
-    stop = r.last("standby-stopped")
-    assert (stop["pid"], stop["why"]) == (4001, "a newer checkpoint: its replacement starts from it")
+    assert (c.standby_pid, c.next_standby_token) == (4001, standby_token("c1", 2))
+    assert r.last("standby-refreshing")["checkpoint_at"] == t0 + 10.0
     r.feed(StandbyStarted("c1", standby_token("c1", 2), 4002, 89))
+    assert c.standby_pid == 4001 and c.next_standby_pid == 4002
+    assert r.m._managed_pids() >= {2001, 4001, 4002}  # not an unmanaged client of the server
+    assert r.feed(Tick(), 5.0) == []  # not waiting yet: both kept
+    assert r.feed(StandbyWaiting("c1", standby_token("c1"))) == []  # the old one's: nothing
+    # it waits: it is the standby, the old one stopped
+    assert r.feed(StandbyWaiting("c1", standby_token("c1", 2))) == [StopStandby("c1", standby_token("c1"), 4001, 88)]
+    assert (c.standby_token, c.standby_pid, c.standby_state_at, c.next_standby_token) == \
+        (standby_token("c1", 2), 4002, t0 + 10.0, None)
+    stop = r.last("standby-stopped")
+    assert (stop["pid"], stop["why"]) == (4001, "a newer checkpoint: its replacement, started from it, waits")
     # a newer checkpoint just written: not settled, the standby is kept
     t_new = r.t + REFRESH
     r.feed(CheckpointSeen("c1", t_new), REFRESH)
     assert r.feed(Tick(), CHECKPOINT_SETTLE_S / 2) == []
-    # the fault comes first: the standby from the checkpoint at t0 + 10 takes over
-    r.fault(pid=2001)
+    # settled: a third starts; the fault comes before it waits: the second takes over and
+    # the third is stopped
+    assert r.feed(Tick(), CHECKPOINT_SETTLE_S) == [SpawnStandby("c1", standby_token("c1", 3))]
+    r.feed(StandbyStarted("c1", standby_token("c1", 3), 4003, 90))
+    acts = r.fault(pid=2001)
+    assert StopStandby("c1", standby_token("c1", 3), 4003, 90) in acts
+    assert not any(isinstance(a, StopStandby) and a.pid == 4002 for a in acts)
+    assert c.next_standby_token is None
+    assert r.feed(StandbyWaiting("c1", standby_token("c1", 3))) == []  # too late: stopped
     opened = r.t
     r.drained()
-    assert of(r.feed(ServerRestarted(True, SERVER)), ReleaseStandby)
+    assert of(r.feed(ServerRestarted(True, SERVER)), ReleaseStandby) == \
+        [ReleaseStandby("c1", standby_token("c1", 2), 4002, 89)]
     r.feed(ClientStarted("c1", 4002, 89))
     v = r.m.history[-1]["victims"][0]
     assert v["recovery"] == "took-over"
@@ -283,9 +300,8 @@ def test_a_standby_resumes_from_the_checkpoint_it_started_from_and_is_started_ag
     assert v["lost_s"] > round(opened - t_new, 3)  # more than since the newest: what it cost
 
 
-def test_a_standby_follows_checkpoints_that_come_faster_than_they_settle():
-    """A loop that checkpoints every second never leaves its newest one unchanged for
-    CHECKPOINT_SETTLE_S: its standby is replaced all the same once it is old enough."""
+def _checkpointing_client() -> Run:
+    """c1 (policy standby, --checkpoint: pid 2001) and its standby 4001, the server seen."""
     r = Run()
     r.start()
     r.feed(DaemonUp(DAEMON))
@@ -293,13 +309,50 @@ def test_a_standby_follows_checkpoints_that_come_faster_than_they_settle():
     r.feed(ClientStarted("c1", 2001, 77))
     r.feed(StandbyStarted("c1", standby_token("c1"), 4001, 88))
     r.feed(ServerSeen(SERVER))
-    stops = []
+    return r
+
+
+def _stale_standby_run() -> Run:
+    """_checkpointing_client whose standby is due for a replacement (token 2 started)."""
+    r = _checkpointing_client()
+    r.feed(CheckpointSeen("c1", r.t + REFRESH), REFRESH)  # just written: not settled
+    assert r.feed(Tick(), CHECKPOINT_SETTLE_S) == [SpawnStandby("c1", standby_token("c1", 2))]
+    return r
+
+
+def test_a_replacement_standby_that_fails_leaves_the_standby_in_place_and_is_tried_a_few_times():
+    r = _stale_standby_run()
+    c = r.m.clients["c1"]
+    assert r.feed(StandbySpawnFailed("c1", standby_token("c1", 2), "no such file")) == \
+        [SpawnStandby("c1", standby_token("c1", 3))]
+    r.feed(StandbyStarted("c1", standby_token("c1", 3), 4003, 90))
+    assert r.feed(StandbyExited("c1", 4003, 1)) == [SpawnStandby("c1", standby_token("c1", 4))]
+    assert r.last("standby-exited")["replacement"] is True
+    assert r.feed(StandbySpawnFailed("c1", standby_token("c1", 4), "no such file")) == []  # STANDBY_LOSSES
+    assert (c.standby_pid, c.next_standby_token, c.standby_losses) == (4001, None, 3)
+    assert r.feed(Tick(), 10 * REFRESH) == []
+
+
+def test_when_the_standby_in_place_ends_its_replacement_is_the_standby_at_once():
+    r = _stale_standby_run()
+    c = r.m.clients["c1"]
+    r.feed(StandbyStarted("c1", standby_token("c1", 2), 4002, 89))
+    assert r.feed(StandbyExited("c1", 4001, -9)) == []  # no third one
+    assert (c.standby_token, c.standby_pid, c.next_standby_token) == (standby_token("c1", 2), 4002, None)
+    assert c.standby_state_at == c.checkpoint_at
+
+
+def test_a_standby_follows_checkpoints_that_come_faster_than_they_settle():
+    """A loop that checkpoints every second never leaves its newest one unchanged for
+    CHECKPOINT_SETTLE_S: its standby is replaced all the same once it is old enough."""
+    r = _checkpointing_client()
+    spawns = []
     for _ in range(int(REFRESH) + 2):
-        stop = of(r.feed(CheckpointSeen("c1", r.t + 1.0), 1.0), StopStandby)
-        if stop:
-            stops.append((stop, r.m.clients["c1"].checkpoint_at))
-    assert [s for s, _ in stops] == [[StopStandby("c1", standby_token("c1"), 4001, 88)]]
-    assert r.m.clients["c1"].standby_state_at == stops[0][1]  # the newest when it was replaced
+        spawn = of(r.feed(CheckpointSeen("c1", r.t + 1.0), 1.0), SpawnStandby)
+        if spawn:
+            spawns.append((spawn, r.m.clients["c1"].checkpoint_at))
+    assert [s for s, _ in spawns] == [[SpawnStandby("c1", standby_token("c1", 2))]]
+    assert r.m.clients["c1"].next_standby_state_at == spawns[0][1]  # the newest when it started
 
 
 def test_no_standby_is_replaced_during_an_incident_or_without_a_newer_checkpoint():
@@ -1495,6 +1548,7 @@ def _inputs(m: Machine) -> list:
         ClientExited(cid, 0), ClientExited("nobody", 1), ClientExiting(cid, pid),
         ClientExiting("nobody", 1),
         StandbyStarted(cid, f"GPU-test:{cid}:standby:1", 4001), StandbyExited(cid, 4001, 1),
+        StandbyWaiting(cid, f"GPU-test:{cid}:standby:1"), StandbyWaiting(cid, f"GPU-test:{cid}:standby:2"),
         StandbySpawnFailed(cid, f"GPU-test:{cid}:standby:1", "x"), UnmanagedClients((7777,)),
         UnmanagedGone(7777), HookFinished(cid, 0), HookFinished(cid, None),
         PolicySet(None, "none"), PolicySet(cid, "bogus"), StopRequested(), StopRequested(0), Tick(),

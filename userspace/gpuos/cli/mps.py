@@ -701,7 +701,9 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
                      "command": c.cmd, "cwd": c.cwd, "uid": c.uid,
                      "output": str(output_path(dirs, c)), "checkpoint": c.checkpoint,
                      "checkpoint_at": c.checkpoint_at,
-                     "standby_state_at": c.standby_state_at if standby else None})
+                     "standby_state_at": c.standby_state_at if standby else None,
+                     "standby_replacement_pid": c.next_standby_pid
+                     if c.next_standby_pid and procs.alive(c.next_standby_pid) else None})
     for p in sorted(set(live) - managed):
         try:
             cmd = procs.cmdline(p)
@@ -713,7 +715,7 @@ def clients_cmd(rt: Runtime, gpu_spec, as_json) -> None:
                      "restarts": 0,
                      "exit_status": None, "gpu_memory": mem.get(p) if mem is not None else None,
                      "standby_gpu_memory": None, "command": cmd, "cwd": None, "uid": None, "output": None, "checkpoint": None,
-                     "checkpoint_at": None, "standby_state_at": None})
+                     "checkpoint_at": None, "standby_state_at": None, "standby_replacement_pid": None})
     if as_json:
         emit_json({"ok": True, "gpu": gpu, "server_pid": m.server_pid, "clients": rows,
                    "note": note})

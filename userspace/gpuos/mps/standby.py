@@ -17,6 +17,10 @@ loads the kernels the client has launched (``GPUOS_MPS_KERNELS``, a list the cli
 leaves under libgpuos: launch.kernel_list), so that its first iteration after the
 release does not load them.
 
+Beside the FIFO, FIFO.state (made here, the user's): libgpuos writes "waiting <pid>"
+there as the copy begins to wait.  A standby that replaces an older one (started from a
+newer checkpoint) takes its place only then (StandbyWaiting).
+
 Release: open the FIFO for writing (every process of the copy waiting in open(2) for
 reading goes on), then remove it (a later cuInit in the copy's tree finds no FIFO and
 does not wait).  The write end stays open a moment longer, for a waiter that looked the
@@ -46,12 +50,35 @@ def fifo_path(dirs: MpsDirs, token: str) -> Path:
     return dirs.standby / f"{client}.{n}"
 
 
+def state_path(fifo: Path) -> Path:
+    return fifo.with_name(fifo.name + ".state")
+
+
 def make_fifo(path: Path, uid: int, gid: int) -> None:
+    """The FIFO a standby waits on, and its (empty) state file, both the user's."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
+    state = state_path(path)
+    for p in (path, state):
+        p.unlink(missing_ok=True)
     os.mkfifo(path, 0o600)
+    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
     if os.geteuid() == 0:
-        os.chown(path, uid, gid)
+        for p in (path, state):
+            os.chown(p, uid, gid)
+
+
+def drop_fifo(path: Path) -> None:
+    for p in (path, state_path(path)):
+        p.unlink(missing_ok=True)
+
+
+def waiting(path: Path) -> bool:
+    """Has the standby on this FIFO begun to wait (libgpuos wrote its state file)?"""
+    try:
+        return state_path(path).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
@@ -79,7 +106,7 @@ def start_standby(dirs: MpsDirs, gpu: GpuRef, client: Client, token: str,
         return spawn(spec.cmd, spec.cwd, env, spec.uid, spec.gid, output_path(dirs, client),
                      users_file=client.output is not None)
     except BaseException:
-        path.unlink(missing_ok=True)
+        drop_fifo(path)
         raise
 
 
@@ -105,7 +132,7 @@ class Releases:
             fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:  # ENXIO: nobody waits yet (it will find no FIFO); ENOENT: gone
             fd = -1
-        path.unlink(missing_ok=True)
+        drop_fifo(path)
         if fd >= 0:
             self._held.append((time.monotonic() + HOLD_OPEN_S, fd))
 

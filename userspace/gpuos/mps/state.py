@@ -77,7 +77,9 @@ STANDBY_LOSSES = 3
 # changed for CHECKPOINT_SETTLE_S (one written in parts is not read half-written), or at
 # once where checkpoints come more often than that (waiting would never end: they are
 # small, or written aside and renamed), and not before the standby is
-# Settings.standby_refresh old.
+# Settings.standby_refresh old.  Make before break: the replacement is started beside it,
+# and the old one stopped only once the replacement waits (StandbyWaiting), so a fault
+# meanwhile still finds a standby to take over.
 CHECKPOINT_SETTLE_S = 2.0
 
 
@@ -168,6 +170,12 @@ class Client:
     standby_warm: bool = False           # waits at its first launch, a spare server's client
     standby_spawned_at: float | None = None
     standby_state_at: float | None = None  # the checkpoint it resumed from (None: its start)
+    # Its replacement from a newer checkpoint, while it starts (same slot and warmth): it
+    # becomes the standby once it waits, and is stopped if anything else comes first.
+    next_standby_token: str | None = None
+    next_standby_pid: int | None = None
+    next_standby_starttime: int | None = None
+    next_standby_state_at: float | None = None
 
 
 @dataclass
@@ -348,6 +356,15 @@ class StandbyStarted:
 
 
 @dataclass(frozen=True)
+class StandbyWaiting:
+    """The standby started with this token waits (at its cuInit, or warm at its first
+    launch): libgpuos wrote so beside its FIFO (standby.py state_path)."""
+
+    client_id: str
+    token: str
+
+
+@dataclass(frozen=True)
 class StandbySpawnFailed:
     client_id: str
     token: str
@@ -400,7 +417,7 @@ class Tick:
 SLOTTED = (DaemonUp, DaemonFailed, DaemonStopped, ServerRestarted)  # inputs that name a daemon
 INPUTS = (DaemonUp, DaemonFailed, DaemonExited, DaemonStopped, ServerSeen, ServerGone,
           ServerStatus, ServerRestarted, Fault, ClientRequest, CheckpointSeen, ClientStarted,
-          ClientSpawnFailed, ClientExited, ClientExiting, StandbyStarted, StandbySpawnFailed, StandbyExited,
+          ClientSpawnFailed, ClientExited, ClientExiting, StandbyStarted, StandbyWaiting, StandbySpawnFailed, StandbyExited,
           UnmanagedClients, UnmanagedGone, HookFinished, PolicySet, StopRequested, Tick)
 
 
@@ -603,6 +620,8 @@ class Machine:
             if c.standby_token and c.standby_pid is None:  # its start was under way
                 self._out.append(SpawnStandby(c.id, c.standby_token, adopt=True,
                                               slot=c.standby_slot, warm=c.standby_warm))
+            if c.next_standby_token:  # a replacement not yet waiting: made again if still due
+                self._stop_next_standby(c, "the supervisor restarted")
         if self.slot is not None and self.spare != "restarting" \
                 and self.state in (State.RUNNING, State.DRAINING, State.RESTARTING, State.RECOVERING):
             if self.spare != "ready":
@@ -859,7 +878,7 @@ class Machine:
     def _managed_pids(self) -> set[int]:
         """Processes gpuos started: clients and their standbys (a server's client list
         shows a standby that is its client)."""
-        return {p for c in self.clients.values() for p in (c.pid, c.standby_pid) if p}
+        return {p for c in self.clients.values() for p in (c.pid, c.standby_pid, c.next_standby_pid) if p}
 
     def _swap(self) -> None:
         """The spare server becomes the active one, now; the faulted one is drained and
@@ -1327,7 +1346,8 @@ class Machine:
         if i.ours is False and not by_pid:
             self._emit("fault-other-gpu", fault=ev)
             return
-        standby_of = next((c.id for c in self.clients.values() if pid and c.standby_pid == pid), None)
+        standby_of = next((c.id for c in self.clients.values()
+                           if pid and pid in (c.standby_pid, c.next_standby_pid)), None)
         if standby_of is not None:
             # A standby's own fault (its tracker follows it; a warm one is a client of the
             # spare server): not the active server's, whose clients it must not drain.
@@ -1539,15 +1559,32 @@ class Machine:
                 and (c.state in ("running", "victim", "starting") or failing)
             releasing = self._in_progress(c.id) and self.incident.victim_of(c.id).token == c.standby_token
             misplaced = self.state is State.RUNNING and (c.standby_slot, c.standby_warm) != (place, warm)
-            stale = self._stale_standby(c)
-            if c.standby_token is not None and not releasing and (not wanted or misplaced or stale):
+            why = ("moved to the spare server" if wanted and warm and misplaced
+                   else "the spare server is gone" if wanted and misplaced
+                   else f"client {c.state}" if serving else f"supervisor {self.state.value}")
+            if c.next_standby_token is not None and (
+                    not wanted or misplaced or self.state is not State.RUNNING or c.state != "running"):
+                self._stop_next_standby(c, why if not wanted or misplaced else "an incident")
+            if c.standby_token is not None and not releasing and (not wanted or misplaced):
                 self._out.append(StopStandby(c.id, c.standby_token, c.standby_pid, c.standby_starttime))
-                self._emit("standby-stopped", client=c.id, pid=c.standby_pid,
-                           why="moved to the spare server" if wanted and warm and misplaced
-                           else "the spare server is gone" if wanted and misplaced
-                           else "a newer checkpoint: its replacement starts from it" if wanted
-                           else f"client {c.state}" if serving else f"supervisor {self.state.value}")
+                self._emit("standby-stopped", client=c.id, pid=c.standby_pid, why=why)
                 c.standby_token = c.standby_pid = c.standby_starttime = None
+            if c.next_standby_token is None and self._stale_standby(c) and wanted and not misplaced \
+                    and c.state == "running" and c.standby_losses < STANDBY_LOSSES:
+                c.standby_spawns += 1
+                c.next_standby_token = f"{self.gpu}:{c.id}:standby:{c.standby_spawns}"
+                c.next_standby_state_at = c.checkpoint_at
+                self._emit("standby-refreshing", client=c.id, pid=c.standby_pid,
+                           checkpoint_at=c.checkpoint_at)
+                self._out.append(SpawnStandby(c.id, c.next_standby_token, slot=place, warm=warm))
+            if c.standby_token is None and c.next_standby_token is not None:
+                # the standby in place ended first: its replacement, waiting or not, is it
+                c.standby_token, c.standby_pid, c.standby_starttime = \
+                    c.next_standby_token, c.next_standby_pid, c.next_standby_starttime
+                c.standby_slot, c.standby_warm = place, warm
+                c.standby_spawned_at, c.standby_state_at = self._now, c.next_standby_state_at
+                c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = None
+                c.next_standby_state_at = None
             if c.standby_token is None and wanted and self.state is State.RUNNING \
                     and c.state == "running" and c.standby_losses < STANDBY_LOSSES:
                 c.standby_spawns += 1
@@ -1555,6 +1592,11 @@ class Machine:
                 c.standby_slot, c.standby_warm = place, warm
                 c.standby_spawned_at, c.standby_state_at = self._now, c.checkpoint_at
                 self._out.append(SpawnStandby(c.id, c.standby_token, slot=place, warm=warm))
+
+    def _stop_next_standby(self, c: Client, why: str) -> None:
+        self._out.append(StopStandby(c.id, c.next_standby_token, c.next_standby_pid, c.next_standby_starttime))
+        self._emit("standby-stopped", client=c.id, pid=c.next_standby_pid, why=why, replacement=True)
+        c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
 
     def _stale_standby(self, c: Client) -> bool:
         """Is c's standby to be replaced by one that starts from its newer checkpoint: one
@@ -1580,14 +1622,44 @@ class Machine:
 
     def _on_standby_started(self, i: StandbyStarted) -> None:
         c = self.clients.get(i.client_id)
+        if c is not None and c.next_standby_token is not None and c.next_standby_token == i.token:
+            c.next_standby_pid, c.next_standby_starttime = i.pid, i.starttime
+            self._emit("standby-started", client=c.id, pid=i.pid, adopted=i.adopted, replacement=True)
+            return
         if c is None or c.standby_token != i.token:  # stopped while it was being started
             self._out.append(StopStandby(i.client_id, i.token, i.pid, i.starttime))
             return
         c.standby_pid, c.standby_starttime = i.pid, i.starttime
         self._emit("standby-started", client=c.id, pid=i.pid, adopted=i.adopted)
 
+    def _on_standby_waiting(self, i: StandbyWaiting) -> None:
+        """A replacement that waits takes its standby's place; the old one is stopped."""
+        c = self.clients.get(i.client_id)
+        if c is None or c.next_standby_token is None or c.next_standby_token != i.token \
+                or c.next_standby_pid is None:
+            return  # a standby in place, or one stopped since: nothing changes
+        if self.state is not State.RUNNING or self._in_progress(c.id):
+            return  # (_keep_standbys stops the replacement: the standby in place is released)
+        old = (c.standby_token, c.standby_pid, c.standby_starttime)
+        c.standby_token, c.standby_pid, c.standby_starttime = c.next_standby_token, c.next_standby_pid, \
+            c.next_standby_starttime
+        c.standby_spawned_at, c.standby_state_at = self._now, c.next_standby_state_at
+        c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+        c.standby_losses = 0  # it got as far as waiting
+        self._emit("standby-refreshed", client=c.id, pid=c.standby_pid, checkpoint_at=c.standby_state_at)
+        if old[0] is not None:
+            self._out.append(StopStandby(c.id, *old))
+            self._emit("standby-stopped", client=c.id, pid=old[1],
+                       why="a newer checkpoint: its replacement, started from it, waits")
+
     def _on_standby_spawn_failed(self, i: StandbySpawnFailed) -> None:
         c = self.clients.get(i.client_id)
+        if c is not None and c.next_standby_token is not None and c.next_standby_token == i.token:
+            c.next_standby_token = c.next_standby_state_at = None
+            c.standby_losses += 1
+            self._emit("standby-spawn-failed", client=c.id, reason=i.reason,
+                       losses=c.standby_losses, limit=STANDBY_LOSSES, replacement=True)
+            return
         if c is None or c.standby_token != i.token:
             return
         c.standby_token = None
@@ -1597,6 +1669,12 @@ class Machine:
 
     def _on_standby_exited(self, i: StandbyExited) -> None:
         c = self.clients.get(i.client_id)
+        if c is not None and c.next_standby_pid is not None and c.next_standby_pid == i.pid:
+            c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+            c.standby_losses += 1
+            self._emit("standby-exited", client=c.id, pid=i.pid, status=i.status,
+                       losses=c.standby_losses, limit=STANDBY_LOSSES, replacement=True)
+            return
         if c is None or c.standby_pid != i.pid:
             return  # stopped by us, or already the client
         token = c.standby_token
@@ -1732,6 +1810,7 @@ _HANDLERS = {
     ClientExiting: Machine._on_client_exiting,
     StandbyStarted: Machine._on_standby_started,
     StandbySpawnFailed: Machine._on_standby_spawn_failed,
+    StandbyWaiting: Machine._on_standby_waiting,
     StandbyExited: Machine._on_standby_exited,
     UnmanagedClients: Machine._on_unmanaged,
     UnmanagedGone: Machine._on_unmanaged_gone,

@@ -54,10 +54,10 @@ from .state import (POLICIES, CheckpointSeen, Client, ClientExited, ClientExitin
                     HookFinished, KillHook, Machine, PolicySet, ProbeServer, ReleaseStandby,
                     RestartServer, RunHook, ServerGone, ServerRestarted, ServerSeen, ServerStatus,
                     SignalClient, SpawnClient, SpawnStandby, StandbyExited, StandbySpawnFailed,
-                    StandbyStarted, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
+                    StandbyStarted, StandbyWaiting, StartDaemon, State, StopDaemon, StopRequested, StopStandby,
                     TerminateMpsClient, Tick, TRACKER_SOURCE, UnmanagedClients, UnmanagedGone)
 from .checkpoint import newest as newest_checkpoint
-from .standby import Releases, fifo_path, start_standby
+from .standby import Releases, drop_fifo, fifo_path, start_standby, waiting
 from .store import EventLog, StateStore, SupervisorLock, boot_id, describe_event
 
 MAX_REQUEST = 1 << 20
@@ -603,7 +603,7 @@ class Supervisor:
             pid, st = find_by_token(a.token) or (None, None)
         if pid is not None and same_process(pid, st):
             signal_tree(pid, signal.SIGKILL)
-        fifo_path(self.dirs, a.token).unlink(missing_ok=True)
+        drop_fifo(fifo_path(self.dirs, a.token))
 
     def _do_SignalClient(self, a: SignalClient) -> None:
         if a.client_id not in self.machine.clients or not same_process(a.pid, a.starttime):
@@ -718,6 +718,10 @@ class Supervisor:
     # -- watching ------------------------------------------------------------------------------
     def _reap(self) -> None:
         self.releases.expire()
+        for c in self.machine.clients.values():  # a replacement standby that now waits
+            if c.next_standby_pid and c.next_standby_token \
+                    and waiting(fifo_path(self.dirs, c.next_standby_token)):
+                self.inbox.append(StandbyWaiting(c.id, c.next_standby_token))
         for pid in self.machine.watched_unmanaged():
             if not procs.alive(pid):
                 self.inbox.append(UnmanagedGone(pid))
@@ -755,7 +759,9 @@ class Supervisor:
     def _drop_fifo(self, client_id: str, pid: int) -> None:
         c = self.machine.clients.get(client_id)
         if c is not None and c.standby_pid == pid and c.standby_token:
-            fifo_path(self.dirs, c.standby_token).unlink(missing_ok=True)
+            drop_fifo(fifo_path(self.dirs, c.standby_token))
+        if c is not None and c.next_standby_pid == pid and c.next_standby_token:
+            drop_fifo(fifo_path(self.dirs, c.next_standby_token))
 
     def _tracked(self) -> list[int]:
         """The processes whose VA spaces the fault trackers follow: the server's clients
