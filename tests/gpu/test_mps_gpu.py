@@ -255,7 +255,9 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
             time.sleep(0.5)
         shared = {c: _preloaded(mps, c, p)["memory_shared"] for c, p in standbys.items()}
         print("shared:", shared)
-        assert all(s["allocations"] > 0 and s["bytes"] > 0 for s in shared.values()), shared
+        # the inference loop's standby shares its weights; the trainer's have moved by the
+        # time its standby asks, so it shares nothing or gives it back once it sees them move
+        assert shared[clients[0]["client"]]["bytes"] > 0, shared
 
     t0 = time.time()
     code, text = mps.cli("faults", "inject", "--kind", kind, "--delay", str(ARM_S), "--json", timeout=60,
@@ -352,13 +354,13 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
         time.sleep(0.2)
     if policy == "standby":
         assert [b[2] for b in beats] == [standbys[c["client"]] for c in clients], (beats, standbys)
-    if share:  # the trainer changed its weights since: its standby put its own back (while
+    if share:  # nothing the trainer writes is left shared (its standby put its own back while
         # it waited, or at its release); the inference loop's standby still shares its weights
         time.sleep(3)  # the standbys' reports after the release
         after = {c["client"]: _preloaded(mps, c["client"], standbys[c["client"]])["memory_shared"] for c in clients}
         print("after the release:", after)
         trainer, server = after[clients[1]["client"]], after[clients[0]["client"]]
-        assert trainer["given_back"] + trainer["restored"] > 0, after
+        assert trainer["bytes"] == trainer["given_back_bytes"] + trainer["restored_bytes"], after
         assert server["bytes"] - server["given_back_bytes"] - server["restored_bytes"] > 0, after
     print(f"{kind} ({policy}): fault to both clients computing again: "
           f"{max(b[0] for b in beats) - t0:.2f} s")
