@@ -528,6 +528,22 @@ CUresult gpuos_fp_load(CUmodule *mod);
 CUresult gpuos_fp_hash(CUfunction hash, CUdeviceptr segs, unsigned int nseg, CUdeviceptr out, uint64_t nchunks,
 		       CUstream s);
 unsigned int gpuos_fp_grid(uint64_t items, uint64_t per_block);
+/* fingerprint.cu's module and device buffers of libgpuos's own for one context, kept
+ * between uses and grown as needed (resident.c's evictions, sharemem.c). */
+struct gpuos_fp_hasher {
+	CUmodule mod;
+	CUfunction fn;
+	int broken; /* the module cannot be loaded here */
+	CUdeviceptr d_segs, d_out;
+	size_t cap_segs;
+	uint64_t cap_n;
+};
+/* The module loaded (in the current context) and room for nseg segments and n hashes:
+ * 0, or -1 (h->broken if the module cannot be loaded). */
+int gpuos_fp_hasher_reserve(struct gpuos_fp_hasher *h, size_t nseg, uint64_t n);
+/* The chunk hashes of segs (n in all) read back into out, waited for on s: 0 or -1. */
+int gpuos_fp_hasher_run(struct gpuos_fp_hasher *h, const struct gpuos_fp_seg *segs, size_t nseg, uint64_t *out,
+			uint64_t n, CUstream s);
 /* Device memory of libgpuos's own, hidden from the allocation map (*p 0 on failure or
  * after the free). */
 CUresult gpuos_own_dev_alloc(CUdeviceptr *p, size_t bytes);
@@ -625,6 +641,9 @@ int gpuos_memory_mode(void); /* GPUOS_MEMORY, read once */
 int gpuos_movable_alloc(CUdeviceptr *dptr, size_t bytes, struct gpuos_alloc *a);
 /* Free movable memory a (out of the map already): waits for the context's work first. */
 CUresult gpuos_movable_free(const struct gpuos_alloc *a);
+/* Free a VMM allocation as cuMemFree would: wait for the context's work, unmap and
+ * release h (0: nothing mapped), free the address range. */
+CUresult gpuos_vmm_free(uint64_t va, size_t size, CUmemGenericAllocationHandle h);
 /* The bytes of a's reservation and physical memory: its size rounded up to the granularity. */
 size_t gpuos_movable_reserved(const struct gpuos_alloc *a);
 /* The device's VMM granularity (asked once); SIZE_MAX where it has none. */

@@ -3,10 +3,12 @@
  * fingerprint.c - the host side of fingerprint.cu: its module, loaded into the current
  * context, and the launch of its hash kernel.
  *
- * Two users: validation (validate.c) hashes every live allocation before and after an
+ * Three users: validation (validate.c) hashes every live allocation before and after an
  * operation to see what it changed; eviction under a memory limit (resident.c) hashes
  * a victim to copy out only the chunks that changed since its contents were last
- * copied out.  Both call the driver through gpuos_drv, on streams of their own, with
+ * copied out; a warm standby (sharemem.c) compares its memory with its client's, and
+ * sees what its client wrote.  The last two hash through a gpuos_fp_hasher (module
+ * and buffers kept, results read back).  All call the driver through gpuos_drv, on streams of their own, with
  * device memory of libgpuos's own (gpuos_own_dev_alloc: hidden from the allocation map,
  * so neither fingerprinted nor predicted).
  */
@@ -89,6 +91,46 @@ CUresult gpuos_fp_load(CUmodule *mod)
 	if (r != CUDA_SUCCESS)
 		*mod = NULL;
 	return r;
+}
+
+int gpuos_fp_hasher_reserve(struct gpuos_fp_hasher *h, size_t nseg, uint64_t n)
+{
+	if (h->broken)
+		return -1;
+	if (!h->fn && (gpuos_fp_load(&h->mod) != CUDA_SUCCESS ||
+		       gpuos_drv.module_get_function(&h->fn, h->mod, "gpuos_fp_hash") != CUDA_SUCCESS)) {
+		h->fn = NULL;
+		h->broken = 1;
+		return -1;
+	}
+	if (nseg > h->cap_segs) {
+		gpuos_own_dev_free(&h->d_segs, h->cap_segs * sizeof(struct gpuos_fp_seg));
+		h->cap_segs = 0;
+		if (gpuos_own_dev_alloc(&h->d_segs, nseg * sizeof(struct gpuos_fp_seg)) != CUDA_SUCCESS)
+			return -1;
+		h->cap_segs = nseg;
+	}
+	if (n > h->cap_n) {
+		gpuos_own_dev_free(&h->d_out, h->cap_n * 8);
+		h->cap_n = 0;
+		if (gpuos_own_dev_alloc(&h->d_out, n * 8) != CUDA_SUCCESS)
+			return -1;
+		h->cap_n = n;
+	}
+	return 0;
+}
+
+int gpuos_fp_hasher_run(struct gpuos_fp_hasher *h, const struct gpuos_fp_seg *segs, size_t nseg, uint64_t *out,
+			uint64_t n, CUstream s)
+{
+	if (gpuos_fp_hasher_reserve(h, nseg, n))
+		return -1;
+	return gpuos_drv.memcpy_htod_async(h->d_segs, segs, nseg * sizeof *segs, s) == CUDA_SUCCESS &&
+			       gpuos_fp_hash(h->fn, h->d_segs, (unsigned int)nseg, h->d_out, n, s) == CUDA_SUCCESS &&
+			       gpuos_drv.memcpy_dtoh_async(out, h->d_out, n * 8, s) == CUDA_SUCCESS &&
+			       gpuos_drv.stream_sync(s) == CUDA_SUCCESS
+		       ? 0
+		       : -1;
 }
 
 CUresult gpuos_fp_hash(CUfunction hash, CUdeviceptr segs, unsigned int nseg, CUdeviceptr out, uint64_t nchunks,

@@ -181,23 +181,30 @@ fallback:
 	return 0;
 }
 
-CUresult gpuos_movable_free(const struct gpuos_alloc *a)
+CUresult gpuos_vmm_free(uint64_t va, size_t size, CUmemGenericAllocationHandle h)
 {
-	size_t size = gpuos_movable_reserved(a);
 	/* cuMemFree waits for the work that may still use the memory; cuMemUnmap does not. */
 	CUresult r = gpuos_drv.ctx_sync ? gpuos_drv.ctx_sync() : CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
 		return r;
-	CUmemGenericAllocationHandle h = gpuos_res_limit() ? gpuos_res_forget(a->base) : a->aux;
 	if (h) {
-		r = gpuos_drv.mem_unmap(a->base, size);
+		r = gpuos_drv.mem_unmap(va, size);
 		if (r != CUDA_SUCCESS)
 			return r;
 		gpuos_drv.mem_release(h);
 	}
-	gpuos_drv.mem_address_free(a->base, size);
-	GPUOS_COUNT(movable_bytes, -(uint64_t)size);
+	gpuos_drv.mem_address_free(va, size);
 	return CUDA_SUCCESS;
+}
+
+CUresult gpuos_movable_free(const struct gpuos_alloc *a)
+{
+	size_t size = gpuos_movable_reserved(a);
+	CUmemGenericAllocationHandle h = gpuos_res_limit() ? gpuos_res_forget(a->base) : a->aux;
+	CUresult r = gpuos_vmm_free(a->base, size, h);
+	if (r == CUDA_SUCCESS)
+		GPUOS_COUNT(movable_bytes, -(uint64_t)size);
+	return r;
 }
 
 /* CUDA IPC cannot share VMM memory: the driver refuses it.  The program would fail with

@@ -144,12 +144,7 @@ static struct {
 	struct swap_ctx {
 		uint64_t ctx;       /* its id (ctx_key) */
 		CUstream s;         /* NULL: free slot */
-		CUmodule mod;       /* fingerprint.cu's, loaded at the first eviction */
-		CUfunction hash;
-		int fp_broken;      /* it cannot be loaded here: copy everything */
-		CUdeviceptr d_segs; /* struct gpuos_fp_seg[EVICT_BATCH] */
-		CUdeviceptr d_hash; /* hash_cap hashes */
-		uint64_t hash_cap;
+		struct gpuos_fp_hasher fp; /* loaded at the first eviction (broken: copy everything) */
 		CUevent ahead;      /* recorded after the last copies ahead (NULL: none made yet) */
 		/* batches of copies ahead timed on the GPU (their copies are never waited for
 		 * as they run): events around each, read once both have passed */
@@ -397,31 +392,13 @@ static uint64_t chunks(uint64_t size)
  * synchronised: their contents are final), or NULL if they cannot be had. */
 static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *victims, size_t nv)
 {
-	if (!sc || sc->fp_broken || !gpuos_drv.mem_alloc || !gpuos_drv.mem_free || !gpuos_drv.launch_kernel)
+	if (!sc || sc->fp.broken || !gpuos_drv.mem_alloc || !gpuos_drv.mem_free || !gpuos_drv.launch_kernel)
 		return NULL;
-	if (!sc->hash) {
-		if (gpuos_fp_load(&sc->mod) != CUDA_SUCCESS ||
-		    gpuos_drv.module_get_function(&sc->hash, sc->mod, "gpuos_fp_hash") != CUDA_SUCCESS) {
-			sc->hash = NULL;
-			sc->fp_broken = 1;
-			fprintf(stderr, "gpuos: the fingerprint kernel cannot be loaded; evictions copy everything out\n");
-			return NULL;
-		}
-	}
 	struct gpuos_fp_seg segs[EVICT_BATCH];
 	uint64_t n = 0;
 	for (size_t k = 0; k < nv; k++) {
 		segs[k] = (struct gpuos_fp_seg){ .base = victims[k]->base, .size = victims[k]->size, .first_chunk = n };
 		n += chunks(victims[k]->size);
-	}
-	if (!sc->d_segs && gpuos_own_dev_alloc(&sc->d_segs, sizeof segs) != CUDA_SUCCESS)
-		return NULL;
-	if (n > sc->hash_cap) {
-		gpuos_own_dev_free(&sc->d_hash, sc->hash_cap * 8);
-		sc->hash_cap = 0;
-		if (gpuos_own_dev_alloc(&sc->d_hash, n * 8) != CUDA_SUCCESS)
-			return NULL;
-		sc->hash_cap = n;
 	}
 	if (n > R.h_cap) {
 		uint64_t *h = realloc(R.h_hash, n * 8);
@@ -430,11 +407,11 @@ static const uint64_t *hash_victims(struct swap_ctx *sc, struct res *const *vict
 		R.h_hash = h;
 		R.h_cap = n;
 	}
-	if (gpuos_drv.memcpy_htod_async(sc->d_segs, segs, nv * sizeof *segs, sc->s) != CUDA_SUCCESS ||
-	    gpuos_fp_hash(sc->hash, sc->d_segs, (unsigned int)nv, sc->d_hash, n, sc->s) != CUDA_SUCCESS ||
-	    gpuos_drv.memcpy_dtoh_async(R.h_hash, sc->d_hash, n * 8, sc->s) != CUDA_SUCCESS ||
-	    gpuos_drv.stream_sync(sc->s) != CUDA_SUCCESS)
+	if (gpuos_fp_hasher_run(&sc->fp, segs, nv, R.h_hash, n, sc->s)) {
+		if (sc->fp.broken)
+			fprintf(stderr, "gpuos: the fingerprint kernel cannot be loaded; evictions copy everything out\n");
 		return NULL;
+	}
 	return R.h_hash;
 }
 

@@ -196,13 +196,8 @@ int gpuos_sharemem_free(CUdeviceptr p, CUresult *r)
 		pthread_mutex_unlock(&mu);
 		return 0;
 	}
-	/* cuMemFree waits for the work that may still use the memory; cuMemUnmap does not. */
-	*r = gpuos_drv.ctx_sync ? gpuos_drv.ctx_sync() : CUDA_SUCCESS;
-	if (*r == CUDA_SUCCESS && (*r = gpuos_drv.mem_unmap(e->base, e->size)) == CUDA_SUCCESS) {
-		gpuos_drv.mem_release(e->h);
-		gpuos_drv.mem_address_free(e->base, e->size);
+	if ((*r = gpuos_vmm_free(e->base, e->size, e->h)) == CUDA_SUCCESS)
 		entry_drop(e);
-	}
 	pthread_mutex_unlock(&mu);
 	return 1;
 }
@@ -321,57 +316,19 @@ void gpuos_sharemem_launched(void)
 
 /* ---- standby side: the client's memory in place of its own ------------------------------------ */
 
-/* The hash kernel and its device buffers, kept: the release's check (on the take-over's
- * path) then allocates nothing (hash_reserve after the pass). */
-static struct {
-	CUmodule mod;
-	CUfunction hash;
-	CUstream s;
-	int broken;
-	CUdeviceptr d_segs, d_out;
-	size_t cap_segs;
-	uint64_t cap_n;
-} fp;
-
-/* fp's buffers for nseg segments and n chunks at least, or -1. */
-static int hash_reserve(size_t nseg, uint64_t n)
-{
-	if (fp.broken)
-		return -1;
-	if (!fp.hash && (gpuos_fp_load(&fp.mod) != CUDA_SUCCESS ||
-			 gpuos_drv.module_get_function(&fp.hash, fp.mod, "gpuos_fp_hash") != CUDA_SUCCESS ||
-			 gpuos_drv.stream_create(&fp.s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
-		fp.broken = 1;
-		return -1;
-	}
-	if (nseg > fp.cap_segs) {
-		gpuos_own_dev_free(&fp.d_segs, fp.cap_segs * sizeof(struct gpuos_fp_seg));
-		fp.cap_segs = 0;
-		if (gpuos_own_dev_alloc(&fp.d_segs, nseg * sizeof(struct gpuos_fp_seg)) != CUDA_SUCCESS)
-			return -1;
-		fp.cap_segs = nseg;
-	}
-	if (n > fp.cap_n) {
-		gpuos_own_dev_free(&fp.d_out, fp.cap_n * 8);
-		fp.cap_n = 0;
-		if (gpuos_own_dev_alloc(&fp.d_out, n * 8) != CUDA_SUCCESS)
-			return -1;
-		fp.cap_n = n;
-	}
-	return 0;
-}
+/* The hasher and the stream of the standby's copies and hashes, kept: the release's
+ * check (on the take-over's path) then allocates nothing (reserved after the pass). */
+static struct gpuos_fp_hasher fp;
+static CUstream fp_s;
 
 /* Chunk hashes of segs (on the GPU, in the current context) into out (n in all), or -1. */
 static int hash(const struct gpuos_fp_seg *segs, unsigned int nseg, uint64_t *out, uint64_t n)
 {
-	if (hash_reserve(nseg, n))
+	if (!fp_s && gpuos_drv.stream_create(&fp_s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+		fp_s = NULL;
 		return -1;
-	return gpuos_drv.memcpy_htod_async(fp.d_segs, segs, nseg * sizeof *segs, fp.s) == CUDA_SUCCESS &&
-			       gpuos_fp_hash(fp.hash, fp.d_segs, nseg, fp.d_out, n, fp.s) == CUDA_SUCCESS &&
-			       gpuos_drv.memcpy_dtoh_async(out, fp.d_out, n * 8, fp.s) == CUDA_SUCCESS &&
-			       gpuos_drv.stream_sync(fp.s) == CUDA_SUCCESS
-		       ? 0
-		       : -1;
+	}
+	return gpuos_fp_hasher_run(&fp, segs, nseg, out, n, fp_s);
 }
 
 /* h mapped at [va, va + size), read-write for the device and its peers (movable memory's). */
@@ -420,8 +377,8 @@ static int share_one(struct entry *e, CUmemGenericAllocationHandle h, int fd)
 			r = 0;
 			goto unpin;
 		}
-		if (gpuos_drv.memcpy_dtoh_async((char *)backup + o, e->base + o, len, fp.s) != CUDA_SUCCESS ||
-		    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS)
+		if (gpuos_drv.memcpy_dtoh_async((char *)backup + o, e->base + o, len, fp_s) != CUDA_SUCCESS ||
+		    gpuos_drv.stream_sync(fp_s) != CUDA_SUCCESS)
 			goto unpin;
 	}
 	/* Own memory out, the client's in, at the program's address. */
@@ -539,7 +496,7 @@ int gpuos_sharemem_standby_pass(void)
 			n += table[i].size / CHUNK;
 		}
 	if (nseg)
-		hash_reserve(nseg, n);
+		gpuos_fp_hasher_reserve(&fp, nseg, n);
 	pthread_mutex_unlock(&mu);
 	close(c);
 	__atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
@@ -558,8 +515,8 @@ static int restore(struct entry *e)
 		map_at(e->base, e->size, e->device, e->h); /* the client's again: it goes on with that */
 		return -1;
 	}
-	if (gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp.s) != CUDA_SUCCESS ||
-	    gpuos_drv.stream_sync(fp.s) != CUDA_SUCCESS) {
+	if (gpuos_drv.memcpy_htod_async(e->base, e->backup, e->size, fp_s) != CUDA_SUCCESS ||
+	    gpuos_drv.stream_sync(fp_s) != CUDA_SUCCESS) {
 		gpuos_drv.mem_unmap(e->base, e->size);
 		gpuos_drv.mem_release(h);
 		map_at(e->base, e->size, e->device, e->h);
