@@ -1098,6 +1098,11 @@ def markdown(r: dict[str, Any]) -> str:
                 what += (f"; the train victim lost {lw['lost_iterations']} iterations "
                          f"({fmt_s(lw['lost_measured_s'])} s; recorded {fmt_s(lw['lost_recorded_s'])} s "
                          f"since its {lw['resumes_from_recorded']})")
+            shared = [p["memory_shared"] for p in s.get("preloads", []) if p.get("released") and p.get("memory_shared")]
+            if shared:  # --share-standby-memory: what the standbys mapped of their clients'
+                held = sum(x["bytes"] - x["given_back_bytes"] - x["restored_bytes"] for x in shared)
+                what += (f"; standbys shared {held / 2**20:.0f} MiB of their clients' memory after the "
+                         f"release, checks {max(x['check_seconds'] for x in shared):.2f} s at most")
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")

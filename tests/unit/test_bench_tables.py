@@ -146,6 +146,18 @@ def test_mps_table_says_what_happened():
     assert table[("supervised", "oob-write")][8] == "incident recovered"
     assert table[("standby", "oob-write")][6] == "1.50 / 2.00"
     assert table[("standby", "oob-write")][8] == "incident recovered; 1/2 taken over by standbys"
+    # --share-standby-memory: what the released standbys still share (the next standbys'
+    # reports, not released, are not counted)
+    shared = lambda b, g, c: {"asked": True, "allocations": 1, "bytes": b, "given_back": int(g > 0),
+                              "given_back_bytes": g, "restored": 0, "restored_bytes": 0, "check_seconds": c}
+    r["scenarios"]["standby/2/oob-write"]["preloads"] = [
+        {"released": True, "memory_shared": shared(512 << 20, 0, 0.18)},
+        {"released": True, "memory_shared": shared(512 << 20, 512 << 20, 0.0)},
+        {"released": False, "memory_shared": shared(512 << 20, 0, 0.0)}, {"released": True, "memory_shared": None}]
+    table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
+    assert table[("standby", "oob-write")][8] == (
+        "incident recovered; 1/2 taken over by standbys; standbys shared 512 MiB of their clients' memory "
+        "after the release, checks 0.18 s at most")
     assert [c[0] for c in rows(mps_faults.markdown(r))[2:] if c[2] == "oob-write"] == [
         "stock", "supervised", "standby", "spare"]
 
