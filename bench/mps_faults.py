@@ -1100,7 +1100,7 @@ def markdown(r: dict[str, Any]) -> str:
                          f"since its {lw['resumes_from_recorded']})")
             shared = [p["memory_shared"] for p in s.get("preloads", []) if p.get("released") and p.get("memory_shared")]
             if shared:  # --share-standby-memory: what the standbys mapped of their clients'
-                held = sum(x["bytes"] - x["given_back_bytes"] - x["restored_bytes"] for x in shared)
+                held = sum(x["bytes"] - x.get("given_back_bytes", 0) - x["restored_bytes"] for x in shared)
                 what += (f"; standbys shared {held / 2**20:.0f} MiB of their clients' memory after the "
                          f"release, checks {max(x['check_seconds'] for x in shared):.2f} s at most")
             if s.get("slow_turns"):
