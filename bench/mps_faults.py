@@ -1103,6 +1103,10 @@ def markdown(r: dict[str, Any]) -> str:
                 held = sum(x["bytes"] - x.get("given_back_bytes", 0) - x["restored_bytes"] for x in shared)
                 what += (f"; standbys shared {held / 2**20:.0f} MiB of their clients' memory after the "
                          f"release, checks {max(x['check_seconds'] for x in shared):.2f} s at most")
+                ends = [x["check_started_at"] + x["check_seconds"] - s["t_fault"] for x in shared
+                        if x.get("check_started_at") and s.get("t_fault")]
+                if ends:  # (results from before 2026-11-28's last lease do not say)
+                    what += f", the last ending {max(ends):.2f} s after the fault"
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")

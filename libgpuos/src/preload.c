@@ -564,7 +564,7 @@ static void write_stats(const struct load_stats *st)
 	if (!f)
 		return;
 	char warm[160] = "null"; /* blaswarm.c's, once done */
-	char shared[256];
+	char shared[512];
 	gpuos_sharemem_report(shared, sizeof shared);
 	size_t ahead_n, ahead_out;
 	gpuos_aheadmem_counts(&ahead_n, &ahead_out);

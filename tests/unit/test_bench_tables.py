@@ -150,14 +150,15 @@ def test_mps_table_says_what_happened():
     # reports, not released, are not counted)
     shared = lambda b, g, c: {"asked": True, "allocations": 1, "bytes": b, "given_back": int(g > 0),
                               "given_back_bytes": g, "restored": 0, "restored_bytes": 0, "check_seconds": c}
+    r["scenarios"]["standby/2/oob-write"]["t_fault"] = 1000.0
     r["scenarios"]["standby/2/oob-write"]["preloads"] = [
-        {"released": True, "memory_shared": shared(512 << 20, 0, 0.18)},
+        {"released": True, "memory_shared": dict(shared(512 << 20, 0, 0.18), check_started_at=1000.05)},
         {"released": True, "memory_shared": shared(512 << 20, 512 << 20, 0.0)},
         {"released": False, "memory_shared": shared(512 << 20, 0, 0.0)}, {"released": True, "memory_shared": None}]
     table = {(c[0], c[2]): c for c in rows(mps_faults.markdown(r))[2:]}
     assert table[("standby", "oob-write")][8] == (
         "incident recovered; 1/2 taken over by standbys; standbys shared 512 MiB of their clients' memory "
-        "after the release, checks 0.18 s at most")
+        "after the release, checks 0.18 s at most, the last ending 0.23 s after the fault")
     assert [c[0] for c in rows(mps_faults.markdown(r))[2:] if c[2] == "oob-write"] == [
         "stock", "supervised", "standby", "spare"]
 

@@ -471,6 +471,9 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         assert (final["given_back"], final["restored"]) == put_back if put_back else \
             final["given_back"] + final["restored"] == 1, final
         assert final["given_back_bytes"] + final["restored_bytes"] == (0 if client_writes == "never" else 4 << 20)
+        # the release on the wall clock, and the check's hashing part of it
+        assert time.time() - 60 < final["released_at"] <= final["check_started_at"] <= time.time(), final
+        assert 0 < final["check_hash_seconds"] <= final["check_seconds"], final
     finally:
         for p in (standby, client):
             if p is not None and p.poll() is None:
