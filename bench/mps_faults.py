@@ -94,6 +94,7 @@ from gpuos import __version__
 from gpuos import procs
 from gpuos.faults import inject as inj
 from gpuos.mps.control import is_server
+from gpuos.mps.standby import memory_still_shared
 from gpuos.mps.store import EventLog
 from gpuos.workloads.mps_client import read_heartbeat
 from gpuos.workloads.run import kill_tree, last_json_object, processes_with_env
@@ -1100,7 +1101,7 @@ def markdown(r: dict[str, Any]) -> str:
                          f"since its {lw['resumes_from_recorded']})")
             shared = [p["memory_shared"] for p in s.get("preloads", []) if p.get("released") and p.get("memory_shared")]
             if shared:  # --share-standby-memory: what the standbys mapped of their clients'
-                held = sum(x["bytes"] - x.get("given_back_bytes", 0) - x["restored_bytes"] for x in shared)
+                held = sum(memory_still_shared(x) for x in shared)
                 what += (f"; standbys shared {held / 2**20:.0f} MiB of their clients' memory after the "
                          f"release, checks {max(x['check_seconds'] for x in shared):.2f} s at most")
                 ends = [x["check_started_at"] + x["check_seconds"] - s["t_fault"] for x in shared

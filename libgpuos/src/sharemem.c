@@ -419,6 +419,23 @@ free_tmp:
 	return r;
 }
 
+/* The shared allocations that still have their own content aside, as hash segments in
+ * check_segs (their table indexes in check_idx); their number, and their chunks in *n. */
+static struct gpuos_fp_seg check_segs[SHARE_MAX];
+static size_t check_idx[SHARE_MAX];
+static size_t shared_segs(uint64_t *n)
+{
+	size_t nseg = 0;
+	*n = 0;
+	for (size_t i = 0; i < ntable; i++)
+		if (!table[i].freed && table[i].shared && table[i].backup) {
+			check_segs[nseg] = (struct gpuos_fp_seg){ table[i].base, table[i].size, *n };
+			check_idx[nseg++] = i;
+			*n += table[i].size / CHUNK;
+		}
+	return nseg;
+}
+
 static int recv_one(int c, struct shared_msg *m, int *fd)
 {
 	struct iovec iov = { m, sizeof *m };
@@ -490,14 +507,9 @@ int gpuos_sharemem_standby_pass(void)
 			close(fd);
 		}
 	}
-	/* The release's check allocates nothing: its buffers are made now. */
-	size_t nseg = 0;
-	uint64_t n = 0;
-	for (size_t i = 0; i < ntable; i++)
-		if (!table[i].freed && table[i].shared && table[i].backup) {
-			nseg++;
-			n += table[i].size / CHUNK;
-		}
+	/* The release's check allocates no GPU memory: its hash buffers are made now. */
+	uint64_t n;
+	size_t nseg = shared_segs(&n);
 	if (nseg)
 		gpuos_fp_hasher_reserve(&fp, nseg, n);
 	pthread_mutex_unlock(&mu);
@@ -538,21 +550,13 @@ static int restore(struct entry *e)
  * At the release (final) the content aside is dropped either way: sharing is settled. */
 static void check_shared(int final)
 {
-	static struct gpuos_fp_seg segs[SHARE_MAX];
-	static size_t idx[SHARE_MAX];
-	size_t nseg = 0;
-	uint64_t n = 0;
-	for (size_t i = 0; i < ntable; i++)
-		if (!table[i].freed && table[i].shared && table[i].backup) {
-			segs[nseg] = (struct gpuos_fp_seg){ table[i].base, table[i].size, n };
-			idx[nseg++] = i;
-			n += table[i].size / CHUNK;
-		}
+	uint64_t n;
+	size_t nseg = shared_segs(&n);
 	if (!nseg)
 		return;
 	uint64_t *now = malloc(n * 8);
 	uint64_t t0 = gpuos_now_ns();
-	int hashed = now && !hash(segs, (unsigned int)nseg, now, n);
+	int hashed = now && !hash(check_segs, (unsigned int)nseg, now, n);
 	if (final)
 		report.check_hash_ns = gpuos_now_ns() - t0;
 	if (!hashed && !final) {
@@ -560,10 +564,10 @@ static void check_shared(int final)
 		return;
 	}
 	for (size_t k = 0; k < nseg; k++) {
-		struct entry *e = &table[idx[k]];
+		struct entry *e = &table[check_idx[k]];
 		if (!final && __atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
 			break; /* released: the release checks the rest */
-		int written = !hashed || memcmp(now + segs[k].first_chunk, e->hashes, e->size / CHUNK * 8);
+		int written = !hashed || memcmp(now + check_segs[k].first_chunk, e->hashes, e->size / CHUNK * 8);
 		if (written) {
 			/* The client wrote it since (or it cannot be told): the standby's own bytes. */
 			if (restore(e) == 0) {

@@ -18,7 +18,7 @@ from ..mps.control import MpsCommandError, MpsControl, find_mps_binaries, foreig
 from ..mps.gpu import (ComputeMode, GpuRef, MpsDirs, all_dirs, find_nvidia_smi,
                        process_memory, resolve_gpu)
 from ..mps.launch import output_path
-from ..mps.standby import preload_report
+from ..mps.standby import memory_still_shared, preload_report
 from ..mps.state import POLICIES, TRACKER_SOURCE, Machine, Settings, State
 from ..mps.store import (EventLog, SavedState, StateStore, SupervisorLock, boot_id,
                           describe_event, supervisor_pid)
@@ -193,12 +193,13 @@ def mps() -> None:
 @click.option("--share-standby-memory/--no-share-standby-memory", default=None,
               help="With --spare-server: each warm standby maps the GPU memory its client made "
                    "before its first launch (weights) where it holds the same content, instead of "
-                   "a second copy, and keeps its own in host memory, put back at a take-over where "
-                   "the client changed it. Experimental [default: off].")
+                   "a second copy, and keeps its own in host memory, put back where the client "
+                   "writes (while it waits, or at a take-over). Experimental [default: off].")
 @click.option("--standby-refresh", type=click.FloatRange(1, 86400), default=None, metavar="S",
               help="A standby of a client that names its checkpoint (`gpuos mps run --checkpoint`) "
-                   "is started again from a newer checkpoint once it is S seconds old: a standby "
-                   "resumes from the checkpoint there was at its own start [default: 30].")
+                   "is replaced by one started from a newer checkpoint once it is S seconds old (the "
+                   "old one kept until the new one waits): a standby resumes from the checkpoint "
+                   "there was at its own start [default: 30].")
 @click.option("--fault-feed", "feeds", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE",
               help="Also follow FILE for fault events: JSON lines as `gpuos faults watch --json` "
@@ -741,7 +742,8 @@ def _standby_cell(row: dict) -> str:
     shared = pre.get("memory_shared") or {}
     return (f"{row['standby_pid']} (warm, {pre.get('loaded', 0)}/{pre.get('names', 0)} kernels ahead"
             + (f", cuBLAS started in {warm['seconds']:.2f} s" if warm else "")
-            + (f", {human_bytes(shared['bytes'])} of its client's memory shared" if shared.get("bytes") else "")
+            + (f", {human_bytes(memory_still_shared(shared))} of its client's memory shared"
+               if shared and memory_still_shared(shared) else "")
             + ")")
 
 

@@ -121,6 +121,12 @@ def preload_report(dirs: MpsDirs, client_id: str, standby_pid: int) -> dict | No
         return None
 
 
+def memory_still_shared(shared: dict) -> int:
+    """The bytes of its client's memory a standby still maps, from its report's
+    memory_shared (those given back or put back are its own again)."""
+    return shared["bytes"] - shared.get("given_back_bytes", 0) - shared["restored_bytes"]
+
+
 class Releases:
     """Write ends held open for a moment after each release (the supervisor's)."""
 

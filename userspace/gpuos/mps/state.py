@@ -178,6 +178,10 @@ class Client:
     next_standby_state_at: float | None = None
 
 
+def _forget_next_standby(c: Client) -> None:
+    c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+
+
 @dataclass
 class Victim:
     client: str | None              # a managed client's id; None: a client gpuos did not start
@@ -1579,12 +1583,7 @@ class Machine:
                 self._out.append(SpawnStandby(c.id, c.next_standby_token, slot=place, warm=warm))
             if c.standby_token is None and c.next_standby_token is not None:
                 # the standby in place ended first: its replacement, waiting or not, is it
-                c.standby_token, c.standby_pid, c.standby_starttime = \
-                    c.next_standby_token, c.next_standby_pid, c.next_standby_starttime
-                c.standby_slot, c.standby_warm = place, warm
-                c.standby_spawned_at, c.standby_state_at = self._now, c.next_standby_state_at
-                c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = None
-                c.next_standby_state_at = None
+                self._promote_next_standby(c)
             if c.standby_token is None and wanted and self.state is State.RUNNING \
                     and c.state == "running" and c.standby_losses < STANDBY_LOSSES:
                 c.standby_spawns += 1
@@ -1596,7 +1595,14 @@ class Machine:
     def _stop_next_standby(self, c: Client, why: str) -> None:
         self._out.append(StopStandby(c.id, c.next_standby_token, c.next_standby_pid, c.next_standby_starttime))
         self._emit("standby-stopped", client=c.id, pid=c.next_standby_pid, why=why, replacement=True)
-        c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+        _forget_next_standby(c)
+
+    def _promote_next_standby(self, c: Client) -> None:
+        """c's replacement standby is its standby from now (same slot and warmth)."""
+        c.standby_token, c.standby_pid, c.standby_starttime = \
+            c.next_standby_token, c.next_standby_pid, c.next_standby_starttime
+        c.standby_spawned_at, c.standby_state_at = self._now, c.next_standby_state_at
+        _forget_next_standby(c)
 
     def _stale_standby(self, c: Client) -> bool:
         """Is c's standby to be replaced by one that starts from its newer checkpoint: one
@@ -1641,10 +1647,7 @@ class Machine:
         if self.state is not State.RUNNING or self._in_progress(c.id):
             return  # (_keep_standbys stops the replacement: the standby in place is released)
         old = (c.standby_token, c.standby_pid, c.standby_starttime)
-        c.standby_token, c.standby_pid, c.standby_starttime = c.next_standby_token, c.next_standby_pid, \
-            c.next_standby_starttime
-        c.standby_spawned_at, c.standby_state_at = self._now, c.next_standby_state_at
-        c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+        self._promote_next_standby(c)
         c.standby_losses = 0  # it got as far as waiting
         self._emit("standby-refreshed", client=c.id, pid=c.standby_pid, checkpoint_at=c.standby_state_at)
         if old[0] is not None:
@@ -1655,7 +1658,7 @@ class Machine:
     def _on_standby_spawn_failed(self, i: StandbySpawnFailed) -> None:
         c = self.clients.get(i.client_id)
         if c is not None and c.next_standby_token is not None and c.next_standby_token == i.token:
-            c.next_standby_token = c.next_standby_state_at = None
+            _forget_next_standby(c)
             c.standby_losses += 1
             self._emit("standby-spawn-failed", client=c.id, reason=i.reason,
                        losses=c.standby_losses, limit=STANDBY_LOSSES, replacement=True)
@@ -1670,7 +1673,7 @@ class Machine:
     def _on_standby_exited(self, i: StandbyExited) -> None:
         c = self.clients.get(i.client_id)
         if c is not None and c.next_standby_pid is not None and c.next_standby_pid == i.pid:
-            c.next_standby_token = c.next_standby_pid = c.next_standby_starttime = c.next_standby_state_at = None
+            _forget_next_standby(c)
             c.standby_losses += 1
             self._emit("standby-exited", client=c.id, pid=i.pid, status=i.status,
                        losses=c.standby_losses, limit=STANDBY_LOSSES, replacement=True)
