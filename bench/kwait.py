@@ -32,10 +32,12 @@ IDLE = {"futex", "nanosleep", "clock_nanosleep", "epoll_wait", "epoll_pwait", "p
 FRAMES = 6
 # The NVIDIA driver's ioctls (nv_escape.h, nv-ioctl-numbers.h): the type byte 'F' and, in
 # the argument each points at, the RM control's command or the RM allocation's class (a
-# 32-bit word at offset 8 of NVOS54_PARAMETERS, at 12 of NVOS21/NVOS64_PARAMETERS).
+# 32-bit word at offset 8 of NVOS54_PARAMETERS, at 12 of NVOS21/NVOS64_PARAMETERS and of
+# NVOS02_PARAMETERS, the memory allocation's: 0x3e system memory, 0x40 video memory, 0x71
+# an OS descriptor, memory the process already has).
 NV_IOCTL_TYPE = 0x46
 NV_ESC_WORD = {0x2a: ("rm-control", 8), 0x2b: ("rm-alloc", 12), 0x37: ("rm-alloc", 12),
-               0x29: ("rm-free", 8)}
+               0x29: ("rm-free", 8), 0x27: ("rm-alloc-memory", 12)}
 
 
 @dataclass

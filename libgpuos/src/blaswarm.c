@@ -215,11 +215,6 @@ void gpuos_blaswarm_start(void)
 	    !gpuos_drv.ctx_push || !gpuos_drv.ctx_pop || !gpuos_drv.stream_create || !gpuos_drv.stream_sync ||
 	    !gpuos_drv.mem_alloc || !gpuos_drv.mem_free)
 		return;
-	pthread_t t;
-	pthread_attr_t at;
-	pthread_attr_init(&at);
-	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &at, warm_main, &w))
+	if (gpuos_thread_detached(warm_main, &w))
 		gpuos_dbg("cuBLAS warm-up: no thread");
-	pthread_attr_destroy(&at);
 }

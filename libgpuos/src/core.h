@@ -297,6 +297,18 @@ static inline uint64_t gpuos_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A thread of libgpuos's own that nobody joins: 0, or pthread_create's error. */
+static inline int gpuos_thread_detached(void *(*fn)(void *), void *arg)
+{
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int e = pthread_create(&t, &at, fn, arg);
+	pthread_attr_destroy(&at);
+	return e;
+}
+
 /* ---- ring.c ------------------------------------------------------------------------- */
 
 /* Record this operation?  Tracking is on and no controller has paused operations. */

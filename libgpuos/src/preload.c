@@ -324,13 +324,8 @@ __attribute__((destructor)) static void preload_fini(void)
 
 static void start_writer(void)
 {
-	pthread_t t;
-	pthread_attr_t at;
-	pthread_attr_init(&at);
-	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &at, writer_main, NULL))
+	if (gpuos_thread_detached(writer_main, NULL))
 		gpuos_dbg("preload: no writer thread: the list is written at exit");
-	pthread_attr_destroy(&at);
 }
 
 int gpuos_preload_launched(void)
@@ -687,12 +682,7 @@ static void start_loader(void)
 		gpuos_dbg("preload: no current context at the first launch: nothing loaded ahead");
 		return;
 	}
-	pthread_t t;
-	pthread_attr_t at;
-	pthread_attr_init(&at);
-	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int e = pthread_create(&t, &at, loader_main, ctx);
-	pthread_attr_destroy(&at);
+	int e = gpuos_thread_detached(loader_main, ctx);
 	if (e)
 		gpuos_dbg("preload: no loader thread: %s", strerror(e));
 }

@@ -58,6 +58,7 @@ def test_a_blocking_read_is_one_wait_of_its_length():
 def test_nvidia_ioctls_are_named_by_what_they_ask():
     assert kwait.nv_ioctl(0xC020462A, 0x20800A01) == "rm-control 0x20800a01"
     assert kwait.nv_ioctl(0xC030462B, 0xC86F) == "rm-alloc 0xc86f"
+    assert kwait.nv_ioctl(0xC0384627, 0x71) == "rm-alloc-memory 0x71"
     assert kwait.nv_ioctl(0xC020462A, None) == "rm-control"
     assert kwait.nv_ioctl(0x5413, 7) == ""          # TIOCGWINSZ: not the driver's
     assert kwait.nv_ioctl(0xC0084600, 7) == ""      # 'F', an escape not decoded

@@ -438,7 +438,8 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         assert json.loads(client.stdout.readline()) == {"ready": True}, client.stderr.read()
         assert Path(f"{kernels}.share").is_socket()
         standby = subprocess.Popen([str(build / "tests" / "t_share"), "standby"], env=dict(
-            share, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch"),
+            share, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
+            FAKECUDA_STATS=str(tmp_path / "standby-stats.json")),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         report = standby_report(standby, kernels)
         deadline = time.monotonic() + 20
@@ -447,6 +448,7 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
             report = standby_report(standby, kernels)
         shared = report["memory_shared"]
         assert (shared["allocations"], shared["bytes"], shared["restored"]) == (3, 3 * (4 << 20), 0), report
+        assert shared["aside_bytes"] == shared["bytes"], report  # its own content, kept to put back
         if client_writes != "never":
             client.stdin.write("write\n")
             client.stdin.flush()
@@ -474,6 +476,11 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         # the release on the wall clock, and the check's hashing part of it
         assert time.time() - 60 < final["released_at"] <= final["check_started_at"] <= time.time(), final
         assert 0 < final["check_hash_seconds"] <= final["check_seconds"], final
+        # its own content aside while it waited (pinned), dropped a second after the
+        # release, off the take-over's path: the report 2 s after it has none
+        assert final["aside_bytes"] == 0, final
+        calls = json.loads((tmp_path / "standby-stats.json").read_text())["per_call"]
+        assert calls.get("cuMemHostRegister_v2", 0) == calls.get("cuMemHostUnregister", 0) == 3, calls
     finally:
         for p in (standby, client):
             if p is not None and p.poll() is None:
