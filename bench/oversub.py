@@ -109,6 +109,7 @@ GROUPS = {
                 ("resnet50-infer", ["--batch", "64", "--steps", "60", "--warmup", "3"])],
 }
 TIMEOUT = 900.0
+TURNS_POLL_S = 0.05  # the group's holder looked at this often (bench only: the file is read under a shared flock)
 
 
 def header() -> dict:
@@ -331,6 +332,8 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
         (gate / "go").touch()
         opened["all_ready"] = ready == len(members)
 
+    turns: list = []  # [t, holder pid, [pids beside], [pids waiting]] at each change seen
+
     def poll_group() -> None:
         while group and not done.is_set():
             try:
@@ -340,7 +343,12 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
             else:  # each member's last figures: the group's file drops a member that left
                 for gm in last_group["stats"].members:
                     seen_members[gm.pid] = asdict(gm)
-            time.sleep(0.2)
+                ms = last_group["stats"].members
+                now = [next((x.pid for x in ms if x.holder), 0), sorted(x.pid for x in ms if x.beside),
+                       sorted(x.pid for x in ms if x.waiting)]
+                if not turns or turns[-1][1:] != now:
+                    turns.append([round(time.monotonic(), 3), *now])
+            time.sleep(TURNS_POLL_S)
 
     poller = threading.Thread(target=poll_group)
     poller.start()
@@ -361,7 +369,8 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
         else:
             marks = json.loads((logs / f"{i}.jsonl").read_text().splitlines()[-1])["marks"]
             m.update(items_per_s=res["items_per_s"], seconds=res["seconds"], checksum=res["checksum"],
-                     items=res["items_per_s"] * res["seconds"], timed_from=marks[0][0], timed_to=marks[-1][0])
+                     items=res["items_per_s"] * res["seconds"], timed_from=marks[0][0], timed_to=marks[-1][0],
+                     step_ends=[round(x[0], 3) for x in marks[1:]])
         if stats is not None:
             m["stats"] = asdict(stats)
         out["members"].append(m)
@@ -373,11 +382,42 @@ def run_members(members: list[tuple[str, list[str]]], options: list[str], group:
     if "stats" in last_group:
         g = last_group["stats"]
         out["group"] = asdict(g)
+        out["turns"] = turns
+        pids = {m["group_member"]["pid"]: m["workload"] for m in out["members"] if "group_member" in m}
+        out["idle"] = idle_spans(out["members"], turns, pids)
         waits = sum(g.switch_hist)
         out["switch_mean_ms"] = g.switch_ns / waits / 1e6 if waits else None
         p99 = g.switch_percentile_us(99)
         out["switch_p99_ms"] = p99 / 1000 if p99 else None
     return out
+
+
+def idle_spans(members: list[dict], turns: list, names: dict[int, str], res_s: float = 0.005) -> dict | None:
+    """Where a group's run lost time: each member's gaps between steps (longer than 5x its
+    median step, at least 50 ms), and the time in which no member still running made a
+    step (every one of them in a gap), by whose turn it was then (the group's holder as
+    polled: `turns`; "-" for none, "?" before the first poll). None without step times."""
+    runs = [(m["workload"], [m["timed_from"], *m["step_ends"]]) for m in members if m.get("step_ends")]
+    if not runs:
+        return None
+    gaps: dict[str, list[tuple[float, float]]] = {}
+    for w, ends in runs:
+        steps = sorted(b - a for a, b in zip(ends, ends[1:]))
+        floor = max(5 * steps[len(steps) // 2], 0.05) if steps else 0.05
+        gaps[w] = [(a, b) for a, b in zip(ends, ends[1:]) if b - a > floor]
+    t0, t1 = min(e[0] for _, e in runs), max(e[-1] for _, e in runs)
+    none_s, holders = 0.0, {}
+    t = t0
+    while t < t1:
+        running = [w for w, ends in runs if ends[-1] > t]
+        if running and all(any(a <= t < b for a, b in gaps[w]) for w in running):
+            none_s += res_s
+            turn = next((x for x in reversed(turns) if x[0] <= t), None)
+            who = "?" if turn is None else names.get(turn[1], str(turn[1])) if turn[1] else "-"
+            holders[who] = holders.get(who, 0.0) + res_s
+        t += res_s
+    return {"gaps": {w: {"count": len(g), "seconds": round(sum(b - a for a, b in g), 3)} for w, g in gaps.items()},
+            "none_progress_s": round(none_s, 3), "none_progress_by_holder": {k: round(v, 3) for k, v in holders.items()}}
 
 
 def attach_group_members(members: list[dict], seen: list[dict]) -> None:

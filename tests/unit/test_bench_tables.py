@@ -445,3 +445,20 @@ def test_members_that_cannot_share_the_pool_cap_the_group():
     # every pair fits, or working sets not known: nothing to say
     assert oversub.exclusive_ceiling(names, alone, [3_000, 2_000, 1_000, 100], 6_160, 7.09) is None
     assert oversub.exclusive_ceiling(names, alone, [4_800, 0, None, 630], 6_160, 7.09) is None
+
+
+def test_a_groups_idle_time_is_where_no_running_member_makes_a_step():
+    """oversub.idle_spans: a steps every 0.1 s to 1.0 s, then waits until 2.1 s; b waits
+    from 0.2 s to 1.6 s and ends at 1.8 s.  No running member steps from 1.0 to 1.6 s
+    (b's turn) and from 1.8 to 2.1 s (only a runs, waiting): 0.9 s."""
+    import oversub
+
+    a = [0.1 * i for i in range(1, 11)] + [2.0 + 0.1 * i for i in range(1, 6)]
+    members = [{"workload": "a", "timed_from": 0.0, "step_ends": a},
+               {"workload": "b", "timed_from": 0.0, "step_ends": [0.1, 0.2, 1.6, 1.7, 1.8]},
+               {"workload": "c", "returncode": 1}]  # failed: no steps, left out
+    got = oversub.idle_spans(members, [[0.0, 11, [], []], [1.0, 22, [], [11]]], {11: "a", 22: "b"})
+    assert got["gaps"] == {"a": {"count": 1, "seconds": 1.1}, "b": {"count": 1, "seconds": 1.4}}
+    assert got["none_progress_s"] == pytest.approx(0.9, abs=0.011)
+    assert set(got["none_progress_by_holder"]) == {"b"}
+    assert oversub.idle_spans([{"workload": "a", "timed_from": 0.0}], [], {}) is None
