@@ -14,10 +14,13 @@ known to the period.
 
 from __future__ import annotations
 
+import bisect
 import os
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from gpuos import procs
 from gpuos.errors import NoSuchProcess
@@ -30,6 +33,7 @@ FD_CALLS = {"read", "write", "ioctl", "sendto", "recvfrom", "sendmsg", "recvmsg"
 IDLE = {"futex", "nanosleep", "clock_nanosleep", "epoll_wait", "epoll_pwait", "poll", "ppoll",
         "select", "pselect6"}
 FRAMES = 6
+USER_FRAMES = 160
 # The NVIDIA driver's ioctls (nv_escape.h, nv-ioctl-numbers.h): the type byte 'F' and, in
 # the argument each points at, the RM control's command or the RM allocation's class (a
 # 32-bit word at offset 8 of NVOS54_PARAMETERS, at 12 of NVOS21/NVOS64_PARAMETERS and of
@@ -51,6 +55,7 @@ class Wait:
     stack: list[str]    # the first kernel frames, offsets cut
     from_s: float       # first and last sample that saw it, seconds from the sampler's t0
     to_s: float
+    user: list[str] = field(default_factory=list)  # an NVIDIA ioctl's caller: user_frames
 
     @property
     def seconds(self) -> float:
@@ -101,6 +106,44 @@ def _peek_u32(pid: int, addr: int) -> int | None:
         return None
 
 
+def exec_maps(pid: int) -> list[tuple[int, int, int, str]]:
+    """pid's executable file mappings: (start, end, file offset, the file's path)."""
+    out = []
+    for line in _read(f"/proc/{pid}/maps").splitlines():
+        f = line.split(None, 5)
+        if len(f) == 6 and "x" in f[1] and f[5].startswith("/"):
+            start, end = (int(x, 16) for x in f[0].split("-"))
+            out.append((start, end, int(f[2], 16), f[5].strip()))
+    return out
+
+
+def user_frames(pid: int, tid: int, maps: list[tuple[int, int, int, str]], frames: int = USER_FRAMES,
+                words: int = 16384) -> list[str]:
+    """Where a thread blocked in a system call was called from, by a scan of its user
+    stack (root): the program counter and the words from the stack pointer up that point
+    into executable file mappings, as "path+offset" (the offset in the file: `addr2line -e`
+    or `nm` on the machine names it), consecutive repeats dropped.  A heuristic, not an
+    unwinder: a stale return address on the stack shows up too."""
+    f = _read(f"/proc/{pid}/task/{tid}/syscall").split()
+    if len(f) < 9 or not maps:
+        return []
+    sp, pc = int(f[-2], 16), int(f[-1], 16)
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as m:
+            m.seek(sp)
+            raw = m.read(words * 8)
+    except (OSError, ValueError, OverflowError):
+        raw = b""
+    out: list[str] = []
+    for addr in [pc, *(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw) - 7, 8))]:
+        hit = next((f"{name}+{addr - start + off:#x}" for start, end, off, name in maps if start <= addr < end), None)
+        if hit and (not out or out[-1] != hit):
+            out.append(hit)
+            if len(out) == frames:
+                break
+    return out
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -117,6 +160,7 @@ class WaitSampler:
         self.period_s = period_s
         self.t0 = t0
         self._open: dict[tuple[int, int], Wait] = {}
+        self._maps: dict[int, list] = {}  # pid -> exec_maps, for user_frames
         self._done: list[Wait] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -176,7 +220,12 @@ class WaitSampler:
                 if w:
                     self._done.append(w)
                 comm = _read(f"{base}/comm").strip()
-                self._open[key] = Wait(pid, tid, comm, call, file, arg, stack, now - self.t0, now - self.t0)
+                user = []
+                if call == "ioctl" and (file.startswith("/dev/nvidia") or arg.count(" ")):
+                    if pid not in self._maps:  # read once a process: its libraries loaded by now
+                        self._maps[pid] = exec_maps(pid)
+                    user = user_frames(pid, tid, self._maps[pid])
+                self._open[key] = Wait(pid, tid, comm, call, file, arg, stack, now - self.t0, now - self.t0, user)
         for key in list(self._open):
             if key not in seen:
                 self._done.append(self._open.pop(key))
@@ -203,3 +252,49 @@ class WaitSampler:
                                         "from_s": round(w.from_s + shift, 4), "to_s": round(w.to_s + shift, 4)})
         return out
 
+
+
+def symbol_names(frames: list[str]) -> dict[str, str]:
+    """Each "path+0xoffset" frame's nearest symbol at or below it ("name+0xdelta"; the
+    dynamic symbols where a library is stripped), from `nm` on this machine: run where the
+    libraries are.  The offset is taken as the symbol's address (a library's code is
+    mapped at its file offset, as GNU ld and lld lay it out)."""
+    by_path: dict[str, list[int]] = {}
+    for f in frames:
+        path, _, off = f.rpartition("+")
+        by_path.setdefault(path, []).append(int(off, 16))
+    out = {}
+    for path, offs in by_path.items():
+        syms = []
+        for flags in (["-n", "--defined-only"], ["-D", "-n", "--defined-only"]):
+            try:
+                text = subprocess.run(["nm", *flags, path], capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                text = ""
+            syms = [(int(a, 16), n) for a, t, n in (ln.split(None, 2) for ln in text.splitlines() if ln.count(" ") >= 2)
+                    if t.lower() in "tw" and int(a, 16)]
+            if syms:
+                break
+        addrs = [a for a, _ in syms]
+        for off in offs:
+            i = bisect.bisect_right(addrs, off) - 1
+            out[f"{path}+{off:#x}"] = f"{syms[i][1]}+{off - syms[i][0]:#x}" if i >= 0 else "?"
+    return out
+
+
+if __name__ == "__main__":
+    # python3 kwait.py RESULT.json: the user frames of every wait in a benchmark's JSON
+    # (mps_faults --kernel-waits), named on this machine, printed as "frame  name"
+    import json
+    found: list[str] = []
+    def walk(x):
+        if isinstance(x, dict):
+            found.extend(x.get("user") or [])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(json.load(open(sys.argv[1])))
+    for frame, name in symbol_names(sorted(set(found))).items():
+        print(frame, name)

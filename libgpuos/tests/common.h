@@ -234,11 +234,13 @@ static int warm_standby_with(const char *var)
 	return v && *v && at && !strcmp(at, "launch");
 }
 
-/* Calls a warm standby's preloading makes too (libgpuos/src/preload.c). */
+/* Calls a warm standby's preloading makes too (libgpuos/src/preload.c; the last three:
+ * its kernel on the legacy stream). */
 static int preload_call(const char *name)
 {
 	static const char *const q[] = {
 		"cuModuleGetFunction", "cuLibraryGetKernel", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
+		"cuModuleLoadData", "cuLaunchKernel", "cuStreamSynchronize",
 	};
 	return warm_standby_with("GPUOS_MPS_KERNELS") && listed(name, q, sizeof(q) / sizeof(q[0]));
 }

@@ -4,6 +4,7 @@ threads: a wait it makes on purpose must be found, with its call, file and lengt
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -89,3 +90,25 @@ def test_a_process_added_later_is_sampled_from_then_on():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_blocked_calls_caller_is_found_on_its_user_stack():
+    """kwait.user_frames: a child blocked in read(2) on a pipe; the scan of its user stack
+    finds the C library (the read's program counter) and, above it, the interpreter that
+    called it, each as a file and an offset in it."""
+    child = subprocess.Popen([sys.executable, "-c", "import os; os.read(0, 1)"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            call, _ = kwait.parse_syscall(Path(f"/proc/{child.pid}/syscall").read_text())
+            if call == "read":
+                break
+            time.sleep(0.01)
+        frames = kwait.user_frames(child.pid, child.pid, kwait.exec_maps(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+    names = [Path(f).name for f in frames]
+    assert names and names[0].startswith("libc"), frames
+    assert all("+0x" in f for f in frames) and all(a != b for a, b in zip(frames, frames[1:])), frames
+    assert any(not n.startswith("libc") for n in names), frames  # its callers, above the C library
