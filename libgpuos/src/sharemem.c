@@ -588,9 +588,9 @@ static void check_shared(int final)
 }
 
 /* A released standby's own content aside, no longer needed, dropped a second later on
- * a thread of its own, off the take-over's path: unpinning 512 MiB right after a fault
- * took 0.04-0.38 s on an H200 (the driver's lock, held by the fault's handling), time
- * the standby's program waited before its first iteration. */
+ * a thread of its own, off the take-over's path: unpinning 512 MiB right after a trap
+ * took 0.38 s on an H200 (the driver's lock, held by the faulting client's teardown),
+ * time the standby's program waited before its first iteration. */
 #define DROP_DELAY_S 1
 static void drop_backups(void)
 {
@@ -607,7 +607,12 @@ static void drop_backups(void)
 		pthread_mutex_unlock(&mu);
 		if (!aside.backup)
 			return;
+		/* the driver unpins only with a context current (the fake driver refuses too) */
+		CUcontext old;
+		int pushed = aside.backup_pinned && gpuos_drv.ctx_push && gpuos_drv.ctx_push(aside.ctx) == CUDA_SUCCESS;
 		backup_drop(&aside);
+		if (pushed)
+			gpuos_drv.ctx_pop(&old);
 	}
 }
 

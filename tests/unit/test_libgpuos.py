@@ -440,7 +440,7 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         assert Path(f"{kernels}.share").is_socket()
         standby = subprocess.Popen([str(build / "tests" / "t_share"), "standby"], env=dict(
             share, GPUOS_MPS_STANDBY=str(fifo), GPUOS_MPS_STANDBY_AT="launch",
-            FAKECUDA_STATS=str(tmp_path / "standby-stats.json")),
+            FAKECUDA_STATS=str(tmp_path / "standby-stats.json"), FAKECUDA_DEBUG="1"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         report = standby_report(standby, kernels)
         deadline = time.monotonic() + 20
@@ -480,8 +480,12 @@ def test_a_warm_standby_maps_its_clients_start_up_memory_instead_of_a_copy(build
         # its own content aside while it waited (pinned), dropped a second after the
         # release, off the take-over's path: the report 2 s after it has none
         assert final["aside_bytes"] == 0, final
-        calls = json.loads((tmp_path / "standby-stats.json").read_text())["per_call"]
+        stats = json.loads((tmp_path / "standby-stats.json").read_text())
+        calls = stats["per_call"]
         assert calls.get("cuMemHostRegister_v2", 0) == calls.get("cuMemHostUnregister", 0) == 3, calls
+        # ... and unpinned indeed (the driver wants a context current for it): no refusal,
+        # and the fake keeps no 4 MiB registration at the standby's exit
+        assert "cuMemHostUnregister ->" not in err and stats["live_bytes"] < 4 << 20, (stats, err)
     finally:
         for p in (standby, client):
             if p is not None and p.poll() is None:
