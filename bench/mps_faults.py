@@ -1108,6 +1108,9 @@ def markdown(r: dict[str, Any]) -> str:
                         if x.get("check_started_at") and s.get("t_fault")]
                 if ends:  # (results from before 2026-11-28's last lease do not say)
                     what += f", the last ending {max(ends):.2f} s after the fault"
+            waited = standby_driver_wait(s)
+            if waited:
+                what += f"; {waited}"
             if s.get("slow_turns"):
                 worst = max(s["slow_turns"], key=lambda t: t["seconds"] or 0)
                 top = next(iter(worst.get("parts") or {}), "?")
@@ -1123,6 +1126,29 @@ def markdown(r: dict[str, Any]) -> str:
                 f"rounds of {c['window_s']:g} s windows")
              for k, c in sorted(r.get("cost", {}).items()) if "error" in c or "overhead_pct" in c]
     return "\n".join(lines + [f"\n{n}" for n in r.get("notes", [])] + costs)
+
+
+def standby_driver_wait(s: dict) -> str:
+    """With --kernel-waits: the released standbys' longest wait in an NVIDIA ioctl that
+    began after their release (what it asked), beside when the faulter's process was gone
+    (after a fault the driver's lock is held by its teardown), and how many standbys ran
+    the legacy stream's first kernel while they waited (preload.c); "" without samples."""
+    rel = s.get("released_s")
+    waits = [w for w in s.get("kernel_waits") or [] if w.get("role", "").startswith("standby")
+             and w.get("call") == "ioctl" and w.get("file", "").startswith("/dev/nvidia")
+             and rel is not None and w["to_s"] >= rel]
+    if not waits:
+        return ""
+    w = max(waits, key=lambda w: w["to_s"] - max(w["from_s"], rel))
+    out = (f"standbys' longest driver wait after the release {w['to_s'] - max(w['from_s'], rel):.2f} s "
+           f"({w.get('arg') or w['file']}, until {w['to_s']:.2f})")
+    gone = (s.get("faulter") or {}).get("process_gone_s")
+    if gone is not None:
+        out += f", the faulter gone at {gone:.2f}"
+    warmed = [p.get("legacy_stream_warmed") for p in s.get("preloads", []) if p.get("released")]
+    if any(x is not None for x in warmed):
+        out += f", legacy stream warmed in {sum(x is True for x in warmed)}/{len(warmed)}"
+    return out
 
 
 def update_readme(table: str, source: Path) -> None:
