@@ -196,6 +196,11 @@ struct gpuos_res_stats {
 	uint64_t batch_ns;       /* their batches' GPU time, the first copy's start to the last
 				  * one's end (gaps between copies while libgpuos mapped the next
 				  * allocation included): the rate copies ahead and turns' batches ran at */
+	uint64_t ahead_map_ns;   /* of ahead_ns, making and mapping the physical memory copies
+				  * ahead and turns' batches went to (cuMemCreate, cuMemMap, access) */
+	uint64_t room_ns;        /* of ahead_ns, turns' batches waiting for the room the others' evictions
+				  * free, part by part (a group's holder): with ahead_map_ns, what
+				  * of batch_ns was not copying */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

@@ -853,7 +853,7 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint6
 static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 {
 	uint64_t copied = 0;
-	CUresult c = make_resident(r, sc->s, &copied, NULL, sc);
+	CUresult c = make_resident(r, sc->s, &copied, &R.st.ahead_map_ns, sc);
 	if (c != CUDA_SUCCESS)
 		return c;
 	r->ahead = 1;
@@ -1086,7 +1086,10 @@ static CUresult bring_in(int *need_turn)
 		r->turn = 0;
 		if (r->h)
 			continue; /* resident already: neither charged nor brought */
-		if (c != CUDA_SUCCESS || !claim || turn_take(r->size, claim)) {
+		uint64_t tw = gpuos_now_ns();
+		int no_room = c != CUDA_SUCCESS || !claim || turn_take(r->size, claim);
+		R.st.room_ns += gpuos_now_ns() - tw;
+		if (no_room) {
 			claim = 0; /* (a part that does not come: the rest comes with its calls) */
 			continue;
 		}

@@ -92,9 +92,12 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
     # batch's time is within the time issuing it)
     assert lru["batch_bytes"] == 0 and 0 < future["batch_bytes"] <= future["ahead_bytes"]
     assert 0 < future["batch_ns"] < future["ahead_ns"], future
-    # making and mapping memory for the copies waited for: a part of their time
+    # making and mapping memory for the copies waited for: a part of their time; for
+    # those ahead, a part of issuing them (no group: no batch waits for room)
     for st in (lru, future):
         assert 0 < st["map_ns"] < st["in_ns"] - st["ahead_ns"], st
+    assert lru["ahead_map_ns"] == 0 and 0 < future["ahead_map_ns"] < future["ahead_ns"], future
+    assert lru["room_ns"] == future["room_ns"] == 0
     assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 

@@ -136,6 +136,8 @@ def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_
     for st in own:
         assert st["ahead_bytes"] > 0 and st["ahead_hits"] > st["ahead_unused"], json.dumps([own, g])
         assert 0 < st["ahead_ns"] <= st["in_ns"], st  # a turn's batch: issued, not waited for
+        # its parts' making and mapping, and its waits for the other's evictions: of that time
+        assert 0 < st["ahead_map_ns"] and st["ahead_map_ns"] + st["room_ns"] <= st["ahead_ns"], st
 
 
 def test_members_whose_working_sets_fit_together_take_their_turns_together(libgpuos_build, libgpuos_env, tmp_path,

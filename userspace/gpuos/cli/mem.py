@@ -77,7 +77,9 @@ def stats_cmd(target: str, as_json: bool) -> None:
         ["copied in ahead of use", f"{human_bytes(st.ahead_bytes)}; {st.ahead_hits} found by their call "
                                    f"({st.ahead_waits} waited for the copy), {st.ahead_unused} evicted unused"
                                    + (f"; timed on the GPU: {human_bytes(st.batch_bytes)}, "
-                                      f"{rate(st.batch_bytes, st.batch_ns)}" if st.batch_ns else "")],
+                                      f"{rate(st.batch_bytes, st.batch_ns)}" if st.batch_ns else "")
+                                   + (f"; issuing them took {ms(st.ahead_map_ns)} making and mapping memory, "
+                                      f"{ms(st.room_ns)} waiting for room" if st.ahead_ns else "")],
         ["launches checked", str(st.launches)],
         ["calls that waited", f"{st.calls_swapped}, {ms(st.stall_ns)} in all"
          + (f", {ms(st.stall_ns / st.calls_swapped)} each on average, p99 under "

@@ -36,7 +36,8 @@ MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", 
                     "bytes_out", "swap_ins", "evictions", "launches", "calls_swapped", "need_all", "over_limit",
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
                     "lru_only", "reserved_peak", "clean_bytes", "ahead_bytes", "ahead_hits", "ahead_unused",
-                    "ahead_waits", "host_prepared", "ahead_ns", "map_ns", "batch_bytes", "batch_ns")
+                    "ahead_waits", "host_prepared", "ahead_ns", "map_ns", "batch_bytes", "batch_ns", "ahead_map_ns",
+                    "room_ns")
 STALL_BUCKETS = 24  # GPUOS_STALL_BUCKETS
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * (len(MEM_STATS_FIELDS) + STALL_BUCKETS))
 
@@ -114,6 +115,8 @@ class MemStats:
     map_ns: int  # of in_ns - ahead_ns, making and mapping the physical memory copied into
     batch_bytes: int  # of ahead_bytes, those whose batches were timed on the GPU
     batch_ns: int  # those batches' GPU time, first copy's start to last one's end
+    ahead_map_ns: int  # of ahead_ns, making and mapping the memory copies ahead and batches went to
+    room_ns: int  # turns' batches waiting for the room the others' evictions free
     stall_hist: tuple[int, ...]  # calls that brought memory in, by stall: [2^i, 2^(i+1)) microseconds
 
     def stall_percentile_us(self, q: float) -> int | None:
