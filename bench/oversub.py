@@ -293,6 +293,18 @@ def rates(cell: dict) -> str:
     return f"{fmt(own)} / {fmt(batch)} GB/s"
 
 
+def ahead_issue_split(stats: list[dict]) -> dict | None:
+    """Where issuing copies ahead and turns' batches went (seconds, all members): making
+    and mapping their memory, a turn's batch waiting for the room the others' evictions
+    free, and the rest (queueing copies), beside the batches' GPU time; None for results
+    from before these figures (2026-11-28, session 25)."""
+    if not any("room_ns" in x for x in stats):
+        return None
+    total = lambda k: sum(x.get(k, 0) for x in stats) / 1e9  # noqa: E731
+    return {"issue_s": total("ahead_ns"), "map_s": total("ahead_map_ns"), "room_s": total("room_ns"),
+            "batch_gpu_s": total("batch_ns")}
+
+
 def own_map_share(stats: list[dict]) -> float | None:
     """Of the time calls waited for copies in (in_ns less ahead_ns), the share spent making
     and mapping the physical memory they went to (map_ns); None for results from before
@@ -519,6 +531,7 @@ def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int
                 r["in_GBps"] = own_copy_rate(st)
                 r["batch_GBps"] = batch_rate(st)
                 r["in_map_share"] = own_map_share(st)
+                r["ahead_split"] = ahead_issue_split(st)
                 r["exclusive"] = exclusive_ceiling(
                     [w for w, _ in members], [m.get("seconds") for m in alone],
                     [m.get("group_member", {}).get("working_set") for m in r["members"]], limit, ideal_s)

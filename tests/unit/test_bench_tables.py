@@ -482,3 +482,12 @@ def test_the_standbys_driver_wait_after_their_release_is_told_beside_the_faulter
         "standbys' longest driver wait after the release 0.28 s (0xc0384627 rm-alloc-memory 0x71, until 0.34), "
         "the faulter gone at 0.43, legacy stream warmed in 1/2")
     assert mps_faults.standby_driver_wait({"released_s": 0.05, "kernel_waits": []}) == ""
+
+
+def test_issuing_batches_is_split_into_mapping_waiting_for_room_and_the_rest():
+    import oversub
+
+    st = [{"ahead_ns": 3_000_000_000, "ahead_map_ns": 1_000_000_000, "room_ns": 500_000_000, "batch_ns": 2_000_000_000},
+          {"ahead_ns": 1_000_000_000, "ahead_map_ns": 0, "room_ns": 0, "batch_ns": 0}]
+    assert oversub.ahead_issue_split(st) == {"issue_s": 4.0, "map_s": 1.0, "room_s": 0.5, "batch_gpu_s": 2.0}
+    assert oversub.ahead_issue_split([{"ahead_ns": 5, "batch_ns": 1}]) is None  # before the figures
