@@ -617,10 +617,9 @@ static void *loader_main(void *arg)
 	int shared_asked = 0; /* its start-up memory mapped in place of ours (sharemem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
-		if (!st.legacy_stream) {
+		if (!st.legacy_stream) /* (reported with the pass's figures: the report's first
+					  * writing says what the first pass loaded) */
 			st.legacy_stream = warm_legacy_stream();
-			write_stats(&st);
-		}
 		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
 			write_stats(&st);
 		if (!shared_asked && (shared_asked = gpuos_sharemem_standby_pass()) != 0)
