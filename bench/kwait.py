@@ -134,10 +134,15 @@ def user_frames(pid: int, tid: int, maps: list[tuple[int, int, int, str]], frame
             raw = m.read(words * 8)
     except (OSError, ValueError, OverflowError):
         raw = b""
+    starts = [m[0] for m in maps]  # /proc/PID/maps lists them by address: found by bisection
     out: list[str] = []
     for addr in [pc, *(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw) - 7, 8))]:
-        hit = next((f"{name}+{addr - start + off:#x}" for start, end, off, name in maps if start <= addr < end), None)
-        if hit and (not out or out[-1] != hit):
+        k = bisect.bisect_right(starts, addr) - 1
+        if k < 0 or addr >= maps[k][1]:
+            continue
+        start, _, off, name = maps[k]
+        hit = f"{name}+{addr - start + off:#x}"
+        if not out or out[-1] != hit:
             out.append(hit)
             if len(out) == frames:
                 break

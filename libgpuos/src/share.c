@@ -448,6 +448,14 @@ static uint64_t set_bytes(const struct gpuos_share_member *m)
 	return m->waiting ? working_set(m) : m->resident;
 }
 
+/* Member i is in the turn's set beside its holder, and counted so. */
+static void seat_beside(struct gpuos_share *g, int i)
+{
+	g->m[i].beside = 1;
+	g->m[i].beside_slices++;
+	g->beside_turns++;
+}
+
 /* The new holder admits beside itself the waiting members, longest waiting first, whose
  * working sets fit in the limit with its own and those admitted before them; then the
  * members that do not wait but have memory resident, if that fits too.  Those run now,
@@ -470,9 +478,7 @@ static void admit(struct gpuos_share *g)
 		if (pick < 0)
 			return;
 		used += set_bytes(&g->m[pick]);
-		g->m[pick].beside = 1;
-		g->m[pick].beside_slices++;
-		g->beside_turns++;
+		seat_beside(g, pick);
 	}
 }
 
@@ -526,9 +532,7 @@ int gpuos_share_acquire(void)
 			break;
 		}
 		if (joins_turn(g, S.me, now)) {
-			m->beside = 1;
-			m->beside_slices++;
-			g->beside_turns++;
+			seat_beside(g, S.me);
 			admitted = 1;
 			break;
 		}
