@@ -1131,8 +1131,8 @@ def markdown(r: dict[str, Any]) -> str:
 def standby_driver_wait(s: dict) -> str:
     """With --kernel-waits: the released standbys' longest wait in an NVIDIA ioctl that
     began after their release (what it asked), beside when the faulter's process was gone
-    (after a fault the driver's lock is held by its teardown), and how many standbys ran
-    the legacy stream's first kernel while they waited (preload.c); "" without samples."""
+    (after a fault the driver's lock is held by its teardown), and how many standbys had
+    the printf buffer made while they waited (preload.c); "" without samples."""
     rel = s.get("released_s")
     waits = [w for w in s.get("kernel_waits") or [] if w.get("role", "").startswith("standby")
              and w.get("call") == "ioctl" and w.get("file", "").startswith("/dev/nvidia")
@@ -1145,9 +1145,9 @@ def standby_driver_wait(s: dict) -> str:
     gone = (s.get("faulter") or {}).get("process_gone_s")
     if gone is not None:
         out += f", the faulter gone at {gone:.2f}"
-    warmed = [p.get("legacy_stream_warmed") for p in s.get("preloads", []) if p.get("released")]
-    if any(x is not None for x in warmed):
-        out += f", legacy stream warmed in {sum(x is True for x in warmed)}/{len(warmed)}"
+    made = [p.get("printf_buffer_made") for p in s.get("preloads", []) if p.get("released")]
+    if any(x is not None for x in made):
+        out += f", printf buffer made ahead in {sum(x is True for x in made)}/{len(made)}"
     return out
 
 

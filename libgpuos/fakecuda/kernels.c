@@ -162,6 +162,13 @@ static void k_diff(void **p)
 			changed[(*count)++] = c;
 }
 
+/* preload.c's kernel that can print and never does */
+struct a_never { unsigned never; };
+static void k_never(void **p)
+{
+	(void)p;
+}
+
 #define L1(S, a) 1, {PM(S, a)}, {PS(S, a)}, sizeof(S)
 #define L2(S, a, b) 2, {PM(S, a), PM(S, b)}, {PS(S, a), PS(S, b)}, sizeof(S)
 #define L3(S, a, b, c) 3, {PM(S, a), PM(S, b), PM(S, c)}, {PS(S, a), PS(S, b), PS(S, c)}, sizeof(S)
@@ -182,6 +189,7 @@ const struct fk fake_kernels[] = {
 	{"fake_strided", k_strided, L2(struct a_strided, n, f), 0, 0},
 	{"gpuos_fp_hash", k_hash, L4(struct a_hash, segs, nsegs, out, nchunks), 0, 1},
 	{"gpuos_fp_diff", k_diff, L5(struct a_diff, before, after, nchunks, changed, count), 0, 1},
+	{"gpuos_printf_ready", k_never, L1(struct a_never, never), 0, 1},
 };
 const unsigned fake_nkernels = sizeof(fake_kernels) / sizeof(fake_kernels[0]);
 

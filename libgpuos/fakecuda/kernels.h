@@ -13,7 +13,7 @@ struct fk {
 	unsigned size[FK_MAXP];
 	unsigned total;              /* bytes of the parameter buffer (extra / captured copies) */
 	int opaque;                  /* cuFuncGetParamInfo says CUDA_ERROR_NOT_SUPPORTED */
-	int fp;                      /* one of the validator's gpuos_fp_* kernels */
+	int fp;                      /* libgpuos's own: gpuos_fp_* (validator), gpuos_printf_ready */
 };
 
 extern const struct fk fake_kernels[] __attribute__((visibility("hidden")));

@@ -442,7 +442,7 @@ void gpuos_preload_code(uint64_t handle, int module, int loaded)
 struct load_stats {
 	size_t names, loaded, missing, failed, libraries, modules, images;
 	double seconds;
-	int legacy_stream; /* warm_legacy_stream: 1 done, -1 failed, 0 not yet */
+	int printf_ready; /* ready_printf_buffer: 1 done, -1 failed, 0 not yet */
 };
 
 static unsigned taken; /* libraries loaded ahead that the application then asked for */
@@ -550,25 +550,42 @@ int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo
 	return took;
 }
 
-/* The program's first launch after its release goes to the legacy stream, and the legacy
- * stream's first kernel has the driver allocate host memory (an RM_ALLOC_MEMORY of an OS
- * descriptor, seen on an H200 inside the program's first cuLaunchKernel after the
- * release, bench/kwait.py's user frames): behind the driver's lock, which the faulting
- * client's teardown held for 0.1-0.45 s after a trap.  One kernel of libgpuos's own on
- * the legacy stream while the program waits takes that off the take-over's path:
- * fingerprint.cu's hash over nothing (a launch needs a kernel; this one is small and
- * touches no memory when it has no chunks).  1, or -1 if it could not be run. */
-static int warm_legacy_stream(void)
+/* The first launch of a kernel that can print (printf, or assert: CUDA's device-side
+ * assertions print through the same buffer, and PyTorch's reductions have them) has the
+ * driver make the context's printf buffer: two host-memory allocations (RM_ALLOC_MEMORY
+ * of an OS descriptor, 1 and 4 ms), made behind the driver's lock.  A released standby's
+ * first iteration made them (the first reduction or cuBLAS call, on an H200:
+ * tools/probes/rm_alloc_probe.py), and waited there for the faulting client's teardown,
+ * which holds that lock for 0.1-0.45 s after a trap.  A kernel of libgpuos's own that
+ * can print (it never does), launched once while the standby waits, has them made
+ * before the fault.  Its own module: fingerprint.cu's, loaded in every context that
+ * validates or evicts, must not make every such context a printf buffer.  1, or -1 if it
+ * could not be run. */
+static const char printf_ready_ptx[] =
+	".version 6.0\n.target sm_50\n.address_size 64\n"
+	".extern .func (.param .b32 r) vprintf (.param .b64 f, .param .b64 a);\n"
+	".global .align 1 .b8 gpuos_newline[2] = {10, 0};\n"
+	".visible .entry gpuos_printf_ready(.param .u32 never)\n{\n"
+	" .reg .pred p;\n .reg .b32 g;\n .reg .b64 m;\n"
+	" ld.param.u32 g, [never];\n setp.eq.u32 p, g, 0;\n @p bra done;\n"
+	" cvta.global.u64 m, gpuos_newline;\n"
+	" { .param .b64 f0; .param .b64 a0; .param .b32 r0;\n"
+	"   st.param.b64 [f0], m;\n st.param.b64 [a0], 0;\n"
+	"   call.uni (r0), vprintf, (f0, a0); }\n"
+	"done:\n ret;\n}\n";
+
+static int ready_printf_buffer(void)
 {
-	static struct gpuos_fp_hasher fp; /* its module stays loaded: it is small */
-	CUdeviceptr none = 0;
-	unsigned int nseg = 0;
-	unsigned long long nchunks = 0;
-	void *args[] = { &none, &nseg, &none, &nchunks };
-	int ok = !gpuos_fp_hasher_reserve(&fp, 0, 0) &&
-		 gpuos_drv.launch_kernel(fp.fn, 1, 1, 1, 32, 1, 1, 0, CU_STREAM_LEGACY, args, NULL) == CUDA_SUCCESS &&
+	CUmodule mod; /* stays loaded: the buffer is the context's, the module a few bytes */
+	CUfunction fn;
+	unsigned int never = 0;
+	void *args[] = { &never };
+	int ok = gpuos_drv.module_load_data && gpuos_drv.module_get_function &&
+		 gpuos_drv.module_load_data(&mod, printf_ready_ptx) == CUDA_SUCCESS &&
+		 gpuos_drv.module_get_function(&fn, mod, "gpuos_printf_ready") == CUDA_SUCCESS &&
+		 gpuos_drv.launch_kernel(fn, 1, 1, 1, 32, 1, 1, 0, CU_STREAM_LEGACY, args, NULL) == CUDA_SUCCESS &&
 		 gpuos_drv.stream_sync(CU_STREAM_LEGACY) == CUDA_SUCCESS;
-	gpuos_dbg("preload: the legacy stream's first kernel %s", ok ? "run" : "could not be run");
+	gpuos_dbg("preload: the printf buffer %s", ok ? "made" : "could not be made");
 	return ok ? 1 : -1;
 }
 
@@ -593,11 +610,11 @@ static void write_stats(const struct load_stats *st)
 		"\"libraries\": %zu, \"modules\": %zu, \"images_loaded_ahead\": %zu, \"taken\": %u, "
 		"\"not_taken_for\": \"%s\", \"seconds\": %.6f, \"released\": %s, \"cublas_warm_up\": %s, "
 		"\"allocations_made_ahead\": %zu, \"allocations_handed_out\": %zu, \"memory_shared\": %s, "
-		"\"legacy_stream_warmed\": %s}\n",
+		"\"printf_buffer_made\": %s}\n",
 		(int)getpid(), st->names, st->loaded, st->missing, st->failed, st->libraries, st->modules,
 		st->images, __atomic_load_n(&taken, __ATOMIC_RELAXED), refused_opts, st->seconds,
 		released() ? "true" : "false", warm, ahead_n, ahead_out, shared,
-		st->legacy_stream > 0 ? "true" : st->legacy_stream < 0 ? "false" : "null");
+		st->printf_ready > 0 ? "true" : st->printf_ready < 0 ? "false" : "null");
 	if (fclose(f) || rename(tmp, path))
 		unlink(tmp);
 }
@@ -617,9 +634,9 @@ static void *loader_main(void *arg)
 	int shared_asked = 0; /* its start-up memory mapped in place of ours (sharemem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
-		if (!st.legacy_stream) /* (reported with the pass's figures: the report's first
-					  * writing says what the first pass loaded) */
-			st.legacy_stream = warm_legacy_stream();
+		if (!st.printf_ready) /* (reported with the pass's figures: the report's first
+					 * writing says what the first pass loaded) */
+			st.printf_ready = ready_printf_buffer();
 		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
 			write_stats(&st);
 		if (!shared_asked && (shared_asked = gpuos_sharemem_standby_pass()) != 0)

@@ -235,7 +235,7 @@ static int warm_standby_with(const char *var)
 }
 
 /* Calls a warm standby's preloading makes too (libgpuos/src/preload.c; the last three:
- * its kernel on the legacy stream). */
+ * its kernel that can print, to have the printf buffer made). */
 static int preload_call(const char *name)
 {
 	static const char *const q[] = {

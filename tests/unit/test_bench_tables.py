@@ -467,11 +467,11 @@ def test_a_groups_idle_time_is_where_no_running_member_makes_a_step():
 def test_the_standbys_driver_wait_after_their_release_is_told_beside_the_faulters_exit():
     """mps_faults.standby_driver_wait: of the standbys' ioctl waits on an NVIDIA device
     that end after the release (at 0.05 s), the longest part after it, with its ioctl,
-    when the faulter was gone, and how many standbys warmed the legacy stream."""
+    when the faulter was gone, and how many standbys had the printf buffer made."""
     import mps_faults
 
     s = {"released_s": 0.05, "faulter": {"process_gone_s": 0.43},
-         "preloads": [{"released": True, "legacy_stream_warmed": True}, {"released": True}],
+         "preloads": [{"released": True, "printf_buffer_made": True}, {"released": True}],
          "kernel_waits": [
              {"role": "standby c1", "call": "ioctl", "file": "/dev/nvidia0", "arg": "0xc0384627 rm-alloc-memory 0x71",
               "from_s": 0.06, "to_s": 0.34},
@@ -480,7 +480,7 @@ def test_the_standbys_driver_wait_after_their_release_is_told_beside_the_faulter
              {"role": "client c1", "call": "ioctl", "file": "/dev/nvidiactl", "arg": "y", "from_s": 0.0, "to_s": 0.9}]}
     assert mps_faults.standby_driver_wait(s) == (
         "standbys' longest driver wait after the release 0.28 s (0xc0384627 rm-alloc-memory 0x71, until 0.34), "
-        "the faulter gone at 0.43, legacy stream warmed in 1/2")
+        "the faulter gone at 0.43, printf buffer made ahead in 1/2")
     assert mps_faults.standby_driver_wait({"released_s": 0.05, "kernel_waits": []}) == ""
 
 
