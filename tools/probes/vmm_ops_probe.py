@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""What does making movable memory resident cost, call by call?  (issue 19; GPU host.)
+
+    python3 tools/probes/vmm_ops_probe.py [--sizes-mib 2,8,32,128,512,2048] [--repeat 5]
+                                          [--out FILE.json]
+
+WHY
+  In a group's turn switch, libgpuos makes each allocation it brings in resident with
+  cuMemCreate, cuMemMap and cuMemSetAccess, then queues its copy in; an eviction unmaps
+  and releases.  On an H200 (session 26, DNN mix at 150%: the oversub JSON's ahead_split)
+  making and mapping took 0.44 s of a run's 0.56 s spent issuing batches, beside 0.78 s of
+  the batches' GPU time, and the batches ran at 35 GB/s against 52 pinned.  Which call is
+  it, is it a fixed cost per allocation or a cost per byte, and what would keeping the
+  physical memory (mapping an existing handle again) or not asking for an exportable
+  handle save?
+
+WHAT IT DOES
+  In one process, for each size and each handle type (a POSIX fd, as libgpuos asks for;
+  none): REPEAT rounds of reserve, create, map, set access, a pinned copy in of the whole
+  size, unmap, map again and set access again (the same handle), unmap, release; each call
+  timed (synchronised where it queues).  Medians per size, type and call, in ms, and each
+  call's cost per GiB beside the copy's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes-mib", default="2,8,32,128,512,2048")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+
+    def ck(result):
+        err = result[0] if isinstance(result, tuple) else result
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA error: {getattr(err, 'name', err)}")
+        if isinstance(result, tuple):
+            return result[1] if len(result) == 2 else result[1:]
+        return None
+
+    ck(cu.cuInit(0))
+    dev = ck(cu.cuDeviceGet(0))
+    ctx = ck(cu.cuDevicePrimaryCtxRetain(dev))
+    ck(cu.cuCtxSetCurrent(ctx))
+    name = ck(cu.cuDeviceGetName(64, dev)).split(b"\0")[0].decode()
+    driver = ck(cu.cuDriverGetVersion())
+    sizes = [int(s) << 20 for s in args.sizes_mib.split(",")]
+    host = ck(cu.cuMemAllocHost(max(sizes)))
+    stream = ck(cu.cuStreamCreate(1))  # non-blocking, as libgpuos's swap stream
+    results = []
+    for htype_name, htype in (("posix-fd", cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                              ("none", cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE)):
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        prop.requestedHandleTypes = htype
+        desc = cu.CUmemAccessDesc()
+        desc.location = prop.location
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        gran = ck(cu.cuMemGetAllocationGranularity(
+            prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+        for size in sizes:
+            size = (size + gran - 1) // gran * gran
+            times: dict[str, list[float]] = {}
+
+            def timed(what, fn, *a):
+                t0 = time.perf_counter()
+                r = ck(fn(*a))
+                times.setdefault(what, []).append((time.perf_counter() - t0) * 1e3)
+                return r
+
+            for _ in range(args.repeat):
+                va = int(ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
+                h = timed("create", cu.cuMemCreate, size, prop, 0)
+                timed("map", cu.cuMemMap, va, size, 0, h, 0)
+                timed("set_access", cu.cuMemSetAccess, va, size, [desc], 1)
+                t0 = time.perf_counter()
+                ck(cu.cuMemcpyHtoDAsync(va, host, size, stream))
+                ck(cu.cuStreamSynchronize(stream))
+                times.setdefault("copy_in", []).append((time.perf_counter() - t0) * 1e3)
+                timed("unmap", cu.cuMemUnmap, va, size)
+                timed("map_again", cu.cuMemMap, va, size, 0, h, 0)
+                timed("set_access_again", cu.cuMemSetAccess, va, size, [desc], 1)
+                ck(cu.cuMemUnmap(va, size))
+                timed("release", cu.cuMemRelease, h)
+                ck(cu.cuMemAddressFree(va, size))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            gib = size / (1 << 30)
+            row = {"handle": htype_name, "bytes": size, "median_ms": med, "all_ms": times,
+                   "per_gib_ms": {k: v / gib for k, v in med.items()}}
+            results.append(row)
+            print(f"{htype_name:8} {size >> 20:6} MiB  " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()),
+                  flush=True)
+    out = {"probe": "vmm_ops", "device": name, "driver": driver,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": results}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
