@@ -19,7 +19,11 @@ WHAT IT DOES
   none): REPEAT rounds of reserve, create, map, set access, a pinned copy in of the whole
   size, unmap, map again and set access again (the same handle), unmap, release; each call
   timed (synchronised where it queues).  Medians per size, type and call, in ms, and each
-  call's cost per GiB beside the copy's.
+  call's cost per GiB beside the copy's.  Then, for COUNT allocations of 16 MiB (a turn's
+  batch of ResNet-50's allocations), making them resident (create, map, set access) three
+  ways, each timed as a whole: one after another; from 4 threads at once (does the fixed
+  cost per allocation overlap?); and from one handle of their total size, mapped at each
+  allocation's own reserved range at its offset (one create instead of COUNT).
 """
 from __future__ import annotations
 
@@ -31,10 +35,74 @@ import time
 from datetime import datetime, timezone
 
 
+def batch_ways(cu, ck, count: int, size: int) -> dict[str, float]:
+    """ms to make `count` allocations of `size` resident: serially, from 4 threads, and
+    from one handle of their total size (each way's memory released before the next)."""
+    import threading
+
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    desc = cu.CUmemAccessDesc()
+    desc.location = prop.location
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ctx = ck(cu.cuCtxGetCurrent())
+    vas = [int(ck(cu.cuMemAddressReserve(size, 0, 0, 0))) for _ in range(count)]
+    handles: list = [None] * count
+
+    def make(i: int) -> None:
+        handles[i] = ck(cu.cuMemCreate(size, prop, 0))
+        ck(cu.cuMemMap(vas[i], size, 0, handles[i], 0))
+        ck(cu.cuMemSetAccess(vas[i], size, [desc], 1))
+
+    def drop() -> None:
+        for i in range(count):
+            ck(cu.cuMemUnmap(vas[i], size))
+            if handles[i] is not None:
+                ck(cu.cuMemRelease(handles[i]))
+                handles[i] = None
+
+    out = {}
+    t0 = time.perf_counter()
+    for i in range(count):
+        make(i)
+    out["serial"] = (time.perf_counter() - t0) * 1e3
+    drop()
+
+    def worker(k: int) -> None:
+        ck(cu.cuCtxSetCurrent(ctx))
+        for i in range(k, count, 4):
+            make(i)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["four_threads"] = (time.perf_counter() - t0) * 1e3
+    drop()
+
+    t0 = time.perf_counter()
+    big = ck(cu.cuMemCreate(size * count, prop, 0))
+    for i in range(count):
+        ck(cu.cuMemMap(vas[i], size, i * size, big, 0))
+        ck(cu.cuMemSetAccess(vas[i], size, [desc], 1))
+    out["one_handle"] = (time.perf_counter() - t0) * 1e3
+    drop()
+    ck(cu.cuMemRelease(big))
+    for va in vas:
+        ck(cu.cuMemAddressFree(va, size))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-mib", default="2,8,32,128,512,2048")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     from cuda.bindings import driver as cu  # type: ignore[import-not-found]
@@ -101,8 +169,10 @@ def main() -> int:
             results.append(row)
             print(f"{htype_name:8} {size >> 20:6} MiB  " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()),
                   flush=True)
+    batch = batch_ways(cu, ck, args.count, 16 << 20)
+    print("batch of", args.count, "x 16 MiB:", "  ".join(f"{k} {v:.1f} ms" for k, v in batch.items()), flush=True)
     out = {"probe": "vmm_ops", "device": name, "driver": driver,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": results}
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": results, "batch_16mib": batch}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
