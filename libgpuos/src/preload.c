@@ -46,6 +46,7 @@
 
 int gpuos_preload_noting;   /* launches are noted (GPUOS_MPS_KERNELS set) */
 static int standby_loading; /* ... and this process is a warm standby that preloads */
+static int printf_ahead = 1; /* ready_printf_buffer while waiting (GPUOS_MPS_PRINTF_AHEAD=0: not) */
 static const char *list_path;
 
 __attribute__((constructor)) static void preload_init(void)
@@ -57,6 +58,8 @@ __attribute__((constructor)) static void preload_init(void)
 	const char *at = getenv("GPUOS_MPS_STANDBY_AT");
 	const char *fifo = getenv("GPUOS_MPS_STANDBY");
 	standby_loading = at && !strcmp(at, "launch") && fifo && *fifo;
+	const char *pa = getenv("GPUOS_MPS_PRINTF_AHEAD");
+	printf_ahead = !(pa && !strcmp(pa, "0"));
 	__atomic_store_n(&gpuos_preload_noting, 1, __ATOMIC_RELEASE);
 }
 
@@ -560,7 +563,13 @@ int gpuos_preload_take(const void *image, unsigned int njit, CUlibraryOption *lo
  * can print (it never does), launched once while the standby waits, has them made
  * before the fault.  Its own module: fingerprint.cu's, loaded in every context that
  * validates or evicts, must not make every such context a printf buffer.  1, or -1 if it
- * could not be run. */
+ * could not be run.
+ *
+ * The one program it changes: the driver refuses a new printf buffer size
+ * (cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE)) once a kernel that can print has run, so a
+ * program that sets it after its first launch, before any kernel of its own that can
+ * print, would be refused in the standby and not in its client.  GPUOS_MPS_PRINTF_AHEAD=0
+ * in the client's environment (its standby's is a copy) leaves the buffer to the program. */
 static const char printf_ready_ptx[] =
 	".version 6.0\n.target sm_50\n.address_size 64\n"
 	".extern .func (.param .b32 r) vprintf (.param .b64 f, .param .b64 a);\n"
@@ -634,7 +643,7 @@ static void *loader_main(void *arg)
 	int shared_asked = 0; /* its start-up memory mapped in place of ours (sharemem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
-		if (!st.printf_ready) /* (reported with the pass's figures: the report's first
+		if (!st.printf_ready && printf_ahead) /* (reported with the pass's figures: the report's first
 					 * writing says what the first pass loaded) */
 			st.printf_ready = ready_printf_buffer();
 		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
