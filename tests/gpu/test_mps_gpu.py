@@ -246,6 +246,10 @@ def _fault_and_recover(mps: Mps, kind: str, policy: str = "restart", spare: bool
             time.sleep(0.5)
         warm = [_preloaded(mps, c, p)["cublas_warm_up"] for c, p in standbys.items()]
         assert all(w["calls"] > 0 and w["failed"] == 0 for w in warm), warm
+        # and has the printf buffer made: its kernel that can print was JIT-compiled and ran
+        # on this driver (preload.c ready_printf_buffer; null would be not yet, false failed)
+        made = {c: _preloaded(mps, c, p)["printf_buffer_made"] for c, p in standbys.items()}
+        assert all(m is True for m in made.values()), made
     if share:  # each maps its client's weights (same seed: same bytes) instead of a copy
         deadline = time.monotonic() + 30
         while not all(((_preloaded(mps, c, p) or {}).get("memory_shared") or {}).get("asked")
