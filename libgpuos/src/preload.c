@@ -643,8 +643,9 @@ static void *loader_main(void *arg)
 	int shared_asked = 0; /* its start-up memory mapped in place of ours (sharemem.c) */
 	const struct timespec tick = { 0, 50 * 1000 * 1000 };
 	while (!released()) {
-		if (!st.printf_ready && printf_ahead) /* (reported with the pass's figures: the report's first
-					 * writing says what the first pass loaded) */
+		/* (reported with the pass's figures: the report's first writing says what the
+		 * first pass loaded) */
+		if (!st.printf_ready && printf_ahead)
 			st.printf_ready = ready_printf_buffer();
 		if (!ahead_made && (ahead_made = gpuos_aheadmem_make(list_path)) != 0)
 			write_stats(&st);
