@@ -35,19 +35,26 @@ import time
 from datetime import datetime, timezone
 
 
+def device_memory(cu, handle_type):
+    """The properties of device 0's memory as libgpuos makes it (memory.c movable_prop,
+    with `handle_type`) and read-write access to it from device 0."""
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    prop.requestedHandleTypes = handle_type
+    desc = cu.CUmemAccessDesc()
+    desc.location = prop.location
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return prop, desc
+
+
 def batch_ways(cu, ck, count: int, size: int) -> dict[str, float]:
     """ms to make `count` allocations of `size` resident: serially, from 4 threads, and
     from one handle of their total size (each way's memory released before the next)."""
     import threading
 
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = 0
-    prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    desc = cu.CUmemAccessDesc()
-    desc.location = prop.location
-    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    prop, desc = device_memory(cu, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     ctx = ck(cu.cuCtxGetCurrent())
     vas = [int(ck(cu.cuMemAddressReserve(size, 0, 0, 0))) for _ in range(count)]
     handles: list = [None] * count
@@ -127,14 +134,7 @@ def main() -> int:
     results = []
     for htype_name, htype in (("posix-fd", cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                               ("none", cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE)):
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = 0
-        prop.requestedHandleTypes = htype
-        desc = cu.CUmemAccessDesc()
-        desc.location = prop.location
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        prop, desc = device_memory(cu, htype)
         gran = ck(cu.cuMemGetAllocationGranularity(
             prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
         for size in sizes:
