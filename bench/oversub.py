@@ -19,14 +19,17 @@ its final state), in one run:
               of the run, the mean and p99 stall of a call that waited (p99: the top of
               its power-of-two histogram bucket), the evictions the learned sequence chose
 
-Overhead at 100% (--overhead-rounds K): single 30-step runs differ by more than the 2%
-the issue allows at 100%, so each workload also runs K rounds of three systems, with 4x
-the timed steps, in an order rotated from round to round (drift cancels):
+Overhead at 100% (--overhead-turns K): separate runs of one workload on these machines
+differ by far more than the 2% the issue allows (up to 1.7x within a lease), so each
+workload also runs three systems alive at once, taking the GPU in turns of about
+OVERHEAD_TURN_S (the suite's --turns: K turns each, every turn ending in a device
+synchronization, the next one's process waiting meanwhile):
   plain       the workload alone, no gpuos
   ideal       as above (gpuos, the whole GPU as the limit)
   limited     --gpu-memory at 100% of the ideal's peak, --evict future
-and each round's limited time over plain's and over ideal's; the table gives their medians
-and ranges over the rounds (the checksums must be equal in every run).
+Each turn of limited is compared with the two turns of plain (and of ideal) around it
+(bench/paired.py bracketed_overhead): the overhead and its 95% interval over the turns.
+The three checksums must be equal (the same steps, the same seed).
 
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
 once, each timing its steps from the moment all have warmed up (the suite's
@@ -65,7 +68,7 @@ transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
                              [--pressures 100,150,200,300] [--slice 1000[,3000]] [--repeat 3] [--steps-times 1]
-                             [--overhead-rounds K]
+                             [--overhead-turns K]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -87,6 +90,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cr_baseline import PCIE_PROBE
+from paired import bracketed_overhead
 
 import threading
 import time
@@ -177,54 +181,72 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: 
                                                  if "relative" in r else r["error"][:300]), flush=True)
         row["pressures"].append(cell)
     if overhead:
-        row["overhead"] = overhead_rounds(workload, overhead, peak, gpu_bytes)
+        row["overhead"] = overhead_turns(workload, overhead, peak, gpu_bytes, ideal["seconds"] / ideal["steps"])
     return row
 
 
-OVERHEAD_STEPS_TIMES = 4
-SYSTEMS = ("plain", "ideal", "limited")
+OVERHEAD_TURN_S = 0.5  # a turn's length, about (K steps of the ideal's step time)
+SYSTEMS = ("plain", "ideal", "limited")  # the order of their turns
 
 
-def overhead_rounds(workload: str, rounds: int, limit: int, gpu_bytes: int) -> dict:
-    """`rounds` rounds of plain, ideal and limited-at-100% runs, in rotated order; each
-    round's limited time over the others'."""
-    args = longer(WORKLOADS[workload], OVERHEAD_STEPS_TIMES)
-    cmds = {"plain": suite_cmd(workload, args),
-            "ideal": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)),
-            "limited": under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(limit), "--evict", "future")}
-    runs: list[dict] = []
-    for r in range(rounds):
-        got = {}
-        for name in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:
-            fin = run(cmds[name], timeout=TIMEOUT)
-            res = last_json_object(fin.stdout) if fin.returncode == 0 else None
-            if res is None:
-                raise RuntimeError(f"{workload} overhead round {r + 1}, {name}: {fin.describe()[-800:]}")
-            got[name] = {"seconds": res["seconds"], "checksum": res["checksum"]}
-        runs.append(got)
-        print(f"{workload} overhead round {r + 1}: " + ", ".join(f"{n} {got[n]['seconds']:.3f} s" for n in SYSTEMS),
-              flush=True)
-    out: dict = {"rounds": runs, "steps_times": OVERHEAD_STEPS_TIMES, "limit": limit,
-                 "checksums_equal": len({g[n]["checksum"] for g in runs for n in SYSTEMS}) == 1}
-    for base in ("plain", "ideal"):
-        ratios = sorted(g["limited"]["seconds"] / g[base]["seconds"] for g in runs)
-        out[f"limited_over_{base}"] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
-                                       "all": ratios}
+def overhead_turns(workload: str, turns: int, limit: int, gpu_bytes: int, step_s: float) -> dict:
+    """Plain, ideal and limited at 100% alive at once, `turns` turns each (module doc)."""
+    k = max(1, round(OVERHEAD_TURN_S / step_s))
+    at = WORKLOADS[workload].index("--steps") + 1
+    args = [*WORKLOADS[workload][:at], str(turns * k), *WORKLOADS[workload][at + 1:]]
+    ring = Path(tempfile.mkdtemp(prefix="oversub-turns-"))
+    cmds = {"plain": lambda c: c,
+            "ideal": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(gpu_bytes)),
+            "limited": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(limit), "--evict", "future")}
+    got: dict = {}
+
+    def one(i: int, name: str) -> None:
+        got[name] = run(cmds[name](suite_cmd(workload, [*args, "--turns", str(ring), str(i), str(len(SYSTEMS)),
+                                                        str(k)])), timeout=TIMEOUT)
+        if got[name].returncode != 0:
+            (ring / "abort").touch()  # the others would wait for its turns
+
+    threads = [threading.Thread(target=one, args=(i, n), daemon=True) for i, n in enumerate(SYSTEMS)]
+    for th in threads:
+        th.start()
+    while len(list(ring.glob("ready-*"))) < len(SYSTEMS) and not got:
+        time.sleep(0.01)
+    (ring / ".turn").write_text("0")
+    os.replace(ring / ".turn", ring / "turn")
+    for th in threads:
+        th.join()
+    shutil.rmtree(ring, ignore_errors=True)
+    res = {}
+    for name in SYSTEMS:
+        fin = got[name]
+        res[name] = last_json_object(fin.stdout) if fin.returncode == 0 else None
+        if res[name] is None or not res[name].get("windows"):
+            raise RuntimeError(f"{workload} overhead turns, {name}: {fin.describe()[-800:]}")
+    per_step = {n: [(b - a) / k for a, b in res[n]["windows"]] for n in SYSTEMS}
+    out: dict = {"method": "turns", "turn_steps": k, "turns": turns, "limit": limit, "per_step_s": per_step,
+                 "checksums_equal": len({res[n]["checksum"] for n in SYSTEMS}) == 1,
+                 "limited_over_plain": bracketed_overhead(per_step["plain"], per_step["limited"]),
+                 "limited_over_ideal": bracketed_overhead(per_step["ideal"], per_step["limited"]),
+                 "ideal_over_plain": bracketed_overhead(per_step["plain"], per_step["ideal"])}
+    print(f"{workload} overhead, {turns} turns of {k} steps: limited over plain "
+          f"{pct(out['limited_over_plain'])}, over ideal {pct(out['limited_over_ideal'])}", flush=True)
     return out
 
 
+def pct(est: dict) -> str:
+    return f"{est['overhead_pct']:+.1f} ± {est['ci95_pct']:.1f}%" if "overhead_pct" in est else "-"
+
+
 def overhead_markdown(result: dict) -> str:
-    rows = [r for r in result["rows"] if r.get("overhead")]
+    rows = [r for r in result["rows"] if r.get("overhead", {}).get("method") == "turns"]
     if not rows:
         return ""
-    lines = ["| workload | rounds | limited (100%) over plain: median | range | limited over ideal: median "
-             "| range | checksums equal |", "| --- | ---: | ---: | --- | ---: | --- | --- |"]
+    lines = ["| workload | turns x steps | limited (100%) over plain | limited over ideal | ideal over plain "
+             "| checksums equal |", "| --- | --- | ---: | ---: | ---: | --- |"]
     for row in rows:
         o = row["overhead"]
-        p, i = o["limited_over_plain"], o["limited_over_ideal"]
-        lines.append(f"| {row['workload']} | {len(o['rounds'])} | {p['median'] - 1:+.1%} | {p['min'] - 1:+.1%} to "
-                     f"{p['max'] - 1:+.1%} | {i['median'] - 1:+.1%} | {i['min'] - 1:+.1%} to {i['max'] - 1:+.1%} "
-                     f"| {o['checksums_equal']} |")
+        lines.append(f"| {row['workload']} | {o['turns']} x {o['turn_steps']} | **{pct(o['limited_over_plain'])}** "
+                     f"| {pct(o['limited_over_ideal'])} | {pct(o['ideal_over_plain'])} | {o['checksums_equal']} |")
     return "\n".join(lines)
 
 
@@ -606,8 +628,9 @@ def main() -> None:
     ap.add_argument("--pressures", default="100,150,200,300")
     ap.add_argument("--steps-times", type=int, default=1,
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
-    ap.add_argument("--overhead-rounds", type=non_negative, default=0, metavar="K",
-                    help="rounds of plain / ideal / limited-at-100%% runs per workload, 4x longer (0: none)")
+    ap.add_argument("--overhead-turns", type=non_negative, default=0, metavar="K",
+                    help="per workload, plain / ideal / limited at 100%% alive at once taking K turns "
+                         "each (0: none; 3 at least for an interval)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
@@ -617,7 +640,7 @@ def main() -> None:
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
     pressures = [int(p) for p in args.pressures.split(",")]
     for w in filter(None, args.workloads.split(",")):
-        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_rounds))
+        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_turns))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []

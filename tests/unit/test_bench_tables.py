@@ -4,6 +4,7 @@ made-up runs (the benchmarks themselves need a GPU; what they compute from runs 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ sys.path.insert(0, str(BENCH))
 
 import intercept_overhead as icpt  # noqa: E402
 import mps_faults  # noqa: E402
+import paired  # noqa: E402
 
 
 def rows(table: str) -> list[list[str]]:
@@ -347,30 +349,63 @@ def test_the_batch_rate_is_the_timed_batches_bytes_over_their_gpu_time():
     assert oversub.batch_rate([{"bytes_in": 5}]) is None  # from before the figures
 
 
-def test_overhead_rounds_rotate_the_order_and_pair_each_round(monkeypatch):
+FAKE_TURNS_MEMBER = """
+import json, sys, time
+from gpuos.workloads.suite import Turns, timed
+argv = sys.argv[1:]
+step_s, scale = float(argv[0]), float(argv[-1])  # the last --scale: under_gpuos adds its own
+steps = int(argv[argv.index("--steps") + 1])
+d, i, n, k = argv[argv.index("--turns") + 1:argv.index("--turns") + 5]
+turns = Turns(d, int(i), int(n), int(k), timeout_s=30)
+seconds, _, _ = timed(lambda: time.sleep(step_s * scale), 1, steps, lambda: None, turns=turns)
+print(json.dumps({"seconds": seconds, "checksum": "c", "windows": turns.windows}))
+"""
+
+
+@pytest.fixture
+def fake_turns(tmp_path, monkeypatch):
+    """overhead_turns over three real processes taking turns, each step a sleep: the
+    workload's name is the step's seconds; limited's steps last 20% longer."""
     import oversub
 
-    from gpuos.workloads.run import Finished
+    script = tmp_path / "member.py"
+    script.write_text(FAKE_TURNS_MEMBER)
+    monkeypatch.setattr(oversub, "suite_cmd", lambda w, args: [sys.executable, str(script), w, *args, "--scale", "1"])
+    monkeypatch.setattr(oversub, "under_gpuos",
+                        lambda cmd, *options: [*cmd, "--scale", "1.2" if "--evict" in options else "1"])
+    monkeypatch.setattr(oversub, "OVERHEAD_TURN_S", 0.05)
+    monkeypatch.setitem(oversub.WORKLOADS, "0.01", ["--steps", "30", "--warmup", "1"])
+    return oversub
 
-    seconds = {"plain": [1.0, 2.0, 1.0], "ideal": [1.0, 2.0, 1.0], "limited": [1.01, 2.06, 0.99]}
-    order: list[str] = []
 
-    def fake_run(cmd, timeout):
-        name = cmd[0]
-        order.append(name)
-        s = seconds[name][sum(o == name for o in order) - 1]
-        return Finished(list(cmd), 0, json.dumps({"seconds": s, "checksum": "c"}) + "\n", "", s)
+def test_overhead_turns_compare_each_turn_with_the_two_around_it(fake_turns):
+    out = fake_turns.overhead_turns("0.01", 6, 1 << 30, 2 << 30, step_s=0.01)
+    assert out["turn_steps"] == 5 and out["checksums_equal"]
+    assert all(len(v) == 6 for v in out["per_step_s"].values())
+    lp, ip = out["limited_over_plain"], out["ideal_over_plain"]
+    assert lp["turns"] == 5 and 10 < lp["overhead_pct"] < 30, out  # the 20% longer steps
+    assert abs(ip["overhead_pct"]) < 8, out  # the same steps
+    table = rows(fake_turns.overhead_markdown({"rows": [{"workload": "w", "overhead": out}]}))
+    assert table[2][:2] == ["w", "6 x 5"] and table[2][2].startswith("**+") and table[2][5] == "True"
 
-    monkeypatch.setattr(oversub, "under_gpuos", lambda cmd, *options: ["limited" if "--evict" in options else "ideal"])
-    monkeypatch.setattr(oversub, "suite_cmd", lambda w, args: ["plain"])
-    monkeypatch.setattr(oversub, "run", fake_run)
-    out = oversub.overhead_rounds("gpt-train", 3, 1 << 30, 2 << 30)
-    assert order == ["plain", "ideal", "limited", "ideal", "limited", "plain", "limited", "plain", "ideal"]
-    # Paired per round (a slow round is slow for all three), not medians of the systems.
-    assert out["limited_over_plain"]["all"] == pytest.approx([0.99, 1.01, 1.03])
-    assert out["limited_over_plain"]["median"] == pytest.approx(1.01) and out["checksums_equal"]
-    table = rows(oversub.overhead_markdown({"rows": [{"workload": "gpt-train", "overhead": out}]}))
-    assert table[2] == ["gpt-train", "3", "+1.0%", "-1.0% to +3.0%", "+1.0%", "-1.0% to +3.0%", "True"]
+
+def test_a_failed_system_ends_the_others_turns_at_once(fake_turns, monkeypatch):
+    real = fake_turns.under_gpuos
+    monkeypatch.setattr(fake_turns, "under_gpuos",
+                        lambda cmd, *o: [sys.executable, "-c", "raise SystemExit(5)"] if "--evict" in o else real(cmd, *o))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="overhead turns"):
+        fake_turns.overhead_turns("0.01", 6, 1 << 30, 2 << 30, step_s=0.01)
+    assert time.monotonic() - t0 < 20  # not the members' 30 s wait for a turn
+
+
+def test_bracketed_overhead_cancels_a_steady_drift():
+    base = [1.0 + 0.1 * i for i in range(8)]  # a steady drift of 10% a turn
+    other = [1.01 * (b0 + b1) / 2 for b0, b1 in zip(base, base[1:])] + [9.9]  # 1% over the two around it
+    est = paired.bracketed_overhead(base, other)
+    assert est["turns"] == 7 and est["overhead_pct"] == pytest.approx(1.0 * statistics.fmean(
+        [(b0 + b1) / 2 for b0, b1 in zip(base, base[1:])]) / statistics.fmean(base), rel=1e-9)
+    assert paired.bracketed_overhead([1.0, 1.0], [1.0, 1.0]) == {"turns": 1}  # no interval from one
 
 
 def test_group_cells_of_several_slices_say_their_slice():

@@ -98,3 +98,64 @@ def test_a_gate_that_stays_shut_times_the_steps_anyway(tmp_path, capsys):
     assert suite.wait_at_gate(str(tmp_path), timeout_s=0.05) is False
     assert "did not appear within" in capsys.readouterr().err
     assert suite.wait_at_gate(None) is True
+
+
+def test_processes_in_turns_run_k_steps_each_in_ring_order(tmp_path):
+    """--turns: two ring members (threads here) run their steps in turns of 2, in ring
+    order once DIR/turn says 0; each one's seconds are its turns' windows."""
+    order: list[str] = []
+    got: dict = {}
+
+    def member(name: str, index: int) -> None:
+        turns = suite.Turns(str(tmp_path), index, 2, 2, timeout_s=10)
+        seconds, _, out = suite.timed(lambda: order.append(name) or time.sleep(0.01), 1, 6, lambda: None,
+                                      turns=turns)
+        got[name] = (seconds, turns.windows)
+
+    threads = [threading.Thread(target=member, args=(n, i)) for i, n in enumerate("ab")]
+    for t in threads:
+        t.start()
+    while len(list(tmp_path.glob("ready-*"))) < 2:
+        time.sleep(0.005)
+    assert order == ["a", "b"]  # the warmups: nothing timed before the ring opens
+    (tmp_path / "turn").write_text("0")
+    for t in threads:
+        t.join()
+    assert order[2:] == list("aabbaabbaabb")
+    for name in "ab":
+        seconds, windows = got[name]
+        assert len(windows) == 3 and seconds == pytest.approx(sum(e - s for s, e in windows))
+        assert 0.015 < seconds / 3 < 0.2
+    assert got["a"][1][0][1] <= got["b"][1][0][0]  # b's first turn after a's
+
+
+def test_a_turn_that_does_not_come_is_an_error(tmp_path):
+    turns = suite.Turns(str(tmp_path), 1, 2, 1, timeout_s=0.05)
+    with pytest.raises(suite.TurnError, match="did not come within"):
+        turns.wait()
+    (tmp_path / "abort").touch()
+    turns.timeout_s = 10
+    t0 = time.monotonic()
+    with pytest.raises(suite.TurnError, match="the ring was ended"):
+        turns.wait()
+    assert time.monotonic() - t0 < 1
+
+
+@pytest.mark.parametrize("args", [["--turns", "D", "0", "2", "7"],  # 20 steps, not a multiple of 7
+                                  ["--turns", "D", "2", "2", "1"],  # index out of the ring
+                                  ["--turns", "D", "0", "x", "1"],
+                                  ["--turns", "D", "0", "2", "1", "--start-gate", "D"],
+                                  ["--turns", "missing", "0", "2", "1"]])
+def test_turns_arguments_are_checked(args, tmp_path, capsys):
+    args = [str(tmp_path) if x == "D" else x for x in args]
+    with pytest.raises(SystemExit) as exc:
+        suite.parse(["resnet50-train", *args])
+    assert exc.value.code == 2 and "--turns" in capsys.readouterr().err
+
+
+def test_noop_launch_cannot_take_turns(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        suite.parse(["noop-launch", "--turns", str(tmp_path), "0", "2", "1000"])
+    assert "not noop-launch" in capsys.readouterr().err
+    a = suite.parse(["resnet50-train", "--turns", str(tmp_path), "1", "3", "5"])
+    assert (a.turns.index, a.turns.count, a.turns.steps) == (1, 3, 5)

@@ -27,6 +27,16 @@ the paired benchmark compares neighbouring steps recorded and not.
 ``--start-gate DIR`` is for processes timed together (bench/oversub.py's groups): after
 the warmup, the process creates DIR/ready-PID and times its steps only once DIR/go
 exists (at most GATE_TIMEOUT_S later).
+
+``--turns DIR INDEX COUNT K`` is for processes timed in turns (bench/oversub.py's
+overhead at 100%): COUNT processes alive at once, each with the same steps, take the GPU
+in turns of K steps, so that each one's turn lies between two of every other's and the
+host's drift cancels (the same process runs alone 1.7x slower or faster from one
+minute to the next on the GPU machines).  After the warmup a process creates
+DIR/ready-INDEX; it runs a turn when DIR/turn holds INDEX (the benchmark writes 0 once
+all are ready), synchronizes the device at the turn's end and writes INDEX + 1 (mod
+COUNT) there; DIR/abort ends the wait (exit status 2).  Its JSON then has ``windows``: each turn's [start, end] in
+CLOCK_MONOTONIC seconds, and ``seconds`` is their sum.
 """
 
 from __future__ import annotations
@@ -40,10 +50,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-GATE_TIMEOUT_S = 600.0  # --start-gate: the longest wait for DIR/go
+GATE_TIMEOUT_S = 600.0  # --start-gate: the longest wait for DIR/go; --turns: for a turn
 
 # Keys of the JSON line that differ between two runs of the same workload.
-VOLATILE_KEYS = ("seconds", "cpu_s", "steps_per_s", "items_per_s", "ns_per_launch", "pid")
+VOLATILE_KEYS = ("seconds", "cpu_s", "steps_per_s", "items_per_s", "ns_per_launch", "pid", "windows")
 
 
 @dataclass
@@ -160,23 +170,79 @@ def wait_at_gate(gate: str | None, timeout_s: float = GATE_TIMEOUT_S) -> bool:
     return True
 
 
+class TurnError(Exception):
+    """--turns: the turn did not come (another process of the ring has gone)."""
+
+
+class Turns:
+    """--turns DIR INDEX COUNT K (module doc): this process's place in a ring of COUNT
+    processes taking turns of K steps, and the windows of its turns so far."""
+
+    def __init__(self, directory: str, index: int, count: int, steps: int,
+                 timeout_s: float = GATE_TIMEOUT_S):
+        self.dir, self.index, self.count, self.steps = directory, index, count, steps
+        self.timeout_s = timeout_s
+        self.windows: list[tuple[float, float]] = []
+
+    def ready(self) -> None:
+        os.close(os.open(os.path.join(self.dir, f"ready-{self.index}"), os.O_CREAT | os.O_WRONLY, 0o644))
+
+    def holder(self) -> int | None:
+        try:
+            with open(os.path.join(self.dir, "turn")) as f:
+                return int(f.read())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def wait(self) -> float:
+        """Until it is this process's turn; its start (time.monotonic())."""
+        deadline = time.monotonic() + self.timeout_s
+        while self.holder() != self.index:
+            if os.path.exists(os.path.join(self.dir, "abort")):
+                raise TurnError(f"--turns: {self.dir}/abort: the ring was ended (another process failed)")
+            if time.monotonic() >= deadline:
+                raise TurnError(f"--turns: turn {len(self.windows) + 1} did not come within "
+                                f"{self.timeout_s:.0f} s ({self.dir}/turn holds {self.holder()})")
+            time.sleep(0.0002)
+        return time.monotonic()
+
+    def pass_on(self, started: float) -> None:
+        self.windows.append((started, time.monotonic()))
+        tmp = os.path.join(self.dir, f".turn-{self.index}")
+        with open(tmp, "w") as f:
+            f.write(str((self.index + 1) % self.count))
+        os.replace(tmp, os.path.join(self.dir, "turn"))
+
+
 def timed(step: Callable[[], Any], warmup: int, steps: int, sync: Callable[[], None],
-          marks: StepMarks | None = None, gate: str | None = None):
+          marks: StepMarks | None = None, gate: str | None = None, turns: Turns | None = None):
     """Run warmup steps, then time `steps` steps; returns (seconds, CPU seconds of the whole
     process, their return values).  With `marks`, marks the start and each step's end;
-    with `gate`, waits there between the warmup and the timed steps (wait_at_gate)."""
+    with `gate`, waits there between the warmup and the timed steps (wait_at_gate); with
+    `turns`, runs the steps in its turns, synchronized at each turn's end, and the
+    seconds are the turns' (Turns)."""
     for _ in range(warmup):
         step()
     sync()
-    wait_at_gate(gate)
+    if turns:
+        turns.ready()
+    else:
+        wait_at_gate(gate)
     t0, c0 = time.perf_counter(), time.process_time()
     mark(marks)
     out = []
-    for _ in range(steps):
+    started = 0.0
+    for i in range(steps):
+        if turns and i % turns.steps == 0:
+            started = turns.wait()
         out.append(step())
         mark(marks)
+        if turns and (i + 1) % turns.steps == 0:
+            sync()
+            turns.pass_on(started)
     sync()
-    return time.perf_counter() - t0, time.process_time() - c0, out
+    seconds = sum(b - a for a, b in turns.windows) if turns else time.perf_counter() - t0
+    return seconds, time.process_time() - c0, out
 
 
 def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tuple],
@@ -196,7 +262,7 @@ def train(a: argparse.Namespace, torch, model, forward, batch: Callable[[], tupl
         opt.step()
         return loss
 
-    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate)
+    seconds, cpu, losses = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate, a.turns)
     checksum = sha256_tensors(torch, [*params, losses[-1]])
     return Measured(seconds, checksum, torch_info(torch, extra or {}), cpu)
 
@@ -205,7 +271,7 @@ def infer(a: argparse.Namespace, torch, step: Callable[[], Any],
           extra: dict[str, Any] | None = None) -> Measured:
     """Time inference steps; checksum every output of the timed steps."""
     with torch.no_grad():
-        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate)
+        seconds, cpu, outputs = timed(step, a.warmup, a.steps, torch.cuda.synchronize, a.marks, a.start_gate, a.turns)
     return Measured(seconds, sha256_tensors(torch, outputs), torch_info(torch, extra or {}), cpu)
 
 
@@ -380,7 +446,7 @@ def cupy_suite(a: argparse.Namespace) -> Measured:
         normalize((BLOCKS,), (THREADS,), (mixed, norms[done:], state, count))
         done += 1
 
-    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize, a.marks, a.start_gate)
+    seconds, cpu, _ = timed(step, a.warmup, a.steps, cupy.cuda.Device().synchronize, a.marks, a.start_gate, a.turns)
     checksum = hashlib.sha256(state.get().tobytes() + norms.get().tobytes()).hexdigest()
     return Measured(seconds, checksum, cupy_info(cupy), cpu)
 
@@ -485,6 +551,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-gate", metavar="DIR",
                    help="After the warmup, create DIR/ready-PID and wait for DIR/go before the timed "
                         "steps (processes started together then time their steps together).")
+    p.add_argument("--turns", nargs=4, metavar=("DIR", "INDEX", "COUNT", "K"),
+                   help="Take the GPU in turns of K steps with COUNT-1 other processes (module doc); "
+                        "--steps a multiple of K.")
     g = p.add_argument_group("sizes")
     g.add_argument("--image-size", type=int, default=224, help="ResNet input side.")
     g.add_argument("--layers", type=int, default=12, help="GPT blocks.")
@@ -498,6 +567,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--toggle-recording K wants K >= 1 and --step-log")
     # the step log's marks, kept by timed()
     a.marks = StepMarks(a.toggle_recording) if a.step_log else None
+    a.turns = turns(p, a.turns)
     if a.list:
         return a
     if a.workload is None:
@@ -510,14 +580,33 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--steps and --batch must be at least 1, --warmup at least 0")
     if a.workload == "gpt-compile" and a.warmup < 1:
         p.error("gpt-compile needs --warmup 1 or more: the first step compiles")
+    if a.turns and (a.steps % a.turns.steps or a.start_gate or a.workload == "noop-launch"):
+        p.error("--turns wants --steps a multiple of K, no --start-gate, and a workload of steps "
+                "(not noop-launch)")
     return a
 
 
+def turns(p: argparse.ArgumentParser, values: list[str] | None) -> Turns | None:
+    if values is None:
+        return None
+    directory, *numbers = values
+    try:
+        index, count, steps = (int(x) for x in numbers)
+    except ValueError:
+        p.error(f"--turns DIR INDEX COUNT K: {' '.join(numbers)} are not all integers")
+    if not (0 <= index < count and steps >= 1) or not os.path.isdir(directory):
+        p.error("--turns DIR INDEX COUNT K wants an existing DIR, 0 <= INDEX < COUNT and K >= 1")
+    return Turns(directory, index, count, steps)
+
+
 def report(a: argparse.Namespace, m: Measured) -> dict[str, Any]:
-    return {"workload": a.workload, "steps": a.steps, "warmup": a.warmup, "batch": a.batch,
-            "seconds": m.seconds, "cpu_s": m.cpu_s, "steps_per_s": a.steps / m.seconds,
-            "items_per_s": a.steps * a.batch / m.seconds, "checksum": m.checksum,
-            "pid": os.getpid(), **m.info}
+    out = {"workload": a.workload, "steps": a.steps, "warmup": a.warmup, "batch": a.batch,
+           "seconds": m.seconds, "cpu_s": m.cpu_s, "steps_per_s": a.steps / m.seconds,
+           "items_per_s": a.steps * a.batch / m.seconds, "checksum": m.checksum,
+           "pid": os.getpid(), **m.info}
+    if a.turns:
+        out["windows"] = a.turns.windows
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -533,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps({"pid": os.getpid()}) + "\n")
     try:
         out = report(a, WORKLOADS[a.workload].run(a))
-    except ToggleError as exc:
+    except (ToggleError, TurnError) as exc:
         print(f"suite: {exc}", file=sys.stderr, flush=True)
         return 2
     if a.step_log:
