@@ -151,6 +151,7 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
         out["in_GBps"] = own_copy_rate([st])
         out["batch_GBps"] = batch_rate([st])
         out["in_map_share"] = own_map_share([st])
+        out["map_split"] = map_split([st])
         out["out_GBps"] = st["bytes_out"] / st["out_ns"] if st["out_ns"] else None
         out["stall_per_wait_ms"] = st["stall_ns"] / st["calls_swapped"] / 1e6 if st["calls_swapped"] else 0.0
         p99 = stats.stall_percentile_us(99)
@@ -325,6 +326,20 @@ def ahead_issue_split(stats: list[dict]) -> dict | None:
     total = lambda k: sum(x.get(k, 0) for x in stats) / 1e9  # noqa: E731
     return {"issue_s": total("ahead_ns"), "map_s": total("ahead_map_ns"), "room_s": total("room_ns"),
             "batch_gpu_s": total("batch_ns")}
+
+
+def map_split(stats: list[dict]) -> dict | None:
+    """Making and mapping memory for copies in (all members, waited for or ahead): how many
+    mappings, their seconds and of those cuMemCreate's and cuMemSetAccess's (the rest is
+    cuMemMap), the mean per mapping in ms, and the evictions' unmapping and releasing;
+    None for results from before these figures (session 27)."""
+    if not any("maps" in x for x in stats):
+        return None
+    total = lambda k: sum(x.get(k, 0) for x in stats)  # noqa: E731
+    maps, ns = total("maps"), total("map_ns") + total("ahead_map_ns")
+    return {"maps": maps, "map_s": ns / 1e9, "create_s": total("create_ns") / 1e9,
+            "access_s": total("access_ns") / 1e9, "per_map_ms": ns / maps / 1e6 if maps else None,
+            "release_s": total("release_ns") / 1e9}
 
 
 def own_map_share(stats: list[dict]) -> float | None:
@@ -554,6 +569,7 @@ def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int
                 r["batch_GBps"] = batch_rate(st)
                 r["in_map_share"] = own_map_share(st)
                 r["ahead_split"] = ahead_issue_split(st)
+                r["map_split"] = map_split(st)
                 r["exclusive"] = exclusive_ceiling(
                     [w for w, _ in members], [m.get("seconds") for m in alone],
                     [m.get("group_member", {}).get("working_set") for m in r["members"]], limit, ideal_s)

@@ -201,6 +201,13 @@ struct gpuos_res_stats {
 	uint64_t room_ns;        /* of ahead_ns, turns' batches waiting for the room the others' evictions
 				  * free, part by part (a group's holder): with ahead_map_ns, what
 				  * of batch_ns was not copying */
+	uint64_t maps;           /* physical memory made and mapped for copies in (waited for or
+				  * ahead), which map_ns and ahead_map_ns time; of that time: */
+	uint64_t create_ns;      /* ... in cuMemCreate */
+	uint64_t access_ns;      /* ... in cuMemSetAccess (the rest: cuMemMap, and waits for a
+				  * member that just left to give its memory back) */
+	uint64_t release_ns;     /* of out_ns, unmapping and releasing evicted memory (the room it
+				  * frees is given back only after) */
 	uint64_t stall_hist[GPUOS_STALL_BUCKETS]; /* calls that brought memory in, by how long they
 				  * waited: bucket i counts [2^i, 2^(i+1)) microseconds (the first,
 				  * also less; the last, also more) */

@@ -664,6 +664,12 @@ size_t gpuos_movable_granularity(int device);
 size_t gpuos_movable_access(int device, const CUmemAccessDesc **out);
 /* New physical memory for [va, va + size) on device, mapped read-write. */
 CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out);
+/* Where gpuos_movable_map_timed's time went (added to). */
+struct gpuos_map_times {
+	uint64_t create_ns, access_ns;
+};
+CUresult gpuos_movable_map_timed(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out,
+				 struct gpuos_map_times *t);
 
 /* ---- resident.c --------------------------------------------------------------------- */
 

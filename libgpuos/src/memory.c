@@ -119,10 +119,19 @@ size_t gpuos_movable_access(int device, const CUmemAccessDesc **out)
 
 CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out)
 {
+	return gpuos_movable_map_timed(va, size, device, out, NULL);
+}
+
+CUresult gpuos_movable_map_timed(uint64_t va, size_t size, int device, CUmemGenericAllocationHandle *out,
+				 struct gpuos_map_times *t)
+{
 	CUmemAllocationProp prop;
 	movable_prop(&prop, device);
 	CUmemGenericAllocationHandle h;
+	uint64_t t0 = t ? gpuos_now_ns() : 0;
 	CUresult r = gpuos_drv.mem_create(&h, size, &prop, 0);
+	if (t)
+		t->create_ns += gpuos_now_ns() - t0;
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = gpuos_drv.mem_map(va, size, 0, h, 0);
@@ -132,7 +141,10 @@ CUresult gpuos_movable_map_new(uint64_t va, size_t size, int device, CUmemGeneri
 	}
 	const CUmemAccessDesc *acc;
 	size_t nacc = gpuos_movable_access(device, &acc);
+	t0 = t ? gpuos_now_ns() : 0;
 	r = gpuos_drv.mem_set_access(va, size, acc, nacc);
+	if (t)
+		t->access_ns += gpuos_now_ns() - t0;
 	if (r != CUDA_SUCCESS) {
 		gpuos_drv.mem_unmap(va, size);
 		gpuos_drv.mem_release(h);

@@ -243,12 +243,13 @@ static void give_room(uint64_t bytes)
 
 /* New physical memory at base; in a group, a member that just exited may still be
  * giving its memory back to the driver: wait for it a little. */
-static CUresult map_new(uint64_t base, uint64_t size, int device, CUmemGenericAllocationHandle *h)
+static CUresult map_new(uint64_t base, uint64_t size, int device, CUmemGenericAllocationHandle *h,
+			struct gpuos_map_times *t)
 {
-	CUresult c = gpuos_movable_map_new(base, size, device, h);
+	CUresult c = gpuos_movable_map_timed(base, size, device, h, t);
 	for (int i = 0; R.shared && c == CUDA_ERROR_OUT_OF_MEMORY && i < 200; i++) {
 		usleep(10000);
-		c = gpuos_movable_map_new(base, size, device, h);
+		c = gpuos_movable_map_timed(base, size, device, h, t);
 	}
 	return c;
 }
@@ -278,7 +279,7 @@ int gpuos_res_add(uint64_t base, uint64_t size, int device, uint64_t ctx)
 	/* In a group, memory is made at first use, under the pool's rules (bring_in): one
 	 * that waits must not take what the holder has just had evicted for itself. */
 	if (!R.oversubscribed || (!R.shared && take_room(size))) {
-		if (map_new(base, size, device, &h) != CUDA_SUCCESS) {
+		if (map_new(base, size, device, &h, NULL) != CUDA_SUCCESS) {
 			unlock_if(locked);
 			return -1;
 		}
@@ -708,8 +709,10 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 			keep_hashes(r, ok && hashes ? hashes + first : NULL);
 			if (!ok)
 				continue;
+			uint64_t t1 = gpuos_now_ns();
 			gpuos_drv.mem_unmap(r->base, r->size);
 			gpuos_drv.mem_release(r->h);
+			R.st.release_ns += gpuos_now_ns() - t1;
 			r->h = 0;
 			r->has_content = 1;
 			GPUOS_USDT3(evict, r->base, r->size, out[k]);
@@ -826,9 +829,13 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint6
 			      struct swap_ctx *batch)
 {
 	uint64_t t0 = gpuos_now_ns();
-	CUresult c = map_new(r->base, r->size, r->device, &r->h);
+	struct gpuos_map_times t = { 0 };
+	CUresult c = map_new(r->base, r->size, r->device, &r->h, &t);
 	if (map_ns)
 		*map_ns += gpuos_now_ns() - t0;
+	R.st.maps += c == CUDA_SUCCESS;
+	R.st.create_ns += t.create_ns;
+	R.st.access_ns += t.access_ns;
 	if (c != CUDA_SUCCESS) {
 		r->h = 0;
 		return c;

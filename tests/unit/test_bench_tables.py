@@ -526,3 +526,14 @@ def test_issuing_batches_is_split_into_mapping_waiting_for_room_and_the_rest():
           {"ahead_ns": 1_000_000_000, "ahead_map_ns": 0, "room_ns": 0, "batch_ns": 0}]
     assert oversub.ahead_issue_split(st) == {"issue_s": 4.0, "map_s": 1.0, "room_s": 0.5, "batch_gpu_s": 2.0}
     assert oversub.ahead_issue_split([{"ahead_ns": 5, "batch_ns": 1}]) is None  # before the figures
+
+
+def test_making_and_mapping_memory_is_split_by_call():
+    import oversub
+
+    st = [{"maps": 3, "map_ns": 1_000_000, "ahead_map_ns": 2_000_000, "create_ns": 600_000, "access_ns": 1_500_000,
+           "release_ns": 400_000}, {"maps": 1, "map_ns": 0, "ahead_map_ns": 1_000_000, "create_ns": 200_000,
+                                    "access_ns": 500_000, "release_ns": 0}]
+    assert oversub.map_split(st) == {"maps": 4, "map_s": 0.004, "create_s": 0.0008, "access_s": 0.002,
+                                     "per_map_ms": 1.0, "release_s": 0.0004}
+    assert oversub.map_split([{"map_ns": 5}]) is None  # before the figures

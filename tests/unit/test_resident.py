@@ -76,6 +76,7 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
             assert shown.returncode == 0, shown.stderr
             # the batches ahead as the GPU ran them (none for LRU: nothing comes ahead)
             assert ("timed on the GPU" in shown.stdout) == (evict == "future"), shown.stdout
+            assert "mappings" in shown.stdout and "unmapping and releasing" in shown.stdout, shown.stdout
         finally:
             assert app.finish()[0] == 0
     lru, future = got["lru"], got["future"]
@@ -98,6 +99,13 @@ def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build
         assert 0 < st["map_ns"] < st["in_ns"] - st["ahead_ns"], st
     assert lru["ahead_map_ns"] == 0 and 0 < future["ahead_map_ns"] < future["ahead_ns"], future
     assert lru["room_ns"] == future["room_ns"] == 0
+    # that making and mapping, call by call: every copy in went to memory mapped for it;
+    # cuMemCreate and cuMemSetAccess are parts of its time; releases part of evictions'
+    for st in (lru, future):
+        assert st["maps"] >= st["swap_ins"] > 0, st
+        assert 0 < st["create_ns"] and 0 < st["access_ns"], st
+        assert st["create_ns"] + st["access_ns"] < st["map_ns"] + st["ahead_map_ns"], st
+        assert 0 < st["release_ns"] < st["out_ns"], st
     assert future["ahead_hits"] > 50 and future["calls_swapped"] < lru["calls_swapped"] * 0.75
 
 

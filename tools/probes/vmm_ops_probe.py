@@ -20,10 +20,18 @@ WHAT IT DOES
   size, unmap, map again and set access again (the same handle), unmap, release; each call
   timed (synchronised where it queues).  Medians per size, type and call, in ms, and each
   call's cost per GiB beside the copy's.  Then, for COUNT allocations of 16 MiB (a turn's
-  batch of ResNet-50's allocations), making them resident (create, map, set access) three
-  ways, each timed as a whole: one after another; from 4 threads at once (does the fixed
-  cost per allocation overlap?); and from one handle of their total size, mapped at each
-  allocation's own reserved range at its offset (one create instead of COUNT).
+  batch of ResNet-50's allocations), making them resident (create, map, set access) as a
+  whole, several ways (batch_ways): serially; from 4 threads (does the fixed cost per
+  allocation overlap?); as libgpuos issues a batch, each copy queued after its mapping;
+  and serially while another process releases memory or runs memsets.
+
+RESULTS (H200, 580.159.04, session 27: bench/results/vmm-ops-probe-H200-2026-11-28.txt)
+  Per call, alone on an idle GPU: create 0.02-0.07 ms, map 0.003-0.02, set access
+  0.03-0.15, unmap 0.02-0.18, release 0.02 ms at 2 MiB to 1.8 ms at 2 GiB (the only call
+  that grows with the size, about 0.9 ms per GiB); POSIX-fd handles cost the same as
+  none.  So about 0.07 ms to make 16 MiB resident, against the 0.4 ms per allocation of
+  the DNN mix's turns: the difference is not the calls themselves.  The batch part failed
+  there on its one-handle way (offsets other than 0 are refused) and was rewritten.
 """
 from __future__ import annotations
 
@@ -49,15 +57,25 @@ def device_memory(cu, handle_type):
     return prop, desc
 
 
-def batch_ways(cu, ck, count: int, size: int) -> dict[str, float]:
-    """ms to make `count` allocations of `size` resident: serially, from 4 threads, and
-    from one handle of their total size (each way's memory released before the next)."""
+def batch_ways(cu, ck, count: int, size: int, busy_cmd: list[str]) -> dict[str, float]:
+    """ms to make `count` allocations of `size` resident (create, map, set access), each way
+    on its own (its memory released before the next): serially on an idle GPU; from 4
+    threads; as libgpuos issues a batch (each one's copy in queued right after its
+    mapping: `as_issued` to the last issue, `as_issued_gpu` to the copies' end,
+    `as_issued_making` the making alone); and serially while another process works the
+    GPU (`busy_cmd` + MODE: releasing memory as evictions do, or running memsets), to see
+    whether the 0.4 ms per allocation of a DNN mix's turns is contention.  (One handle of
+    the batch's size mapped at each range's offset: the driver refuses offsets other than
+    0, CUDA_ERROR_NOT_SUPPORTED on 580.159.04, H200.)"""
+    import subprocess
     import threading
 
     prop, desc = device_memory(cu, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     ctx = ck(cu.cuCtxGetCurrent())
     vas = [int(ck(cu.cuMemAddressReserve(size, 0, 0, 0))) for _ in range(count)]
     handles: list = [None] * count
+    host = ck(cu.cuMemAllocHost(size))
+    stream = ck(cu.cuStreamCreate(1))
 
     def make(i: int) -> None:
         handles[i] = ck(cu.cuMemCreate(size, prop, 0))
@@ -66,17 +84,20 @@ def batch_ways(cu, ck, count: int, size: int) -> dict[str, float]:
 
     def drop() -> None:
         for i in range(count):
-            ck(cu.cuMemUnmap(vas[i], size))
             if handles[i] is not None:
+                ck(cu.cuMemUnmap(vas[i], size))
                 ck(cu.cuMemRelease(handles[i]))
                 handles[i] = None
 
-    out = {}
-    t0 = time.perf_counter()
-    for i in range(count):
-        make(i)
-    out["serial"] = (time.perf_counter() - t0) * 1e3
-    drop()
+    def serial() -> float:
+        t0 = time.perf_counter()
+        for i in range(count):
+            make(i)
+        ms = (time.perf_counter() - t0) * 1e3
+        drop()
+        return ms
+
+    out = {"serial": serial()}
 
     def worker(k: int) -> None:
         ck(cu.cuCtxSetCurrent(ctx))
@@ -85,24 +106,66 @@ def batch_ways(cu, ck, count: int, size: int) -> dict[str, float]:
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     out["four_threads"] = (time.perf_counter() - t0) * 1e3
     drop()
 
+    making = 0.0
     t0 = time.perf_counter()
-    big = ck(cu.cuMemCreate(size * count, prop, 0))
     for i in range(count):
-        ck(cu.cuMemMap(vas[i], size, i * size, big, 0))
-        ck(cu.cuMemSetAccess(vas[i], size, [desc], 1))
-    out["one_handle"] = (time.perf_counter() - t0) * 1e3
+        m0 = time.perf_counter()
+        make(i)
+        making += time.perf_counter() - m0
+        ck(cu.cuMemcpyHtoDAsync(vas[i], host, size, stream))
+    out["as_issued"] = (time.perf_counter() - t0) * 1e3
+    ck(cu.cuStreamSynchronize(stream))
+    out["as_issued_gpu"] = (time.perf_counter() - t0) * 1e3
+    out["as_issued_making"] = making * 1e3
     drop()
-    ck(cu.cuMemRelease(big))
+
+    for mode in ("release", "memset"):
+        busy = subprocess.Popen([*busy_cmd, mode], stdout=subprocess.PIPE, text=True)
+        try:
+            if busy.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the busy process ({mode}) did not start: exit {busy.wait()}")
+            time.sleep(0.2)
+            out[f"serial_beside_{mode}"] = serial()
+        finally:
+            busy.terminate()
+            busy.wait()
+    ck(cu.cuStreamDestroy(stream))
+    ck(cu.cuMemFreeHost(host))
     for va in vas:
         ck(cu.cuMemAddressFree(va, size))
     return out
+
+
+def busy(cu, ck, mode: str) -> int:
+    """--busy MODE: work the GPU until terminated: `release`, make and release 512 MiB at a
+    time, as evicting members do; `memset`, 1 GiB memsets back to back."""
+    prop, desc = device_memory(cu, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    size = 512 << 20
+    va = int(ck(cu.cuMemAddressReserve(size, 0, 0, 0)))
+    if mode == "memset":
+        h = ck(cu.cuMemCreate(size, prop, 0))
+        ck(cu.cuMemMap(va, size, 0, h, 0))
+        ck(cu.cuMemSetAccess(va, size, [desc], 1))
+        stream = ck(cu.cuStreamCreate(1))
+    print("ready", flush=True)
+    while True:
+        if mode == "memset":
+            for _ in range(8):
+                ck(cu.cuMemsetD32Async(va, 7, size // 4, stream))
+            ck(cu.cuStreamSynchronize(stream))
+        else:
+            h = ck(cu.cuMemCreate(size, prop, 0))
+            ck(cu.cuMemMap(va, size, 0, h, 0))
+            ck(cu.cuMemSetAccess(va, size, [desc], 1))
+            ck(cu.cuMemUnmap(va, size))
+            ck(cu.cuMemRelease(h))
 
 
 def main() -> int:
@@ -111,6 +174,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--out", default="")
+    ap.add_argument("--busy", choices=("release", "memset"), help=argparse.SUPPRESS)  # batch_ways's other process
     args = ap.parse_args()
     from cuda.bindings import driver as cu  # type: ignore[import-not-found]
 
@@ -126,6 +190,8 @@ def main() -> int:
     dev = ck(cu.cuDeviceGet(0))
     ctx = ck(cu.cuDevicePrimaryCtxRetain(dev))
     ck(cu.cuCtxSetCurrent(ctx))
+    if args.busy:
+        return busy(cu, ck, args.busy)
     name = ck(cu.cuDeviceGetName(64, dev)).split(b"\0")[0].decode()
     driver = ck(cu.cuDriverGetVersion())
     sizes = [int(s) << 20 for s in args.sizes_mib.split(",")]
@@ -169,7 +235,7 @@ def main() -> int:
             results.append(row)
             print(f"{htype_name:8} {size >> 20:6} MiB  " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()),
                   flush=True)
-    batch = batch_ways(cu, ck, args.count, 16 << 20)
+    batch = batch_ways(cu, ck, args.count, 16 << 20, [sys.executable, __file__, "--busy"])
     print("batch of", args.count, "x 16 MiB:", "  ".join(f"{k} {v:.1f} ms" for k, v in batch.items()), flush=True)
     out = {"probe": "vmm_ops", "device": name, "driver": driver,
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": results, "batch_16mib": batch}

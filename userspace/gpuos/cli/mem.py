@@ -70,7 +70,10 @@ def stats_cmd(target: str, as_json: bool) -> None:
         ["in host memory only", human_bytes(st.evicted_bytes)],
         ["copied in", f"{human_bytes(st.bytes_in)} in {st.swap_ins} copies, {rate(st.bytes_in, st.in_ns)}"
                       + (f" ({ms(st.map_ns)} of the waited-for time making and mapping memory)" if st.map_ns else "")],
-        ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"],
+        ["memory made for copies in", f"{st.maps} mappings, {ms(st.map_ns + st.ahead_map_ns)}: cuMemCreate "
+                                      f"{ms(st.create_ns)}, cuMemSetAccess {ms(st.access_ns)}" if st.maps else "none"],
+        ["copied out", f"{human_bytes(st.bytes_out)} in {st.evictions} evictions, {rate(st.bytes_out, st.out_ns)}"
+                       + (f" ({ms(st.release_ns)} unmapping and releasing)" if st.release_ns else "")],
         ["not copied out (unchanged)", human_bytes(st.clean_bytes)],
         ["host memory pinned ahead", f"{human_bytes(st.host_prepared)} (before any eviction needed it)"
          + (f"; {st.pageable_hosts} allocations pageable (could not be pinned)" if st.pageable_hosts else "")],

@@ -37,7 +37,7 @@ MEM_STATS_FIELDS = ("limit", "allocations", "reserved_bytes", "resident_bytes", 
                     "stall_ns", "in_ns", "out_ns", "pageable_hosts", "capture_unchecked", "period", "evictions_future",
                     "lru_only", "reserved_peak", "clean_bytes", "ahead_bytes", "ahead_hits", "ahead_unused",
                     "ahead_waits", "host_prepared", "ahead_ns", "map_ns", "batch_bytes", "batch_ns", "ahead_map_ns",
-                    "room_ns")
+                    "room_ns", "maps", "create_ns", "access_ns", "release_ns")
 STALL_BUCKETS = 24  # GPUOS_STALL_BUCKETS
 MEM_STATS_STRUCT = struct.Struct("<" + "Q" * (len(MEM_STATS_FIELDS) + STALL_BUCKETS))
 
@@ -117,6 +117,10 @@ class MemStats:
     batch_ns: int  # those batches' GPU time, first copy's start to last one's end
     ahead_map_ns: int  # of ahead_ns, making and mapping the memory copies ahead and batches went to
     room_ns: int  # turns' batches waiting for the room the others' evictions free
+    maps: int  # physical memory made and mapped for copies in (map_ns and ahead_map_ns time them)
+    create_ns: int  # of that time, in cuMemCreate
+    access_ns: int  # ... in cuMemSetAccess (the rest: cuMemMap, waits for a member's memory)
+    release_ns: int  # of out_ns, unmapping and releasing evicted memory
     stall_hist: tuple[int, ...]  # calls that brought memory in, by stall: [2^i, 2^(i+1)) microseconds
 
     def stall_percentile_us(self, q: float) -> int | None:
