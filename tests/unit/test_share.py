@@ -353,14 +353,15 @@ def test_a_member_that_begins_to_wait_during_a_turn_joins_it_if_it_fits(libgpuos
     the same turn: the holder and its slices unchanged), and moments in which a member
     waited outside the set though it fitted beside it, the same turn still under way at
     the next look.  Whether a member begins to wait during a turn is up to timing, so up
-    to 3 runs, until one has; before the rule such runs had 18-88 of those moments."""
+    to 5 runs, until one has (under the whole suite's load, 3 runs once had none);
+    before the rule such runs had 18-88 of those moments."""
     def turn(ms) -> tuple | None:
         return next(((m.pid, m.slices) for m in ms if m.holder), None)
 
     def need(m) -> int:
         return max(m.working_set or m.reserved, m.resident)
 
-    for attempt in range(3):
+    for attempt in range(5):
         own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path / str(attempt), group, "36M", 100, 20000,
                                    91 + attempt, [("read",), ("read",), ("small",)], keep=True)
         assert seen["max"] <= 36 * MIB and all(st["over_limit"] == 0 for st in own), own
