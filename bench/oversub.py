@@ -124,7 +124,9 @@ def header() -> dict:
     return {"benchmark": "oversub", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": nvsmi[0], "driver": nvsmi[1], "gpu_memory_total": int(nvsmi[2]) << 20, "gpuos": __version__,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release()},
-            "pcie_pinned": pcie, "rows": []}
+            "pcie_pinned": pcie, "rows": [],
+            # libgpuos's switches set in the benchmark's environment (GPUOS_GPU_MEMORY_MAP_FIRST ...)
+            "gpuos_env": {k: v for k, v in os.environ.items() if k.startswith("GPUOS_")}}
 
 
 def why_failed(fin) -> dict:
