@@ -1117,16 +1117,29 @@ static CUresult bring_in(int *need_turn)
 		mapped += r->h ? r->size : 0; /* mapped, even if its copy failed */
 		copied += bytes;
 	}
-	for (size_t i = 0; R.map_first && i < R.n; i++) { /* (after a failure too: none left pending) */
+	/* map_first: the copies back of what was mapped, even after a mapping failed (the
+	 * program may go on after the error, and what is resident must hold its contents);
+	 * after a copy that could not be queued, the rest that have contents are let go
+	 * again, their contents staying in host memory. */
+	CUresult cc = CUDA_SUCCESS;
+	for (size_t i = 0; R.map_first && i < R.n; i++) {
 		struct res *r = &R.v[i];
 		if (!r->copy_pending)
 			continue;
 		r->copy_pending = 0;
 		uint64_t bytes = 0;
-		CUresult cc = c == CUDA_SUCCESS ? copy_back(r, s, &bytes, NULL) : CUDA_SUCCESS;
-		c = c == CUDA_SUCCESS ? cc : c;
+		if (cc == CUDA_SUCCESS)
+			cc = copy_back(r, s, &bytes, NULL);
+		if (cc != CUDA_SUCCESS && r->has_content && !bytes) {
+			gpuos_drv.mem_unmap(r->base, r->size);
+			gpuos_drv.mem_release(r->h);
+			r->h = 0;
+			R.st.resident_bytes -= r->size;
+			mapped -= r->size;
+		}
 		copied += bytes;
 	}
+	c = c == CUDA_SUCCESS ? cc : c;
 	if (c == CUDA_SUCCESS && copied)
 		c = gpuos_drv.stream_sync(s);
 	if (copied) { /* map_ns: the part of in_ns (a call that only maps memory never
