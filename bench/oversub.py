@@ -87,6 +87,7 @@ import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from cr_baseline import PCIE_PROBE
 from paired import bracketed_overhead
@@ -194,8 +195,7 @@ SYSTEMS = ("plain", "ideal", "limited")  # the order of their turns
 def overhead_turns(workload: str, turns: int, limit: int, gpu_bytes: int, step_s: float) -> dict:
     """Plain, ideal and limited at 100% alive at once, `turns` turns each (module doc)."""
     k = max(1, round(OVERHEAD_TURN_S / step_s))
-    at = WORKLOADS[workload].index("--steps") + 1
-    args = [*WORKLOADS[workload][:at], str(turns * k), *WORKLOADS[workload][at + 1:]]
+    args = with_steps(WORKLOADS[workload], lambda _: turns * k)
     ring = Path(tempfile.mkdtemp(prefix="oversub-turns-"))
     cmds = {"plain": lambda c: c,
             "ideal": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(gpu_bytes)),
@@ -517,10 +517,15 @@ def median_run(runs: list[dict]) -> dict:
     return pick
 
 
+def with_steps(args: list[str], steps: Callable[[int], int]) -> list[str]:
+    """A workload's arguments with its timed steps (--steps N) made steps(N)."""
+    at = args.index("--steps") + 1
+    return [*args[:at], str(steps(int(args[at]))), *args[at + 1:]]
+
+
 def longer(args: list[str], times: int) -> list[str]:
     """A member's arguments with its timed steps multiplied."""
-    at = args.index("--steps") + 1
-    return [*args[:at], str(int(args[at]) * times), *args[at + 1:]]
+    return with_steps(args, lambda n: n * times)
 
 
 def run_group(name: str, pressures: list[int], slices: list[int], gpu_bytes: int, repeat: int,

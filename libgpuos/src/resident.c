@@ -202,6 +202,16 @@ uint64_t gpuos_res_limit(void)
 	return R.limit;
 }
 
+/* r's physical memory unmapped and given back to the driver: it is no longer resident
+ * (its room is the caller's to give back). */
+static void unmap_res(struct res *r)
+{
+	gpuos_drv.mem_unmap(r->base, r->size);
+	gpuos_drv.mem_release(r->h);
+	r->h = 0;
+	R.st.resident_bytes -= r->size;
+}
+
 /* The lock outside a call's need (this thread may hold it already: a nested wrapper). */
 static int lock_unless_held(void)
 {
@@ -715,15 +725,12 @@ static int evict_batch(uint64_t excess, const uint64_t *above)
 			if (!ok)
 				continue;
 			uint64_t t1 = gpuos_now_ns();
-			gpuos_drv.mem_unmap(r->base, r->size);
-			gpuos_drv.mem_release(r->h);
+			unmap_res(r);
 			R.st.release_ns += gpuos_now_ns() - t1;
-			r->h = 0;
 			r->has_content = 1;
 			GPUOS_USDT3(evict, r->base, r->size, out[k]);
 			R.st.evicted_bytes += r->size;
 			R.st.evictions_future += !!R.period;
-			R.st.resident_bytes -= r->size;
 			R.st.evictions++;
 			R.st.ahead_unused += r->ahead;
 			r->ahead = r->in_flight = 0;
@@ -872,17 +879,8 @@ static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint6
 	return c == CUDA_SUCCESS ? copy_back(r, s, copied, batch) : c;
 }
 
-/* r made resident ahead of its use: its copy (if any) on sc's stream, not waited for.
- * *bytes grows by what is copied. */
-static CUresult ahead_copy(struct swap_ctx *sc, struct res *r, uint64_t *bytes);
-
-static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
-{
-	CUresult c = map_for(r, &R.st.ahead_map_ns);
-	return c == CUDA_SUCCESS ? ahead_copy(sc, r, bytes) : c;
-}
-
-/* r mapped ahead of its use: its copy back queued on sc's stream, r marked so. */
+/* r mapped ahead of its use: its copy back (if any) queued on sc's stream, not waited
+ * for, r marked so.  *bytes grows by what is copied. */
 static CUresult ahead_copy(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 {
 	uint64_t copied = 0;
@@ -895,6 +893,13 @@ static CUresult ahead_copy(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 	*bytes += copied;
 	GPUOS_USDT2(swap_ahead, r->base, r->size);
 	return CUDA_SUCCESS;
+}
+
+/* r made resident ahead of its use: mapped, its copy queued (ahead_copy). */
+static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
+{
+	CUresult c = map_for(r, &R.st.ahead_map_ns);
+	return c == CUDA_SUCCESS ? ahead_copy(sc, r, bytes) : c;
 }
 
 /* The copies ahead issued, `ns` spent issuing them (mapping, queueing): the event after
@@ -1131,10 +1136,7 @@ static CUresult bring_in(int *need_turn)
 		if (cc == CUDA_SUCCESS)
 			cc = copy_back(r, s, &bytes, NULL);
 		if (cc != CUDA_SUCCESS && r->has_content && !bytes) {
-			gpuos_drv.mem_unmap(r->base, r->size);
-			gpuos_drv.mem_release(r->h);
-			r->h = 0;
-			R.st.resident_bytes -= r->size;
+			unmap_res(r);
 			mapped -= r->size;
 		}
 		copied += bytes;

@@ -35,8 +35,9 @@ host's drift cancels (the same process runs alone 1.7x slower or faster from one
 minute to the next on the GPU machines).  After the warmup a process creates
 DIR/ready-INDEX; it runs a turn when DIR/turn holds INDEX (the benchmark writes 0 once
 all are ready), synchronizes the device at the turn's end and writes INDEX + 1 (mod
-COUNT) there; DIR/abort ends the wait (exit status 2).  Its JSON then has ``windows``: each turn's [start, end] in
-CLOCK_MONOTONIC seconds, and ``seconds`` is their sum.
+COUNT) there; DIR/abort ends the wait (exit status 2).  Its JSON then has
+``windows``: each turn's [start, end] in CLOCK_MONOTONIC seconds, and ``seconds`` is
+their sum.
 """
 
 from __future__ import annotations
@@ -152,6 +153,11 @@ def mark(marks: StepMarks | None) -> None:
         marks.mark()
 
 
+def say_ready(path: str) -> None:
+    """An empty file at path: what a process waiting at a gate or for its turns shows."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
 def wait_at_gate(gate: str | None, timeout_s: float = GATE_TIMEOUT_S) -> bool:
     """--start-gate DIR: say this process is ready (DIR/ready-PID) and wait for DIR/go, so
     that processes started together time their steps together (bench/oversub.py's groups:
@@ -159,7 +165,7 @@ def wait_at_gate(gate: str | None, timeout_s: float = GATE_TIMEOUT_S) -> bool:
     (the steps are timed anyway, and stderr says so)."""
     if gate is None:
         return True
-    os.close(os.open(os.path.join(gate, f"ready-{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o644))
+    say_ready(os.path.join(gate, f"ready-{os.getpid()}"))
     go, deadline = os.path.join(gate, "go"), time.monotonic() + timeout_s
     while not os.path.exists(go):
         if time.monotonic() >= deadline:
@@ -185,7 +191,7 @@ class Turns:
         self.windows: list[tuple[float, float]] = []
 
     def ready(self) -> None:
-        os.close(os.open(os.path.join(self.dir, f"ready-{self.index}"), os.O_CREAT | os.O_WRONLY, 0o644))
+        say_ready(os.path.join(self.dir, f"ready-{self.index}"))
 
     def holder(self) -> int | None:
         try:
