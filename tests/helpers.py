@@ -369,16 +369,7 @@ class ResidentApp:
         it has not said so within `timeout` seconds (killed then: a hang must not hold
         the whole suite)."""
         if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            try:  # the application under `gpuos run`, then the run
-                kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            except OSError:
-                kids = []
-            for pid in [*map(int, kids), self.proc.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            out, err = self.proc.communicate(timeout=60)
+            out, err = self.kill()
             pytest.fail(f"t_resident said nothing in {timeout:.0f} s: {out} {err[-3000:]}")
         first = self.proc.stdout.readline().split()
         if first[:1] != ["ok"]:
@@ -387,6 +378,19 @@ class ResidentApp:
             pytest.fail(f"t_resident failed ({self.proc.returncode}): {' '.join(first)} {out} {err}")
         self.pid = int(self.proc.stdout.readline().split()[1])
         return self
+
+    def kill(self) -> tuple[str, str]:
+        """SIGKILL the application under `gpuos run`, then the run: their output."""
+        try:
+            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            kids = []
+        for pid in [*map(int, kids), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return self.proc.communicate(timeout=60)
 
     def stats(self, env: dict) -> dict:
         return mem_stats(env, self.pid)
