@@ -396,9 +396,13 @@ class ResidentApp:
         return mem_stats(env, self.pid)
 
     def finish(self) -> tuple[int, str]:
-        """Let it end: its exit status and stderr."""
+        """Let it end (killed if it has not within 60 s: a member still waiting for the
+        GPU never looks for `stop`): its exit status and stderr."""
         self.stop.touch()
-        _, err = self.proc.communicate(timeout=60)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            err = "killed, still running 60 s after its stop: " + self.kill()[1]
         return self.proc.returncode, err
 
 

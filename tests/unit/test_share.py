@@ -200,23 +200,45 @@ def test_members_whose_working_sets_fit_together_take_their_turns_together(libgp
 
 def test_a_member_whose_working_set_grows_beside_the_holder_steps_aside(libgpuos_build, libgpuos_env, tmp_path,
                                                                        group):
-    """Two members whose rounds read 6 MiB, then 22 MiB, then 6 again (t_resident phases)
-    and a reader of 22 MiB in a 40 MiB pool, in turns of 5 ms: admitted beside a holder
-    while its working set was small, a member that grows lacks room; it leaves the turn
-    (steps_aside) and waits for one of its own instead of failing or swapping call by
-    call in what is left it.  Every run exact, no call refused; whether a member grows
-    while beside the holder is up to timing (about 2 runs in 3 here), so up to 8 runs,
-    until one has."""
-    for attempt in range(8):
-        own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path / str(attempt), group, "40M", 5, 24000,
-                                   61 + attempt, [("phases",), ("read",), ("phases",)])
-        assert seen["max"] <= 40 * MIB
-        assert all(st["over_limit"] == 0 for st in own), own
-        if sum(m["steps_aside"] for m in g["members"]) >= 1:
-            break
-    else:
-        pytest.fail(f"no member stepped aside in 8 runs; the last: {g}")
-    assert all(m["beside_slices"] >= m["steps_aside"] for m in g["members"]), g
+    """One reader holds a turn of 120 s, the other waits (hold_a_turn).  A third reader
+    started then joins the turn at its first call (what it has reserved so far fits
+    beside the holder) and grows as its start-up copies go on, to 22 MiB, which cannot
+    fit beside the holder's 22: lacking room, it leaves the turn (steps_aside) and waits
+    for one of its own, instead of failing or swapping call by call in what is left it,
+    and is not let into that turn again.  Once the two others are gone (killed: the
+    waiter would hold the next 120 s turn), it does all its work, exact, no call
+    refused."""
+    members: list[ResidentApp] = []
+    try:
+        g0, holder = hold_a_turn(libgpuos_build, libgpuos_env, tmp_path, group, members)
+        members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "grows", ["--share", group, *HELD], 200, 109,
+                              "read"))
+        known = {m.pid for m in g0.members}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            g = read_group(group)
+            new = [m for m in g.members if m.pid not in known]
+            if new and new[0].steps_aside:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail(f"the growing member never stepped aside: {read_group(group)}")
+        time.sleep(0.2)  # a few of its looks at the turn (every 20 ms)
+        g = read_group(group)
+        m = member_of(g, new[0].pid)
+        assert member_of(g, holder.pid).holder and (g.switches, member_of(g, holder.pid).slices) == \
+            (g0.switches, holder.slices), (g0, g)  # the same turn throughout
+        assert (m.beside_slices, m.steps_aside, m.slices) == (1, 1, 0) and m.waiting and not m.beside, g
+        assert members[1].wait_ok().pid == holder.pid
+        for x in members[:2]:
+            x.kill()
+        grows = members[2].wait_ok()
+        st = stats(libgpuos_env, grows.pid)
+        assert st["over_limit"] == 0 and st["limit"] == 38 * MIB, st
+        assert member_of(read_group(group), grows.pid).slices >= 1  # its own turn
+    finally:
+        results = [x.finish() for x in members]
+    assert results[-1][0] == 0, results
 
 
 def test_a_member_that_launches_without_pause_evicts_when_asked(libgpuos_build, libgpuos_env, tmp_path, group):
