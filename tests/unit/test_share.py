@@ -130,6 +130,25 @@ def member_of(g, pid: int):
     return next((m for m in g.members if m.pid == pid), None)
 
 
+def settled_newcomer(group: str, g0, holder, known: set[int], until, what: str):
+    """The member not in `known` once `until(member)` holds (within 60 s) and a few of its
+    looks at the turn later (every 20 ms): the group then, and that member.  The turn
+    must be hold_a_turn's still (`g0`, `holder`): the same holder and switches."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [m for m in read_group(group).members if m.pid not in known]
+        if new and until(new[0]):
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"the new member never {what}: {read_group(group)}")
+    time.sleep(0.2)
+    g = read_group(group)
+    assert member_of(g, holder.pid).holder and (g.switches, member_of(g, holder.pid).slices) == \
+        (g0.switches, holder.slices), (g0, g)  # the same turn throughout
+    return g, member_of(g, new[0].pid)
+
+
 @MAP_FIRST
 def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, map_first):
     """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
@@ -213,21 +232,8 @@ def test_a_member_whose_working_set_grows_beside_the_holder_steps_aside(libgpuos
         g0, holder = hold_a_turn(libgpuos_build, libgpuos_env, tmp_path, group, members)
         members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "grows", ["--share", group, *HELD], 200, 109,
                               "read"))
-        known = {m.pid for m in g0.members}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            g = read_group(group)
-            new = [m for m in g.members if m.pid not in known]
-            if new and new[0].steps_aside:
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail(f"the growing member never stepped aside: {read_group(group)}")
-        time.sleep(0.2)  # a few of its looks at the turn (every 20 ms)
-        g = read_group(group)
-        m = member_of(g, new[0].pid)
-        assert member_of(g, holder.pid).holder and (g.switches, member_of(g, holder.pid).slices) == \
-            (g0.switches, holder.slices), (g0, g)  # the same turn throughout
+        g, m = settled_newcomer(group, g0, holder, {m.pid for m in g0.members}, lambda m: m.steps_aside,
+                                "stepped aside")
         assert (m.beside_slices, m.steps_aside, m.slices) == (1, 1, 0) and m.waiting and not m.beside, g
         assert members[1].wait_ok().pid == holder.pid
         for x in members[:2]:
@@ -435,21 +441,9 @@ def test_a_member_that_begins_to_wait_during_a_turn_joins_it_if_it_fits(libgpuos
         fits = members[-1].wait_ok(timeout=60)  # its work done and exact within the holder's turn
         members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "full", args, 100, 108, "threads"))
         full = members[-1]
-        known = {m.pid for m in g0.members} | {fits.pid}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until it waits (or is let in)
-            new = [m for m in read_group(group).members if m.pid not in known]
-            if new and (new[0].waiting or new[0].beside_slices):
-                pid = new[0].pid
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail(f"the second late member never waited: {read_group(group)}")
-        time.sleep(0.2)  # a few of its looks at the turn (every 20 ms)
-        g1 = read_group(group)
-        assert member_of(g1, holder.pid).holder and (g1.switches, member_of(g1, holder.pid).slices) == \
-            (g0.switches, holder.slices), (g0, g1)  # the same turn throughout
-        joined, left_out = member_of(g1, fits.pid), member_of(g1, pid)
+        g1, left_out = settled_newcomer(group, g0, holder, {m.pid for m in g0.members} | {fits.pid},
+                                        lambda m: m.waiting or m.beside_slices, "waited")
+        joined = member_of(g1, fits.pid)
         assert joined.slices == 0 and joined.beside_slices == 1 and joined.beside, g1
         assert left_out.waiting and left_out.beside_slices == left_out.steps_aside == 0, g1
         waiter = next(m.pid for m in g0.members if not m.holder)  # never let in either
