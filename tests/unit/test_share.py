@@ -8,9 +8,9 @@ launch that runs before its memory is back, fails the test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -40,54 +40,59 @@ def Member(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int
     return ResidentApp(build, env, tmp, gpuos_args, rounds, seed, *mode)
 
 
-def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
-                seed: int, modes: list[tuple[str, ...]], keep: bool = False) -> tuple[list[dict], dict, dict]:
-    """Members at once (one per mode), beginning their rounds together once all have
-    started, the group's file sampled every 2 ms meanwhile:
-    each one's stats, the group's at the end, and what the samples saw (the most
-    resident bytes; the most members in a turn's set at once; with `keep`, every sample's
-    members)."""
-    seen: dict = {"max": 0, "samples": 0, "set": 0, "kept": []}
+@contextlib.contextmanager
+def watched(group: str):
+    """The group's file read every 2 ms while the block runs: the readings, in order."""
+    seen: list = []
     done = threading.Event()
-    tmp.mkdir(parents=True, exist_ok=True)
 
-    def sample() -> None:  # the group's resident bytes, as the members keep them
+    def sample() -> None:
         while not done.is_set():
             try:
-                g = read_group(group)
-                seen["max"] = max(seen["max"], g.resident)
-                seen["set"] = max(seen["set"], sum(m.holder or m.beside for m in g.members))
-                seen["samples"] += 1
-                if keep:
-                    seen["kept"].append(g.members)
+                seen.append(read_group(group))
             except Exception:  # noqa: BLE001 - not made yet, or between members
                 pass
             time.sleep(0.002)
 
     t = threading.Thread(target=sample)
     t.start()
-    members: list[ResidentApp] = []
-    gate = Path(tempfile.mkdtemp(dir=tmp, prefix="gate-"))  # T_RESIDENT_GATE: all begin their rounds together
     try:
-        for i, mode in enumerate(modes):
-            members.append(Member(build, {**env, "T_RESIDENT_GATE": str(gate)}, tmp / f"m{i}",
-                                  ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)], rounds,
-                                  seed + i, *mode))
-        deadline = time.monotonic() + 120
-        while (len(list(gate.glob("ready-*"))) < len(members) and time.monotonic() < deadline
-               and all(m.proc.poll() is None for m in members)):
-            time.sleep(0.01)
-        (gate / "go").touch()
-        for m in members:
-            m.wait_ok()
-        g = stats(env, group)
-        own = [stats(env, m.pid) for m in members]
+        yield seen
     finally:
         done.set()
         t.join()
+
+
+def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice_ms: int, rounds: int,
+                seed: int, modes: list[tuple[str, ...]]) -> tuple[list[dict], dict, dict]:
+    """Members at once (one per mode), beginning their rounds together once all have
+    started, the group's file read every 2 ms meanwhile (watched):
+    each one's stats, the group's at the end, and what the readings saw (how many; the
+    most resident bytes; the most members in a turn's set at once)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    members: list[ResidentApp] = []
+    gate = Path(tempfile.mkdtemp(dir=tmp, prefix="gate-"))  # T_RESIDENT_GATE: all begin their rounds together
+    try:
+        with watched(group) as readings:
+            for i, mode in enumerate(modes):
+                members.append(Member(build, {**env, "T_RESIDENT_GATE": str(gate)}, tmp / f"m{i}",
+                                      ["--share", group, "--gpu-memory", limit, "--slice", str(slice_ms)], rounds,
+                                      seed + i, *mode))
+            deadline = time.monotonic() + 120
+            while (len(list(gate.glob("ready-*"))) < len(members) and time.monotonic() < deadline
+                   and all(m.proc.poll() is None for m in members)):
+                time.sleep(0.01)
+            (gate / "go").touch()
+            for m in members:
+                m.wait_ok()
+            g = stats(env, group)
+            own = [stats(env, m.pid) for m in members]
+    finally:
         results = [m.finish() for m in members]
     assert all(rc == 0 for rc, _ in results), results
     assert g["ask_timeouts"] == 0, g  # a member asked to evict did within the ask's time
+    seen = {"samples": len(readings), "max": max((r.resident for r in readings), default=0),
+            "set": max((sum(m.holder or m.beside for m in r.members) for r in readings), default=0)}
     return own, g, seen
 
 
@@ -383,7 +388,6 @@ def test_a_group_file_being_made_reads_as_no_group_yet(group):
     in; that is no group yet, not a file of another version (it was: once in a host suite).
     The look waits for a member making or joining the file (its exclusive flock)."""
     import fcntl
-    import threading
 
     from gpuos.errors import GpuosError, NoSuchGroup
     from gpuos.movable.share import HEADER, MEMBER, MEMBERS, group_limit
@@ -415,47 +419,34 @@ def test_a_member_that_begins_to_wait_during_a_turn_joins_it_if_it_fits(libgpuos
     """One reader holds a turn of 120 s, the other waits (hold_a_turn).  A member started
     then (t_resident threads, 16 MiB) begins to wait during that turn; it fits beside the
     holder, so it joins the turn at once and does all its work in it, instead of waiting
-    out the holder's slice (without the rule it would wait 120 s).  A second one started after it
-    does not fit (the pool is full), and waits without being let in (let in, it would
-    lack room and step aside: its counts say so).  Certain by construction: nothing but
-    the long slice could end the turn while the late members run, and it is checked not
-    to have.  The two still waiting are killed at the end rather than waiting it out."""
+    out the holder's slice (without the rule it would wait 120 s).  A second one started
+    after it does not fit (the pool is full), and waits without being let in (let in, it
+    would lack room and step aside: its counts say so).  Certain by construction:
+    nothing but the long slice could end the turn while the late members run, and it is
+    checked not to have.  The two still waiting are killed at the end rather than
+    waiting it out."""
     args = ["--share", group, *HELD]
     members: list[ResidentApp] = []
-    seen: list = []
-    done = threading.Event()
-
-    def sample() -> None:  # every 2 ms: the group, as its file has it
-        while not done.is_set():
-            try:
-                seen.append(read_group(group))
-            except Exception:  # noqa: BLE001 - not made yet, or between members
-                pass
-            time.sleep(0.002)
-
-    t = threading.Thread(target=sample)
-    t.start()
     try:
-        g0, holder = hold_a_turn(libgpuos_build, libgpuos_env, tmp_path, group, members)
-        members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "fits", args, 100, 107, "threads"))
-        fits = members[-1].wait_ok(timeout=60)  # its work done and exact within the holder's turn
-        members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "full", args, 100, 108, "threads"))
-        full = members[-1]
-        g1, left_out = settled_newcomer(group, g0, holder, {m.pid for m in g0.members} | {fits.pid},
-                                        lambda m: m.waiting or m.beside_slices, "waited")
-        joined = member_of(g1, fits.pid)
-        assert joined.slices == 0 and joined.beside_slices == 1 and joined.beside, g1
-        assert left_out.waiting and left_out.beside_slices == left_out.steps_aside == 0, g1
-        waiter = next(m.pid for m in g0.members if not m.holder)  # never let in either
-        assert all(not m.beside for g in seen if any(m.holder and m.pid == holder.pid for m in g.members)
-                   for m in g.members if m.pid == waiter)
-        assert all(g.resident <= 38 * MIB for g in seen)
-        assert stats(libgpuos_env, fits.pid)["over_limit"] == 0
-        assert members[1].wait_ok().pid == holder.pid  # its work done in its turn
-        for m in (members[0], full):  # they would wait out the slice
-            m.kill()
+        with watched(group) as seen:
+            g0, holder = hold_a_turn(libgpuos_build, libgpuos_env, tmp_path, group, members)
+            members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "fits", args, 100, 107, "threads"))
+            fits = members[-1].wait_ok(timeout=60)  # its work done and exact within the holder's turn
+            members.append(Member(libgpuos_build, libgpuos_env, tmp_path / "full", args, 100, 108, "threads"))
+            full = members[-1]
+            g1, left_out = settled_newcomer(group, g0, holder, {m.pid for m in g0.members} | {fits.pid},
+                                            lambda m: m.waiting or m.beside_slices, "waited")
+            joined = member_of(g1, fits.pid)
+            assert joined.slices == 0 and joined.beside_slices == 1 and joined.beside, g1
+            assert left_out.waiting and left_out.beside_slices == left_out.steps_aside == 0, g1
+            waiter = next(m.pid for m in g0.members if not m.holder)  # never let in either
+            assert all(not m.beside for g in seen if any(m.holder and m.pid == holder.pid for m in g.members)
+                       for m in g.members if m.pid == waiter)
+            assert all(g.resident <= 38 * MIB for g in seen)
+            assert stats(libgpuos_env, fits.pid)["over_limit"] == 0
+            assert members[1].wait_ok().pid == holder.pid  # its work done in its turn
+            for m in (members[0], full):  # they would wait out the slice
+                m.kill()
     finally:
-        done.set()
-        t.join()
         results = [m.finish() for m in members]
     assert [rc for rc, _ in results[1:3]] == [0, 0], results  # (the two killed: either way)
