@@ -22,14 +22,20 @@ its final state), in one run:
 Overhead at 100% (--overhead-turns K): separate runs of one workload on these machines
 differ by far more than the 2% the issue allows (up to 1.7x within a lease), so each
 workload also runs three systems alive at once, taking the GPU in turns of about
-OVERHEAD_TURN_S (the suite's --turns: K turns each, every turn ending in a device
-synchronization, the next one's process waiting meanwhile):
+--overhead-turn-ms (the suite's --turns: every turn ending in a device synchronization,
+the others waiting meanwhile):
   plain       the workload alone, no gpuos
   ideal       as above (gpuos, the whole GPU as the limit)
   limited     --gpu-memory at 100% of the ideal's peak, --evict future
-Each turn of limited is compared with the two turns of plain (and of ideal) around it
-(bench/paired.py bracketed_overhead): the overhead and its 95% interval over the turns.
-The three checksums must be equal (the same steps, the same seed).
+K rounds (rounded up to a multiple of 6), one turn of each system a round, the rounds
+going through the six orders of the three in turn: each system runs first, second and
+third, and after each other one, equally often.  (A fixed ring of the three put a
+steady bias of up to 8% between ideal and limited, which run the same code at 100%:
+nothing is checked or moved while all the memory fits, resident.c.)  Each system's turn
+is compared with the other's in the same round (bench/paired.py rounds_overhead): the
+overhead and its 95% interval over the rounds.  Limited over ideal is the method's own
+check: it should be 0 within its interval.  The three checksums must be equal (the same
+steps, the same seed).
 
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
 once, each timing its steps from the moment all have warmed up (the suite's
@@ -68,7 +74,7 @@ transfer).
 
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
                              [--pressures 100,150,200,300] [--slice 1000[,3000]] [--repeat 3] [--steps-times 1]
-                             [--overhead-turns K]
+                             [--overhead-turns K] [--overhead-turn-ms 500]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -76,6 +82,7 @@ Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Ma
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -90,7 +97,7 @@ from pathlib import Path
 from typing import Callable
 
 from cr_baseline import PCIE_PROBE
-from paired import bracketed_overhead
+from paired import rounds_overhead
 
 import threading
 import time
@@ -126,7 +133,7 @@ def header() -> dict:
             "device": nvsmi[0], "driver": nvsmi[1], "gpu_memory_total": int(nvsmi[2]) << 20, "gpuos": __version__,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release()},
             "pcie_pinned": pcie, "rows": [],
-            # libgpuos's switches set in the benchmark's environment (GPUOS_GPU_MEMORY_MAP_FIRST ...)
+            # libgpuos's switches set in the benchmark's environment (GPUOS_GPU_MEMORY_EVICT ...)
             "gpuos_env": {k: v for k, v in os.environ.items() if k.startswith("GPUOS_")}}
 
 
@@ -162,7 +169,8 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     return out
 
 
-def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0) -> dict:
+def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0,
+                 turn_s: float = 0.5) -> dict:
     fin, stats = run_polling_mem_stats(
         under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
     if fin.returncode != 0 or stats is None:
@@ -184,19 +192,32 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: 
                                                  if "relative" in r else r["error"][:300]), flush=True)
         row["pressures"].append(cell)
     if overhead:
-        row["overhead"] = overhead_turns(workload, overhead, peak, gpu_bytes, ideal["seconds"] / ideal["steps"])
+        row["overhead"] = overhead_turns(workload, overhead, gpu_bytes, ideal["seconds"] / ideal["steps"],
+                                         turn_s)
     return row
 
 
-OVERHEAD_TURN_S = 0.5  # a turn's length, about (K steps of the ideal's step time)
-SYSTEMS = ("plain", "ideal", "limited")  # the order of their turns
+SYSTEMS = ("plain", "ideal", "limited")
+ORDERS = list(itertools.permutations(range(len(SYSTEMS))))  # the rounds' orders, in turn
 
 
-def overhead_turns(workload: str, turns: int, limit: int, gpu_bytes: int, step_s: float) -> dict:
-    """Plain, ideal and limited at 100% alive at once, `turns` turns each (module doc)."""
-    k = max(1, round(OVERHEAD_TURN_S / step_s))
-    args = with_steps(WORKLOADS[workload], lambda _: turns * k)
+def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, turn_s: float) -> dict:
+    """Plain, ideal and limited at 100% alive at once, `rounds` rounds of one turn each
+    (rounded up to a multiple of len(ORDERS)), a turn about turn_s seconds (whole steps of
+    the ideal's step_s; module doc)."""
+    k = max(1, round(turn_s / step_s))
+    rounds = -(-rounds // len(ORDERS)) * len(ORDERS)
+    order = [i for r in range(rounds) for i in ORDERS[r % len(ORDERS)]]
+    args = with_steps(WORKLOADS[workload], lambda _: rounds * k)
+    # The limit: the peak of a run of the turns' steps, not the ideal's (an inference loop
+    # keeps its outputs: at 600 steps gpt-infer needs 1.6x what it does at 30).
+    fin, stats = run_polling_mem_stats(under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)),
+                                       timeout=TIMEOUT)
+    if fin.returncode != 0 or stats is None:
+        raise RuntimeError(f"{workload} overhead turns, the peak: {fin.describe()[-800:]}")
+    limit = stats.reserved_peak
     ring = Path(tempfile.mkdtemp(prefix="oversub-turns-"))
+    (ring / "order").write_text(" ".join(map(str, order)) + "\n")
     cmds = {"plain": lambda c: c,
             "ideal": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(gpu_bytes)),
             "limited": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(limit), "--evict", "future")}
@@ -225,12 +246,13 @@ def overhead_turns(workload: str, turns: int, limit: int, gpu_bytes: int, step_s
         if res[name] is None or not res[name].get("windows"):
             raise RuntimeError(f"{workload} overhead turns, {name}: {fin.describe()[-800:]}")
     per_step = {n: [(b - a) / k for a, b in res[n]["windows"]] for n in SYSTEMS}
-    out: dict = {"method": "turns", "turn_steps": k, "turns": turns, "limit": limit, "per_step_s": per_step,
+    out: dict = {"method": "balanced-turns", "turn_steps": k, "rounds": rounds, "limit": limit,
+                 "systems": list(SYSTEMS), "order": order, "per_step_s": per_step,
                  "checksums_equal": len({res[n]["checksum"] for n in SYSTEMS}) == 1,
-                 "limited_over_plain": bracketed_overhead(per_step["plain"], per_step["limited"]),
-                 "limited_over_ideal": bracketed_overhead(per_step["ideal"], per_step["limited"]),
-                 "ideal_over_plain": bracketed_overhead(per_step["plain"], per_step["ideal"])}
-    print(f"{workload} overhead, {turns} turns of {k} steps: limited over plain "
+                 "limited_over_plain": rounds_overhead(per_step["plain"], per_step["limited"]),
+                 "limited_over_ideal": rounds_overhead(per_step["ideal"], per_step["limited"]),
+                 "ideal_over_plain": rounds_overhead(per_step["plain"], per_step["ideal"])}
+    print(f"{workload} overhead, {rounds} rounds of turns of {k} steps: limited over plain "
           f"{pct(out['limited_over_plain'])}, over ideal {pct(out['limited_over_ideal'])}", flush=True)
     return out
 
@@ -240,14 +262,14 @@ def pct(est: dict) -> str:
 
 
 def overhead_markdown(result: dict) -> str:
-    rows = [r for r in result["rows"] if r.get("overhead", {}).get("method") == "turns"]
+    rows = [r for r in result["rows"] if r.get("overhead", {}).get("method") == "balanced-turns"]
     if not rows:
         return ""
-    lines = ["| workload | turns x steps | limited (100%) over plain | limited over ideal | ideal over plain "
+    lines = ["| workload | rounds x steps a turn | limited (100%) over plain | limited over ideal | ideal over plain "
              "| checksums equal |", "| --- | --- | ---: | ---: | ---: | --- |"]
     for row in rows:
         o = row["overhead"]
-        lines.append(f"| {row['workload']} | {o['turns']} x {o['turn_steps']} | **{pct(o['limited_over_plain'])}** "
+        lines.append(f"| {row['workload']} | {o['rounds']} x {o['turn_steps']} | **{pct(o['limited_over_plain'])}** "
                      f"| {pct(o['limited_over_ideal'])} | {pct(o['ideal_over_plain'])} | {o['checksums_equal']} |")
     return "\n".join(lines)
 
@@ -632,6 +654,13 @@ def slice_list(text: str) -> list[int]:
     return slices
 
 
+def positive_ms(text: str) -> int:
+    n = int(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} ms: must be positive")
+    return n
+
+
 def non_negative(text: str) -> int:
     n = int(text)
     if n < 0:
@@ -647,12 +676,16 @@ def main() -> None:
                     help="the groups' time slice, ms; several (1000,3000): each pressure with each")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each group cell and of its ideal; the median is kept (all are in the JSON)")
-    ap.add_argument("--pressures", default="100,150,200,300")
+    ap.add_argument("--pressures", default="100,150,200,300",
+                    help="percent of the limit; '' for none (with --overhead-turns: the overhead alone)")
     ap.add_argument("--steps-times", type=int, default=1,
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
     ap.add_argument("--overhead-turns", type=non_negative, default=0, metavar="K",
-                    help="per workload, plain / ideal / limited at 100%% alive at once taking K turns "
-                         "each (0: none; 3 at least for an interval)")
+                    help="per workload, plain / ideal / limited at 100%% alive at once taking K rounds "
+                         "of turns, rounded up to a multiple of 6 (0: none)")
+    ap.add_argument("--overhead-turn-ms", type=positive_ms, default=500, metavar="MS",
+                    help="a turn's length, about (whole steps of the ideal's step time); shorter turns "
+                         "bracket a drifting GPU closer")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
@@ -660,9 +693,10 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = result["device"].replace("NVIDIA ", "").replace(" ", "_")
     path = outdir / f"oversub-{tag}-{result['date'][:10]}.json"
-    pressures = [int(p) for p in args.pressures.split(",")]
+    pressures = [int(p) for p in args.pressures.split(",") if p]
     for w in filter(None, args.workloads.split(",")):
-        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_turns))
+        result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_turns,
+                                         args.overhead_turn_ms / 1000))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []

@@ -136,21 +136,6 @@ def rounds_overhead(base: list[float], other: list[float]) -> dict[str, Any]:
             "ci95_pct": half / mean_base * 100}
 
 
-def bracketed_overhead(base: list[float], other: list[float]) -> dict[str, Any]:
-    """Across processes taking turns (bench/oversub.py's overhead at 100%): what `other`
-    costs over `base` when other[i] ran between base[i] and base[i + 1] (times per step).
-    Each of other's turns is compared with the mean of the two around it, so a drift
-    that is steady over the three cancels; the overhead is the mean difference over the
-    mean base time, with its 95% interval (Student's t over the turns compared)."""
-    diffs = [o - (b0 + b1) / 2 for o, b0, b1 in zip(other, base, base[1:])]
-    if len(diffs) < 2:
-        return {"turns": len(diffs)}
-    mean_base = statistics.fmean(base)
-    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"turns": len(diffs), "overhead_pct": statistics.fmean(diffs) / mean_base * 100,
-            "ci95_pct": half / mean_base * 100}
-
-
 def paired_overhead(wins: list[Window]) -> dict[str, Any]:
     """Triplets of neighbouring windows in alternating states (recording, paused,
     recording or the reverse), each window used once, in time order; per triplet the

@@ -115,7 +115,6 @@ struct res {
 	int in_flight;                  /* ... its copy may still run: done when ahead_ev is */
 	CUevent ahead_ev;
 	int turn;                       /* in the batch of a turn beginning */
-	int copy_pending;               /* mapped, its copy back not queued yet (map_first) */
 	uint64_t tick;                  /* the last call that needed it */
 	uint64_t uses[USES];            /* ring: the ticks of its last USES uses */
 	uint32_t nuse;                  /* uses recorded (uses[nuse % USES] is the next slot) */
@@ -132,8 +131,6 @@ static struct {
 	uint32_t ticked;            /* the call that took the last tick (R.call: this one) */
 	uint32_t swapped;           /* the call that last brought memory in (R.call: this one) */
 	int lru_only;               /* GPUOS_GPU_MEMORY_EVICT=lru */
-	int map_first;              /* GPUOS_GPU_MEMORY_MAP_FIRST=1 (experimental): a batch's
-				     * memory made and mapped before its copies are queued */
 	uint64_t period;            /* learned, in ticks; 0: none (LRU) */
 	uint32_t doubts;
 	uint64_t sigs[SIGS];        /* signature of tick t at t % SIGS */
@@ -193,8 +190,6 @@ uint64_t gpuos_res_limit(void)
 		R.st.limit = R.limit;
 		const char *ev = getenv("GPUOS_GPU_MEMORY_EVICT");
 		R.lru_only = ev && !strcmp(ev, "lru");
-		const char *mf = getenv("GPUOS_GPU_MEMORY_MAP_FIRST");
-		R.map_first = mf && !strcmp(mf, "1");
 		R.st.lru_only = (uint64_t)R.lru_only;
 		__atomic_store_n(&limit_read, 1, __ATOMIC_RELEASE);
 	}
@@ -834,9 +829,11 @@ static void batch_begin(struct swap_ctx *sc, CUstream s)
 	}
 }
 
-/* New physical memory for r at its address; *map_ns (if given) grows by the time making
- * and mapping took. */
-static CUresult map_for(struct res *r, uint64_t *map_ns)
+/* Map new memory for r and, if it has contents, copy them back on s (not waited for);
+ * *copied: the bytes; *map_ns (if given) grows by the time making and mapping took; a
+ * copy ahead (batch: its context) opens a timed batch if none is. */
+static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint64_t *map_ns,
+			      struct swap_ctx *batch)
 {
 	uint64_t t0 = gpuos_now_ns();
 	struct gpuos_map_times t = { 0 };
@@ -851,18 +848,11 @@ static CUresult map_for(struct res *r, uint64_t *map_ns)
 		return c;
 	}
 	R.st.resident_bytes += r->size;
-	return CUDA_SUCCESS;
-}
-
-/* r just mapped: its contents, if it has any, copied back on s (not waited for);
- * *copied: the bytes; a copy ahead (batch: its context) opens a timed batch if none is. */
-static CUresult copy_back(struct res *r, CUstream s, uint64_t *copied, struct swap_ctx *batch)
-{
 	if (!r->has_content)
 		return CUDA_SUCCESS;
 	if (batch)
 		batch_begin(batch, s);
-	CUresult c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
+	c = gpuos_drv.memcpy_htod_async(r->base, r->host, r->size, s);
 	if (c != CUDA_SUCCESS)
 		return c; /* resident, its contents where they were (host) */
 	*copied = r->size;
@@ -872,19 +862,12 @@ static CUresult copy_back(struct res *r, CUstream s, uint64_t *copied, struct sw
 	return CUDA_SUCCESS;
 }
 
-static CUresult make_resident(struct res *r, CUstream s, uint64_t *copied, uint64_t *map_ns,
-			      struct swap_ctx *batch)
-{
-	CUresult c = map_for(r, map_ns);
-	return c == CUDA_SUCCESS ? copy_back(r, s, copied, batch) : c;
-}
-
-/* r mapped ahead of its use: its copy back (if any) queued on sc's stream, not waited
- * for, r marked so.  *bytes grows by what is copied. */
-static CUresult ahead_copy(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
+/* r made resident ahead of its use: its copy (if any) on sc's stream, not waited for.
+ * *bytes grows by what is copied. */
+static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 {
 	uint64_t copied = 0;
-	CUresult c = copy_back(r, sc->s, &copied, sc);
+	CUresult c = make_resident(r, sc->s, &copied, &R.st.ahead_map_ns, sc);
 	if (c != CUDA_SUCCESS)
 		return c;
 	r->ahead = 1;
@@ -893,13 +876,6 @@ static CUresult ahead_copy(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
 	*bytes += copied;
 	GPUOS_USDT2(swap_ahead, r->base, r->size);
 	return CUDA_SUCCESS;
-}
-
-/* r made resident ahead of its use: mapped, its copy queued (ahead_copy). */
-static CUresult bring_ahead(struct swap_ctx *sc, struct res *r, uint64_t *bytes)
-{
-	CUresult c = map_for(r, &R.st.ahead_map_ns);
-	return c == CUDA_SUCCESS ? ahead_copy(sc, r, bytes) : c;
 }
 
 /* The copies ahead issued, `ns` spent issuing them (mapping, queueing): the event after
@@ -984,18 +960,6 @@ static void copy_ahead(struct swap_ctx *sc)
 			break;
 	}
 	ahead_issued(sc, bytes, ns);
-}
-
-/* map_first: the copies of the turn's batch parts mapped so far, queued (ahead_copy). */
-static void turn_copies(struct swap_ctx *sc, uint64_t *ahead)
-{
-	for (size_t i = 0; R.map_first && i < R.n; i++) {
-		struct res *r = &R.v[i];
-		if (r->copy_pending) {
-			r->copy_pending = 0;
-			ahead_copy(sc, r, ahead);
-		}
-	}
 }
 
 static GPUOS_TLS int tls_share_busy; /* this thread's call took the GPU's turn (share.c) */
@@ -1113,35 +1077,10 @@ static CUresult bring_in(int *need_turn)
 		if (r->call != R.call || r->h)
 			continue;
 		uint64_t bytes = 0;
-		if (R.map_first) {
-			c = map_for(r, &map_ns);
-			r->copy_pending = c == CUDA_SUCCESS;
-		} else {
-			c = make_resident(r, s, &bytes, &map_ns, NULL);
-		}
+		c = make_resident(r, s, &bytes, &map_ns, NULL);
 		mapped += r->h ? r->size : 0; /* mapped, even if its copy failed */
 		copied += bytes;
 	}
-	/* map_first: the copies back of what was mapped, even after a mapping failed (the
-	 * program may go on after the error, and what is resident must hold its contents);
-	 * after a copy that could not be queued, the rest that have contents are let go
-	 * again, their contents staying in host memory. */
-	CUresult cc = CUDA_SUCCESS;
-	for (size_t i = 0; R.map_first && i < R.n; i++) {
-		struct res *r = &R.v[i];
-		if (!r->copy_pending)
-			continue;
-		r->copy_pending = 0;
-		uint64_t bytes = 0;
-		if (cc == CUDA_SUCCESS)
-			cc = copy_back(r, s, &bytes, NULL);
-		if (cc != CUDA_SUCCESS && r->has_content && !bytes) {
-			unmap_res(r);
-			mapped -= r->size;
-		}
-		copied += bytes;
-	}
-	c = c == CUDA_SUCCESS ? cc : c;
 	if (c == CUDA_SUCCESS && copied)
 		c = gpuos_drv.stream_sync(s);
 	if (copied) { /* map_ns: the part of in_ns (a call that only maps memory never
@@ -1161,26 +1100,18 @@ static CUresult bring_in(int *need_turn)
 		r->turn = 0;
 		if (r->h)
 			continue; /* resident already: neither charged nor brought */
-		int no_room = c != CUDA_SUCCESS || !claim;
-		if (!no_room && !(R.map_first && take_room(r->size))) {
-			turn_copies(sc, &ahead); /* mapped so far: copied while this part's room comes */
-			uint64_t tw = gpuos_now_ns();
-			no_room = turn_take(r->size, claim);
-			R.st.room_ns += gpuos_now_ns() - tw;
-		}
+		uint64_t tw = gpuos_now_ns();
+		int no_room = c != CUDA_SUCCESS || !claim || turn_take(r->size, claim);
+		R.st.room_ns += gpuos_now_ns() - tw;
 		if (no_room) {
 			claim = 0; /* (a part that does not come: the rest comes with its calls) */
 			continue;
 		}
 		claim -= r->size;
 		taken += r->size;
-		if (R.map_first)
-			r->copy_pending = map_for(r, &R.st.ahead_map_ns) == CUDA_SUCCESS;
-		else
-			bring_ahead(sc, r, &ahead);
+		bring_ahead(sc, r, &ahead);
 		mapped += r->h ? r->size : 0;
 	}
-	turn_copies(sc, &ahead);
 	if (turn)
 		gpuos_share_unclaim(); /* what the batch did not take is not its */
 	ahead_issued(sc, ahead, gpuos_now_ns() - t1);

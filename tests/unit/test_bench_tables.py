@@ -3,13 +3,18 @@ made-up runs (the benchmarks themselves need a GPU; what they compute from runs 
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
+
+from gpuos.workloads.run import Finished
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -371,22 +376,57 @@ def fake_turns(tmp_path, monkeypatch):
     script = tmp_path / "member.py"
     script.write_text(FAKE_TURNS_MEMBER)
     monkeypatch.setattr(oversub, "suite_cmd", lambda w, args: [sys.executable, str(script), w, *args, "--scale", "1"])
-    monkeypatch.setattr(oversub, "under_gpuos",
-                        lambda cmd, *options: [*cmd, "--scale", "1.2" if "--evict" in options else "1"])
-    monkeypatch.setattr(oversub, "OVERHEAD_TURN_S", 0.05)
+    calls: dict[str, list] = {"under_gpuos": [], "peak_run": []}  # what the tests check
+
+    def under_gpuos(cmd, *options):
+        calls["under_gpuos"].append(options)
+        return [*cmd, "--scale", "1.2" if "--evict" in options else "1"]
+
+    def peak_run(cmd, timeout):  # the run that finds the turns' peak
+        calls["peak_run"].append(cmd)
+        return Finished(cmd, 0, "", "", 0.1), types.SimpleNamespace(reserved_peak=3 << 20)
+
+    monkeypatch.setattr(oversub, "test_calls", calls, raising=False)
+    monkeypatch.setattr(oversub, "under_gpuos", under_gpuos)
+    monkeypatch.setattr(oversub, "run_polling_mem_stats", peak_run)
     monkeypatch.setitem(oversub.WORKLOADS, "0.01", ["--steps", "30", "--warmup", "1"])
     return oversub
 
 
-def test_overhead_turns_compare_each_turn_with_the_two_around_it(fake_turns):
-    out = fake_turns.overhead_turns("0.01", 6, 1 << 30, 2 << 30, step_s=0.01)
-    assert out["turn_steps"] == 5 and out["checksums_equal"]
+def test_overhead_turns_take_turns_in_balanced_orders_and_pair_by_round(fake_turns):
+    out = fake_turns.overhead_turns("0.01", 4, 2 << 30, step_s=0.01, turn_s=0.05)
+    assert out["turn_steps"] == 5 and out["rounds"] == 6 and out["checksums_equal"]  # 4 rounded up
+    [peak_cmd] = fake_turns.test_calls["peak_run"]
+    assert peak_cmd[peak_cmd.index("--steps") + 1] == "30" and out["limit"] == 3 << 20  # the turns' steps' peak
+    limited = [o for o in fake_turns.test_calls["under_gpuos"] if "--evict" in o]
+    assert limited == [("-q", "--gpu-memory", str(3 << 20), "--evict", "future")]
+    order = [out["systems"][i] for i in out["order"]]
+    rounds = [order[r * 3:r * 3 + 3] for r in range(6)]
+    assert all(sorted(r) == sorted(fake_turns.SYSTEMS) for r in rounds)  # one turn of each a round
+    assert len({tuple(r) for r in rounds}) == 6  # every order once: each first, second, third twice
     assert all(len(v) == 6 for v in out["per_step_s"].values())
     lp, ip = out["limited_over_plain"], out["ideal_over_plain"]
-    assert lp["turns"] == 5 and 10 < lp["overhead_pct"] < 30, out  # the 20% longer steps
+    assert lp["rounds"] == 6 and 10 < lp["overhead_pct"] < 30, out  # the 20% longer steps
     assert abs(ip["overhead_pct"]) < 8, out  # the same steps
     table = rows(fake_turns.overhead_markdown({"rows": [{"workload": "w", "overhead": out}]}))
     assert table[2][:2] == ["w", "6 x 5"] and table[2][2].startswith("**+") and table[2][5] == "True"
+
+
+def test_the_balanced_orders_cancel_a_bias_by_place_in_the_round():
+    """Systems with the same steps compare equal although the first turn of a round runs
+    5% faster and the third 10% slower: each system takes each place equally often, and
+    follows each other one equally often."""
+    import oversub
+
+    order = [i for r in range(len(oversub.ORDERS)) for i in oversub.ORDERS[r]]
+    per_step: dict[int, list[float]] = {i: [] for i in range(3)}
+    for pos, i in enumerate(order):
+        per_step[i].append({0: 0.95, 1: 1.0, 2: 1.1}[pos % 3])
+    for a, b in itertools.combinations(range(3), 2):
+        assert paired.rounds_overhead(per_step[a], per_step[b])["overhead_pct"] == pytest.approx(0, abs=1e-9)
+    after = collections.Counter((r[0], r[1]) for r in oversub.ORDERS) + collections.Counter(
+        (r[1], r[2]) for r in oversub.ORDERS)
+    assert len(after) == 6 and len(set(after.values())) == 1
 
 
 def test_a_failed_system_ends_the_others_turns_at_once(fake_turns, monkeypatch):
@@ -395,17 +435,8 @@ def test_a_failed_system_ends_the_others_turns_at_once(fake_turns, monkeypatch):
                         lambda cmd, *o: [sys.executable, "-c", "raise SystemExit(5)"] if "--evict" in o else real(cmd, *o))
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="overhead turns"):
-        fake_turns.overhead_turns("0.01", 6, 1 << 30, 2 << 30, step_s=0.01)
+        fake_turns.overhead_turns("0.01", 6, 2 << 30, step_s=0.01, turn_s=0.05)
     assert time.monotonic() - t0 < 20  # not the members' 30 s wait for a turn
-
-
-def test_bracketed_overhead_cancels_a_steady_drift():
-    base = [1.0 + 0.1 * i for i in range(8)]  # a steady drift of 10% a turn
-    other = [1.01 * (b0 + b1) / 2 for b0, b1 in zip(base, base[1:])] + [9.9]  # 1% over the two around it
-    est = paired.bracketed_overhead(base, other)
-    assert est["turns"] == 7 and est["overhead_pct"] == pytest.approx(1.0 * statistics.fmean(
-        [(b0 + b1) / 2 for b0, b1 in zip(base, base[1:])]) / statistics.fmean(base), rel=1e-9)
-    assert paired.bracketed_overhead([1.0, 1.0], [1.0, 1.0]) == {"turns": 1}  # no interval from one
 
 
 def test_group_cells_of_several_slices_say_their_slice():

@@ -31,14 +31,12 @@ def App(build: Path, env: dict, tmp: Path, gpuos_args: list[str], rounds: int, s
     return ResidentApp(build, env, tmp, gpuos_args, rounds, seed, *mode).wait_ok()
 
 
-@pytest.mark.parametrize("seed,map_first", [(7, ""), (1234, ""), (7, "1")])
-def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgpuos_env, tmp_path, seed, map_first):
+@pytest.mark.parametrize("seed", [7, 1234])
+def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgpuos_env, tmp_path, seed):
     """22 MiB of movable memory under a 12 MiB limit: every byte read back is what the
     host computed; evictions and copies back happened, and never more than the limit was
-    resident.  Also with a call's memory all mapped before its copies are queued
-    (GPUOS_GPU_MEMORY_MAP_FIRST=1, experimental)."""
-    env = {**libgpuos_env, "GPUOS_GPU_MEMORY_MAP_FIRST": map_first} if map_first else libgpuos_env
-    app = App(libgpuos_build, env, tmp_path, ["--gpu-memory", "12M"], 400, seed)
+    resident."""
+    app = App(libgpuos_build, libgpuos_env, tmp_path, ["--gpu-memory", "12M"], 400, seed)
     try:
         st = app.stats(libgpuos_env)
         assert st["limit"] == 12 * MIB

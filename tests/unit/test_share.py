@@ -96,15 +96,6 @@ def run_watched(build: Path, env: dict, tmp: Path, group: str, limit: str, slice
     return own, g, seen
 
 
-MAP_FIRST = pytest.mark.parametrize("map_first", ["", "1"], ids=["interleaved", "map-first"])
-
-
-def env_of(libgpuos_env: dict, map_first: str) -> dict:
-    """GPUOS_GPU_MEMORY_MAP_FIRST=1 (experimental): a batch's memory all mapped before its
-    copies are queued."""
-    return {**libgpuos_env, "GPUOS_GPU_MEMORY_MAP_FIRST": map_first} if map_first else libgpuos_env
-
-
 HELD = ["--gpu-memory", "38M", "--slice", "120000"]  # two readers do not fit together; turns end by leaving
 
 
@@ -154,12 +145,11 @@ def settled_newcomer(group: str, g0, holder, known: set[int], until, what: str):
     return g, member_of(g, new[0].pid)
 
 
-@MAP_FIRST
-def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group, map_first):
+def test_members_share_one_pool_and_lose_nothing(libgpuos_build, libgpuos_env, tmp_path, group):
     """Three processes of 22 MiB each in a 16 MiB pool, at once: each one's work is exact,
     the group never has more than 16 MiB resident, the GPU changed hands, and members
     evicted memory for each other."""
-    own, g, seen = run_watched(libgpuos_build, env_of(libgpuos_env, map_first), tmp_path, group, "16M", 5, 300, 11,
+    own, g, seen = run_watched(libgpuos_build, libgpuos_env, tmp_path, group, "16M", 5, 300, 11,
                                [()] * 3)
     assert seen["samples"] > 10 and 0 < seen["max"] <= 16 * MIB
     assert g["limit"] == 16 * MIB and g["slice_ns"] == 5_000_000 and g["resident"] <= 16 * MIB
@@ -190,15 +180,14 @@ def test_members_whose_memory_fits_together_run_side_by_side(libgpuos_build, lib
     assert all(st["evictions"] == 0 and st["launches"] >= 3000 for st in own), own
 
 
-@MAP_FIRST
-def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_env, tmp_path, group, map_first):
+def test_a_turn_begins_with_the_memory_of_the_last_one(libgpuos_build, libgpuos_env, tmp_path, group):
     """Two members that read their six allocations round after round, each 22 MiB in a 24
     MiB pool, in turns of 20 ms: a turn brings back what the member used in its last one
     as one batch (the other evicting for all of it at once), and the calls find it there.
     Exact.  Over many turns: a batch evicted unused comes at the run's edges (0 to 4 of
     them a run, on this host, however long it is), so a run of a few turns could see more
     of those than of hits."""
-    own, g = two_readers(libgpuos_build, env_of(libgpuos_env, map_first), tmp_path, group, "24M", 20, 40000, 21)
+    own, g = two_readers(libgpuos_build, libgpuos_env, tmp_path, group, "24M", 20, 40000, 21)
     assert g["switches"] >= 10, g
     for st in own:
         assert st["ahead_bytes"] > 0 and st["ahead_hits"] > st["ahead_unused"], json.dumps([own, g])

@@ -100,9 +100,9 @@ def test_a_gate_that_stays_shut_times_the_steps_anyway(tmp_path, capsys):
     assert suite.wait_at_gate(None) is True
 
 
-def test_processes_in_turns_run_k_steps_each_in_ring_order(tmp_path):
-    """--turns: two ring members (threads here) run their steps in turns of 2, in ring
-    order once DIR/turn says 0; each one's seconds are its turns' windows."""
+def test_processes_in_turns_run_k_steps_each_in_the_order_given(tmp_path):
+    """--turns: two members (threads here) run their steps in turns of 2, in the order
+    DIR/order lists, once DIR/turn says 0; each one's seconds are its turns' windows."""
     order: list[str] = []
     got: dict = {}
 
@@ -117,11 +117,12 @@ def test_processes_in_turns_run_k_steps_each_in_ring_order(tmp_path):
         t.start()
     while len(list(tmp_path.glob("ready-*"))) < 2:
         time.sleep(0.005)
-    assert order == ["a", "b"]  # the warmups: nothing timed before the ring opens
+    assert order == ["a", "b"]  # the warmups: nothing timed before the turns begin
+    (tmp_path / "order").write_text("0 1 1 0 0 1")
     (tmp_path / "turn").write_text("0")
     for t in threads:
         t.join()
-    assert order[2:] == list("aabbaabbaabb")
+    assert order[2:] == list("aabbbbaaaabb")
     for name in "ab":
         seconds, windows = got[name]
         assert len(windows) == 3 and seconds == pytest.approx(sum(e - s for s, e in windows))
@@ -131,6 +132,8 @@ def test_processes_in_turns_run_k_steps_each_in_ring_order(tmp_path):
 
 def test_a_turn_that_does_not_come_is_an_error(tmp_path):
     turns = suite.Turns(str(tmp_path), 1, 2, 1, timeout_s=0.05)
+    (tmp_path / "order").write_text("0 1")
+    (tmp_path / "turn").write_text("0")
     with pytest.raises(suite.TurnError, match="did not come within"):
         turns.wait()
     (tmp_path / "abort").touch()

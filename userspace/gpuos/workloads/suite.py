@@ -30,12 +30,13 @@ exists (at most GATE_TIMEOUT_S later).
 
 ``--turns DIR INDEX COUNT K`` is for processes timed in turns (bench/oversub.py's
 overhead at 100%): COUNT processes alive at once, each with the same steps, take the GPU
-in turns of K steps, so that each one's turn lies between two of every other's and the
-host's drift cancels (the same process runs alone 1.7x slower or faster from one
-minute to the next on the GPU machines).  After the warmup a process creates
-DIR/ready-INDEX; it runs a turn when DIR/turn holds INDEX (the benchmark writes 0 once
-all are ready), synchronizes the device at the turn's end and writes INDEX + 1 (mod
-COUNT) there; DIR/abort ends the wait (exit status 2).  Its JSON then has
+in turns of K steps, in the order DIR/order lists (their indices, whitespace-separated:
+the benchmark balances who runs before whom), so that the host's drift falls on all of
+them alike (the same process runs alone 1.7x slower or faster from one minute to the
+next on the GPU machines).  After the warmup a process creates DIR/ready-INDEX; it runs
+a turn when DIR/turn holds a position of DIR/order that names INDEX (the benchmark
+writes 0 once all are ready), synchronizes the device at the turn's end and writes the
+next position there; DIR/abort ends the wait (exit status 2).  Its JSON then has
 ``windows``: each turn's [start, end] in CLOCK_MONOTONIC seconds, and ``seconds`` is
 their sum.
 """
@@ -181,42 +182,51 @@ class TurnError(Exception):
 
 
 class Turns:
-    """--turns DIR INDEX COUNT K (module doc): this process's place in a ring of COUNT
-    processes taking turns of K steps, and the windows of its turns so far."""
+    """--turns DIR INDEX COUNT K (module doc): this process's place among COUNT processes
+    taking turns of K steps in the order DIR/order lists, and the windows of its turns so far."""
 
     def __init__(self, directory: str, index: int, count: int, steps: int,
                  timeout_s: float = GATE_TIMEOUT_S):
         self.dir, self.index, self.count, self.steps = directory, index, count, steps
         self.timeout_s = timeout_s
         self.windows: list[tuple[float, float]] = []
+        self.order: list[int] | None = None  # read once the turns begin
+        self.position = 0  # of the turn held last, in the order
 
     def ready(self) -> None:
         say_ready(os.path.join(self.dir, f"ready-{self.index}"))
 
-    def holder(self) -> int | None:
+    def holder(self) -> tuple[int, int] | None:
+        """(the position DIR/turn holds, the index the order names there), or None
+        before the turns begin or after the last."""
         try:
             with open(os.path.join(self.dir, "turn")) as f:
-                return int(f.read())
+                position = int(f.read())
+            if self.order is None:
+                with open(os.path.join(self.dir, "order")) as f:
+                    self.order = [int(x) for x in f.read().split()]
         except (FileNotFoundError, ValueError):
             return None
+        return (position, self.order[position]) if 0 <= position < len(self.order) else None
 
     def wait(self) -> float:
         """Until it is this process's turn; its start (time.monotonic())."""
         deadline = time.monotonic() + self.timeout_s
-        while self.holder() != self.index:
+        while (now := self.holder()) is None or now[1] != self.index:
             if os.path.exists(os.path.join(self.dir, "abort")):
                 raise TurnError(f"--turns: {self.dir}/abort: the ring was ended (another process failed)")
             if time.monotonic() >= deadline:
                 raise TurnError(f"--turns: turn {len(self.windows) + 1} did not come within "
-                                f"{self.timeout_s:.0f} s ({self.dir}/turn holds {self.holder()})")
+                                f"{self.timeout_s:.0f} s ({self.dir}/turn: {now})")
             time.sleep(0.0002)
+        self.position = now[0]
         return time.monotonic()
 
     def pass_on(self, started: float) -> None:
         self.windows.append((started, time.monotonic()))
         tmp = os.path.join(self.dir, f".turn-{self.index}")
         with open(tmp, "w") as f:
-            f.write(str((self.index + 1) % self.count))
+            f.write(str(self.position + 1))
         os.replace(tmp, os.path.join(self.dir, "turn"))
 
 
