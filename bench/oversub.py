@@ -21,21 +21,26 @@ its final state), in one run:
 
 Overhead at 100% (--overhead-turns K): separate runs of one workload on these machines
 differ by far more than the 2% the issue allows (up to 1.7x within a lease), so each
-workload also runs three systems alive at once, taking the GPU in turns of about
+workload also runs several systems alive at once, taking the GPU in turns of about
 --overhead-turn-ms (the suite's --turns: every turn ending in a device synchronization,
-the others waiting meanwhile):
+the others waiting meanwhile).  --overhead-systems picks them (SYSTEMS; the first three
+by default):
   plain       the workload alone, no gpuos
   ideal       as above (gpuos, the whole GPU as the limit)
-  limited     --gpu-memory at 100% of the ideal's peak, --evict future
-K rounds (rounded up to a multiple of 6), one turn of each system a round, the rounds
-going through the six orders of the three in turn: each system runs first, second and
-third, and after each other one, equally often.  (A fixed ring of the three put a
-steady bias of up to 8% between ideal and limited, which run the same code at 100%:
-nothing is checked or moved while all the memory fits, resident.c.)  Each system's turn
-is compared with the other's in the same round (bench/paired.py rounds_overhead): the
-overhead and its 95% interval over the rounds.  Limited over ideal is the method's own
-check: it should be 0 within its interval.  The three checksums must be equal (the same
-steps, the same seed).
+  limited     --gpu-memory at 100% of the peak of a run of the turns' own steps (not
+              the ideal's: an inference loop keeps its outputs), --evict future
+  passive     ideal with its operations not recorded (--paused)
+  driver      gpuos with the driver's own memory (--memory driver), recording
+K rounds (rounded up to a whole set of balanced_orders), one turn of each system a
+round, the rounds' orders such that each system runs in each place, and right after
+each other one, equally often.  (A fixed ring of the three put a steady bias of up to
+8% between ideal and limited, which run the same code at 100%: nothing is checked or
+moved while all the memory fits, resident.c.)  Each system's turn is compared with
+plain's in the same round, and limited's with ideal's (bench/paired.py
+rounds_overhead): the overhead and its 95% interval over the rounds.  Limited over
+ideal is the method's own check: it should be 0 within its interval; passive and
+driver split what gpuos itself costs between recording and movable memory.  The
+checksums must all be equal (the same steps, the same seed).
 
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
 once, each timing its steps from the moment all have warmed up (the suite's
@@ -75,6 +80,7 @@ transfer).
     python3 bench/oversub.py [--workloads gpt-train,resnet50-train,gpt-infer] [--groups llm-replicas,dnn-mix]
                              [--pressures 100,150,200,300] [--slice 1000[,3000]] [--repeat 3] [--steps-times 1]
                              [--overhead-turns K] [--overhead-turn-ms 500]
+                             [--overhead-systems plain,ideal,limited[,passive,driver]]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -94,7 +100,7 @@ import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from cr_baseline import PCIE_PROBE
 from paired import rounds_overhead
@@ -169,8 +175,20 @@ def limited(workload: str, limit: int, evict: str, ideal: dict) -> dict:
     return out
 
 
+# The systems --overhead-turns can compare: gpuos run's options, from the GPU's memory and
+# limited's limit (None: the workload alone).
+SYSTEMS: dict[str, Callable[[int, int], list[str] | None]] = {
+    "plain": lambda gpu, limit: None,
+    "ideal": lambda gpu, limit: ["--gpu-memory", str(gpu)],
+    "limited": lambda gpu, limit: ["--gpu-memory", str(limit), "--evict", "future"],
+    "passive": lambda gpu, limit: ["--gpu-memory", str(gpu), "--paused"],  # ideal, operations not recorded
+    "driver": lambda gpu, limit: ["--memory", "driver"],  # interception and recording, the driver's memory
+}
+DEFAULT_SYSTEMS = ("plain", "ideal", "limited")
+
+
 def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0,
-                 turn_s: float = 0.5) -> dict:
+                 turn_s: float = 0.5, systems: Sequence[str] = DEFAULT_SYSTEMS) -> dict:
     fin, stats = run_polling_mem_stats(
         under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
     if fin.returncode != 0 or stats is None:
@@ -193,46 +211,63 @@ def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: 
         row["pressures"].append(cell)
     if overhead:
         row["overhead"] = overhead_turns(workload, overhead, gpu_bytes, ideal["seconds"] / ideal["steps"],
-                                         turn_s)
+                                         turn_s, systems)
     return row
 
 
-SYSTEMS = ("plain", "ideal", "limited")
-ORDERS = list(itertools.permutations(range(len(SYSTEMS))))  # the rounds' orders, in turn
+def balanced_orders(n: int) -> list[tuple[int, ...]]:
+    """The rounds' orders of n systems (Williams' design): each system takes each place of
+    a round, and comes right after each other one, equally often over them (n orders for
+    an even n, 2n for an odd one)."""
+    first, lo, hi = [0], 1, n - 1
+    for j in range(1, n):
+        first.append(lo if j % 2 else hi)
+        lo, hi = (lo + 1, hi) if j % 2 else (lo, hi - 1)
+    rows = [tuple((x + i) % n for x in first) for i in range(n)]
+    return rows if n % 2 == 0 else rows + [r[::-1] for r in rows]
 
 
-def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, turn_s: float) -> dict:
-    """Plain, ideal and limited at 100% alive at once, `rounds` rounds of one turn each
-    (rounded up to a multiple of len(ORDERS)), a turn about turn_s seconds (whole steps of
-    the ideal's step_s; module doc)."""
+def comparisons(systems: Sequence[str]) -> list[tuple[str, str]]:
+    """(other, base): each system against plain, and limited against ideal (the same code
+    at 100%: the method's own check)."""
+    return [(s, "plain") for s in systems if s != "plain"] + (
+        [("limited", "ideal")] if {"limited", "ideal"} <= set(systems) else [])
+
+
+def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, turn_s: float,
+                   systems: Sequence[str] = DEFAULT_SYSTEMS) -> dict:
+    """The systems (SYSTEMS' names, plain among them) alive at once, `rounds` rounds of one
+    turn each (rounded up to whole sets of balanced_orders), a turn about turn_s seconds
+    (whole steps of the ideal's step_s; module doc)."""
     k = max(1, round(turn_s / step_s))
-    rounds = -(-rounds // len(ORDERS)) * len(ORDERS)
-    order = [i for r in range(rounds) for i in ORDERS[r % len(ORDERS)]]
+    orders = balanced_orders(len(systems))
+    rounds = -(-rounds // len(orders)) * len(orders)
+    order = [i for r in range(rounds) for i in orders[r % len(orders)]]
     args = with_steps(WORKLOADS[workload], lambda _: rounds * k)
-    # The limit: the peak of a run of the turns' steps, not the ideal's (an inference loop
-    # keeps its outputs: at 600 steps gpt-infer needs 1.6x what it does at 30).
-    fin, stats = run_polling_mem_stats(under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)),
-                                       timeout=TIMEOUT)
-    if fin.returncode != 0 or stats is None:
-        raise RuntimeError(f"{workload} overhead turns, the peak: {fin.describe()[-800:]}")
-    limit = stats.reserved_peak
+    limit = 0
+    if "limited" in systems:
+        # The limit: the peak of a run of the turns' steps, not the ideal's (an inference
+        # loop keeps its outputs: over 600 steps gpt-infer outgrew the peak of 30).
+        fin, stats = run_polling_mem_stats(
+            under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
+        if fin.returncode != 0 or stats is None:
+            raise RuntimeError(f"{workload} overhead turns, the peak: {fin.describe()[-800:]}")
+        limit = stats.reserved_peak
     ring = Path(tempfile.mkdtemp(prefix="oversub-turns-"))
     (ring / "order").write_text(" ".join(map(str, order)) + "\n")
-    cmds = {"plain": lambda c: c,
-            "ideal": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(gpu_bytes)),
-            "limited": lambda c: under_gpuos(c, "-q", "--gpu-memory", str(limit), "--evict", "future")}
     got: dict = {}
 
     def one(i: int, name: str) -> None:
-        got[name] = run(cmds[name](suite_cmd(workload, [*args, "--turns", str(ring), str(i), str(len(SYSTEMS)),
-                                                        str(k)])), timeout=TIMEOUT)
+        cmd = suite_cmd(workload, [*args, "--turns", str(ring), str(i), str(len(systems)), str(k)])
+        options = SYSTEMS[name](gpu_bytes, limit)
+        got[name] = run(cmd if options is None else under_gpuos(cmd, "-q", *options), timeout=TIMEOUT)
         if got[name].returncode != 0:
             (ring / "abort").touch()  # the others would wait for its turns
 
-    threads = [threading.Thread(target=one, args=(i, n), daemon=True) for i, n in enumerate(SYSTEMS)]
+    threads = [threading.Thread(target=one, args=(i, n), daemon=True) for i, n in enumerate(systems)]
     for th in threads:
         th.start()
-    while len(list(ring.glob("ready-*"))) < len(SYSTEMS) and not got:
+    while len(list(ring.glob("ready-*"))) < len(systems) and not got:
         time.sleep(0.01)
     (ring / ".turn").write_text("0")
     os.replace(ring / ".turn", ring / "turn")
@@ -240,20 +275,19 @@ def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, tu
         th.join()
     shutil.rmtree(ring, ignore_errors=True)
     res = {}
-    for name in SYSTEMS:
+    for name in systems:
         fin = got[name]
         res[name] = last_json_object(fin.stdout) if fin.returncode == 0 else None
         if res[name] is None or not res[name].get("windows"):
             raise RuntimeError(f"{workload} overhead turns, {name}: {fin.describe()[-800:]}")
-    per_step = {n: [(b - a) / k for a, b in res[n]["windows"]] for n in SYSTEMS}
+    per_step = {n: [(b - a) / k for a, b in res[n]["windows"]] for n in systems}
     out: dict = {"method": "balanced-turns", "turn_steps": k, "rounds": rounds, "limit": limit,
-                 "systems": list(SYSTEMS), "order": order, "per_step_s": per_step,
-                 "checksums_equal": len({res[n]["checksum"] for n in SYSTEMS}) == 1,
-                 "limited_over_plain": rounds_overhead(per_step["plain"], per_step["limited"]),
-                 "limited_over_ideal": rounds_overhead(per_step["ideal"], per_step["limited"]),
-                 "ideal_over_plain": rounds_overhead(per_step["plain"], per_step["ideal"])}
-    print(f"{workload} overhead, {rounds} rounds of turns of {k} steps: limited over plain "
-          f"{pct(out['limited_over_plain'])}, over ideal {pct(out['limited_over_ideal'])}", flush=True)
+                 "systems": list(systems), "order": order, "per_step_s": per_step,
+                 "checksums_equal": len({res[n]["checksum"] for n in systems}) == 1}
+    for other, base in comparisons(systems):
+        out[f"{other}_over_{base}"] = rounds_overhead(per_step[base], per_step[other])
+    print(f"{workload} overhead, {rounds} rounds of turns of {k} steps: "
+          + ", ".join(f"{o} over {b} {pct(out[f'{o}_over_{b}'])}" for o, b in comparisons(systems)), flush=True)
     return out
 
 
@@ -261,16 +295,24 @@ def pct(est: dict) -> str:
     return f"{est['overhead_pct']:+.1f} ± {est['ci95_pct']:.1f}%" if "overhead_pct" in est else "-"
 
 
+OVERHEAD_COLUMNS = {"limited_over_plain": "limited (100%) over plain", "limited_over_ideal": "limited over ideal",
+                    "ideal_over_plain": "ideal over plain", "passive_over_plain": "passive (not recording) over plain",
+                    "driver_over_plain": "driver's memory over plain"}
+
+
 def overhead_markdown(result: dict) -> str:
     rows = [r for r in result["rows"] if r.get("overhead", {}).get("method") == "balanced-turns"]
     if not rows:
         return ""
-    lines = ["| workload | rounds x steps a turn | limited (100%) over plain | limited over ideal | ideal over plain "
-             "| checksums equal |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    cols = [c for c in OVERHEAD_COLUMNS if any(c in r["overhead"] for r in rows)]
+    lines = ["| workload | rounds x steps a turn | " + " | ".join(OVERHEAD_COLUMNS[c] for c in cols)
+             + " | checksums equal |", "| --- | --- | " + "---: | " * len(cols) + "--- |"]
     for row in rows:
         o = row["overhead"]
-        lines.append(f"| {row['workload']} | {o['rounds']} x {o['turn_steps']} | **{pct(o['limited_over_plain'])}** "
-                     f"| {pct(o['limited_over_ideal'])} | {pct(o['ideal_over_plain'])} | {o['checksums_equal']} |")
+        cells = [pct(o[c]) if c in o else "-" for c in cols]
+        cells[0] = f"**{cells[0]}**"
+        lines.append(f"| {row['workload']} | {o['rounds']} x {o['turn_steps']} | " + " | ".join(cells)
+                     + f" | {o['checksums_equal']} |")
     return "\n".join(lines)
 
 
@@ -654,6 +696,15 @@ def slice_list(text: str) -> list[int]:
     return slices
 
 
+def system_list(text: str) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    unknown = [x for x in names if x not in SYSTEMS]
+    if unknown or "plain" not in names or len(set(names)) != len(names) or len(names) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: two or more of {', '.join(SYSTEMS)}, plain among them, "
+                                         "each once")
+    return names
+
+
 def positive_ms(text: str) -> int:
     n = int(text)
     if n <= 0:
@@ -686,6 +737,10 @@ def main() -> None:
     ap.add_argument("--overhead-turn-ms", type=positive_ms, default=500, metavar="MS",
                     help="a turn's length, about (whole steps of the ideal's step time); shorter turns "
                          "bracket a drifting GPU closer")
+    ap.add_argument("--overhead-systems", type=system_list, default=",".join(DEFAULT_SYSTEMS), metavar="LIST",
+                    help=f"the systems taking turns, plain among them: {', '.join(SYSTEMS)} (passive: ideal "
+                         "with its operations not recorded; driver: gpuos with the driver's own memory) "
+                         "[default: %(default)s]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     result = header()
@@ -696,7 +751,7 @@ def main() -> None:
     pressures = [int(p) for p in args.pressures.split(",") if p]
     for w in filter(None, args.workloads.split(",")):
         result["rows"].append(run_workload(w, pressures, result["gpu_memory_total"], args.overhead_turns,
-                                         args.overhead_turn_ms / 1000))
+                                         args.overhead_turn_ms / 1000, args.overhead_systems))
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{w} done; wrote {path}", flush=True)
     result["groups"] = []

@@ -402,7 +402,7 @@ def test_overhead_turns_take_turns_in_balanced_orders_and_pair_by_round(fake_tur
     assert limited == [("-q", "--gpu-memory", str(3 << 20), "--evict", "future")]
     order = [out["systems"][i] for i in out["order"]]
     rounds = [order[r * 3:r * 3 + 3] for r in range(6)]
-    assert all(sorted(r) == sorted(fake_turns.SYSTEMS) for r in rounds)  # one turn of each a round
+    assert all(sorted(r) == sorted(out["systems"]) for r in rounds)  # one turn of each a round
     assert len({tuple(r) for r in rounds}) == 6  # every order once: each first, second, third twice
     assert all(len(v) == 6 for v in out["per_step_s"].values())
     lp, ip = out["limited_over_plain"], out["ideal_over_plain"]
@@ -415,18 +415,42 @@ def test_overhead_turns_take_turns_in_balanced_orders_and_pair_by_round(fake_tur
 def test_the_balanced_orders_cancel_a_bias_by_place_in_the_round():
     """Systems with the same steps compare equal although the first turn of a round runs
     5% faster and the third 10% slower: each system takes each place equally often, and
-    follows each other one equally often."""
+    follows each other one equally often, for any number of systems."""
     import oversub
 
-    order = [i for r in range(len(oversub.ORDERS)) for i in oversub.ORDERS[r]]
+    orders = oversub.balanced_orders(3)
+    order = [i for r in orders for i in r]
     per_step: dict[int, list[float]] = {i: [] for i in range(3)}
     for pos, i in enumerate(order):
         per_step[i].append({0: 0.95, 1: 1.0, 2: 1.1}[pos % 3])
     for a, b in itertools.combinations(range(3), 2):
         assert paired.rounds_overhead(per_step[a], per_step[b])["overhead_pct"] == pytest.approx(0, abs=1e-9)
-    after = collections.Counter((r[0], r[1]) for r in oversub.ORDERS) + collections.Counter(
-        (r[1], r[2]) for r in oversub.ORDERS)
-    assert len(after) == 6 and len(set(after.values())) == 1
+    for n in range(2, 8):
+        orders = oversub.balanced_orders(n)
+        assert all(sorted(r) == list(range(n)) for r in orders)
+        places = collections.Counter((i, place) for r in orders for place, i in enumerate(r))
+        after = collections.Counter((r[j], r[j + 1]) for r in orders for j in range(n - 1))
+        assert len(places) == n * n and len(set(places.values())) == 1, n
+        assert len(after) == n * (n - 1) and len(set(after.values())) == 1, n
+
+
+def test_overhead_turns_of_five_systems_split_gpuos_cost(fake_turns):
+    """passive (operations not recorded) and driver (the driver's memory) beside the three:
+    each compared with plain, in balanced rounds, each with its own gpuos run options."""
+    systems = ["plain", "ideal", "limited", "passive", "driver"]
+    out = fake_turns.overhead_turns("0.01", 4, 2 << 30, step_s=0.01, turn_s=0.03, systems=systems)
+    assert out["rounds"] == 10 and out["systems"] == systems and out["checksums_equal"]
+    assert {k for k in out if "_over_" in k} == {"ideal_over_plain", "limited_over_plain", "passive_over_plain",
+                                                 "driver_over_plain", "limited_over_ideal"}
+    assert 10 < out["limited_over_plain"]["overhead_pct"] < 30 and abs(out["passive_over_plain"]["overhead_pct"]) < 8
+    options = fake_turns.test_calls["under_gpuos"][1:]  # after the peak run's
+    assert sorted(options) == sorted([("-q", "--gpu-memory", str(2 << 30)),
+                                      ("-q", "--gpu-memory", str(3 << 20), "--evict", "future"),
+                                      ("-q", "--gpu-memory", str(2 << 30), "--paused"),
+                                      ("-q", "--memory", "driver")])
+    table = rows(fake_turns.overhead_markdown({"rows": [{"workload": "w", "overhead": out}]}))
+    assert table[0][2] == "limited (100%) over plain" and "passive (not recording) over plain" in table[0]
+    assert len(table[2]) == len(table[0]) and table[2][-1] == "True"
 
 
 def test_a_failed_system_ends_the_others_turns_at_once(fake_turns, monkeypatch):
