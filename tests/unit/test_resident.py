@@ -59,6 +59,18 @@ def test_oversubscribed_work_is_exact_and_the_memory_moves(libgpuos_build, libgp
     assert rc == 0
 
 
+def test_with_tracking_paused_a_launch_needs_all_the_memory_and_says_so(libgpuos_build, libgpuos_env, tmp_path):
+    """The predictions come from tracking the launches: with it paused (`gpuos run
+    --paused`), a launch needs every allocation resident, and under a limit they do not
+    all fit in, it fails with out-of-memory and says why, never silently.  (At 100%
+    everything fits and nothing is checked: bench/oversub.py's passive system.)"""
+    app = ResidentApp(libgpuos_build, libgpuos_env, tmp_path, ["--gpu-memory", "12M", "--paused"], 400, 7)
+    out, err = app.proc.communicate(timeout=120)
+    assert app.proc.returncode != 0, out
+    assert "a launch while tracking is paused needs more movable memory resident than --gpu-memory" in err, err
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in err and "failed: 2" in err, err
+
+
 def test_a_repeating_sequence_is_learned_and_evicts_by_the_future(libgpuos_build, libgpuos_env, tmp_path):
     """Rounds that fill the six large allocations in the same order: least recently used
     eviction brings every one back in every round; once the period (six calls) is learned,
