@@ -88,7 +88,6 @@ Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Ma
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -100,7 +99,7 @@ import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from cr_baseline import PCIE_PROBE
 from paired import rounds_overhead
@@ -187,14 +186,20 @@ SYSTEMS: dict[str, Callable[[int, int], list[str] | None]] = {
 DEFAULT_SYSTEMS = ("plain", "ideal", "limited")
 
 
+def ideal_run(workload: str, args: list[str], gpu_bytes: int) -> tuple[dict | None, Any]:
+    """The workload with these arguments under gpuos, the GPU's whole memory its limit:
+    its JSON and its last memory stats (their reserved_peak is its peak)."""
+    fin, stats = run_polling_mem_stats(
+        under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
+    if fin.returncode != 0 or stats is None:
+        raise RuntimeError(f"{workload}, the ideal run: {fin.describe()[-800:]}")
+    assert stats.launches == 0 and stats.evictions == 0, "the ideal run was checked: it did not fit"
+    return last_json_object(fin.stdout), stats
+
+
 def run_workload(workload: str, pressures: list[int], gpu_bytes: int, overhead: int = 0,
                  turn_s: float = 0.5, systems: Sequence[str] = DEFAULT_SYSTEMS) -> dict:
-    fin, stats = run_polling_mem_stats(
-        under_gpuos(suite_cmd(workload, WORKLOADS[workload]), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
-    if fin.returncode != 0 or stats is None:
-        raise RuntimeError(fin.describe())
-    ideal = last_json_object(fin.stdout)
-    assert stats.launches == 0 and stats.evictions == 0, "the ideal run was checked: it did not fit"
+    ideal, stats = ideal_run(workload, WORKLOADS[workload], gpu_bytes)
     peak = stats.reserved_peak
     row = {"workload": workload, "args": WORKLOADS[workload], "ideal": ideal, "peak_reserved": peak, "pressures": []}
     print(f"{workload}: ideal {ideal['seconds']:.2f} s, peak {peak / 2**30:.2f} GiB of movable memory", flush=True)
@@ -248,11 +253,7 @@ def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, tu
     if "limited" in systems:
         # The limit: the peak of a run of the turns' steps, not the ideal's (an inference
         # loop keeps its outputs: over 600 steps gpt-infer outgrew the peak of 30).
-        fin, stats = run_polling_mem_stats(
-            under_gpuos(suite_cmd(workload, args), "-q", "--gpu-memory", str(gpu_bytes)), timeout=TIMEOUT)
-        if fin.returncode != 0 or stats is None:
-            raise RuntimeError(f"{workload} overhead turns, the peak: {fin.describe()[-800:]}")
-        limit = stats.reserved_peak
+        limit = ideal_run(workload, args, gpu_bytes)[1].reserved_peak
     ring = Path(tempfile.mkdtemp(prefix="oversub-turns-"))
     (ring / "order").write_text(" ".join(map(str, order)) + "\n")
     got: dict = {}

@@ -384,7 +384,7 @@ def fake_turns(tmp_path, monkeypatch):
 
     def peak_run(cmd, timeout):  # the run that finds the turns' peak
         calls["peak_run"].append(cmd)
-        return Finished(cmd, 0, "", "", 0.1), types.SimpleNamespace(reserved_peak=3 << 20)
+        return Finished(cmd, 0, "", "", 0.1), types.SimpleNamespace(reserved_peak=3 << 20, launches=0, evictions=0)
 
     monkeypatch.setattr(oversub, "test_calls", calls, raising=False)
     monkeypatch.setattr(oversub, "under_gpuos", under_gpuos)
