@@ -37,10 +37,14 @@ each other one, equally often.  (A fixed ring of the three put a steady bias of 
 8% between ideal and limited, which run the same code at 100%: nothing is checked or
 moved while all the memory fits, resident.c.)  Each system's turn is compared with
 plain's in the same round, and limited's with ideal's (bench/paired.py
-rounds_overhead): the overhead and its 95% interval over the rounds.  Limited over
-ideal is the method's own check: it should be 0 within its interval; passive and
-driver split what gpuos itself costs between recording and movable memory.  The
-checksums must all be equal (the same steps, the same seed).
+rounds_overhead): the overhead and its 95% interval, taken over blocks of neighbouring
+rounds (about the square root of their number: a process's own speed drifts over
+seconds, so neighbouring rounds share their error; over single rounds the same code
+differed from itself by up to three intervals).  Limited over ideal is the method's own
+check: it should be 0 within its interval; passive and driver split what gpuos itself
+costs between recording and movable memory.  The checksums must all be equal (the same
+steps, the same seed).  On the H200 one run's interval is ±2-7%: --overhead-from
+recomputes stored runs with the current method and pools each workload over them.
 
 Groups (--groups): several processes in one pool (`gpuos run --share NAME`), started at
 once, each timing its steps from the moment all have warmed up (the suite's
@@ -81,6 +85,7 @@ transfer).
                              [--pressures 100,150,200,300] [--slice 1000[,3000]] [--repeat 3] [--steps-times 1]
                              [--overhead-turns K] [--overhead-turn-ms 500]
                              [--overhead-systems plain,ideal,limited[,passive,driver]]
+    python3 bench/oversub.py --overhead-from RESULT.json [RESULT.json...]
 
 Writes bench/results/oversub-<gpu>-<date>.json after every workload, prints a Markdown table.
 """
@@ -89,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -102,7 +108,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cr_baseline import PCIE_PROBE
-from paired import rounds_overhead
+from paired import pooled, rounds_overhead
 
 import threading
 import time
@@ -285,11 +291,26 @@ def overhead_turns(workload: str, rounds: int, gpu_bytes: int, step_s: float, tu
     out: dict = {"method": "balanced-turns", "turn_steps": k, "rounds": rounds, "limit": limit,
                  "systems": list(systems), "order": order, "per_step_s": per_step,
                  "checksums_equal": len({res[n]["checksum"] for n in systems}) == 1}
-    for other, base in comparisons(systems):
-        out[f"{other}_over_{base}"] = rounds_overhead(per_step[base], per_step[other])
+    estimate_overheads(out)
     print(f"{workload} overhead, {rounds} rounds of turns of {k} steps: "
           + ", ".join(f"{o} over {b} {pct(out[f'{o}_over_{b}'])}" for o, b in comparisons(systems)), flush=True)
     return out
+
+
+def overhead_blocks(rounds: int) -> int:
+    """Blocks of neighbouring rounds the interval is taken over (rounds_overhead's batch
+    means): about the square root of the rounds, the usual choice, so that at 100 rounds
+    and more a block outlasts a process's slow or fast stretch (about ten rounds, H200)."""
+    return max(2, round(math.sqrt(rounds)))
+
+
+def estimate_overheads(o: dict) -> dict:
+    """A balanced-turns entry's comparisons, (re)computed from its per_step_s: each system
+    over plain and limited over ideal, intervals over overhead_blocks."""
+    for other, base in comparisons(o["systems"]):
+        o[f"{other}_over_{base}"] = rounds_overhead(o["per_step_s"][base], o["per_step_s"][other],
+                                                    overhead_blocks(o["rounds"]))
+    return o
 
 
 def pct(est: dict) -> str:
@@ -315,6 +336,40 @@ def overhead_markdown(result: dict) -> str:
         lines.append(f"| {row['workload']} | {o['rounds']} x {o['turn_steps']} | " + " | ".join(cells)
                      + f" | {o['checksums_equal']} |")
     return "\n".join(lines)
+
+
+def overhead_from(paths: list[str]) -> str:
+    """--overhead-from: the balanced-turns rows of these JSONs, each run's estimates
+    recomputed by the current method (estimate_overheads), one table a run, then one of
+    every workload's estimates pooled over the runs (paired.pooled)."""
+    parts, by_workload = [], {}
+    for p in paths:
+        try:
+            result = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"oversub: --overhead-from {p}: {e}")
+        rows = [r for r in result.get("rows", []) if r.get("overhead", {}).get("method") == "balanced-turns"]
+        if not rows:
+            raise SystemExit(f"oversub: --overhead-from {p}: no overhead turns (balanced-turns) in it")
+        for r in rows:
+            estimate_overheads(r["overhead"])
+            by_workload.setdefault(r["workload"], []).append(r["overhead"])
+        parts.append(f"{p} ({result.get('device', '?')}, {result.get('date', '?')[:10]}):\n\n"
+                     + overhead_markdown({"rows": rows}))
+    cols = [c for c in OVERHEAD_COLUMNS if any(c in o for runs in by_workload.values() for o in runs)]
+    lines = ["Pooled over the runs (each run's estimates weighted by the inverse of their variance):", "",
+             "| workload | runs | rounds | " + " | ".join(OVERHEAD_COLUMNS[c] for c in cols) + " | checksums equal |",
+             "| --- | ---: | ---: | " + "---: | " * len(cols) + "--- |"]
+    for w, runs in by_workload.items():
+        cells = []
+        for c in cols:
+            est = pooled([o[c] for o in runs if c in o])
+            cells.append(f"{pct(est)} ({est['runs']})" if est["runs"] != len(runs) and "overhead_pct" in est
+                         else pct(est))
+        cells[0] = f"**{cells[0]}**"
+        lines.append(f"| {w} | {len(runs)} | {sum(o['rounds'] for o in runs)} | " + " | ".join(cells)
+                     + f" | {all(o['checksums_equal'] for o in runs)} |")
+    return "\n\n".join(parts + ["\n".join(lines)])
 
 
 def failure(cell: dict) -> str:
@@ -743,7 +798,13 @@ def main() -> None:
                          "with its operations not recorded; driver: gpuos with the driver's own memory) "
                          "[default: %(default)s]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--overhead-from", nargs="+", metavar="JSON",
+                    help="run nothing: recompute the overhead turns of these results with the current "
+                         "method, and pool each workload's over them")
     args = ap.parse_args()
+    if args.overhead_from:
+        print(overhead_from(args.overhead_from))
+        return
     result = header()
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -121,19 +121,43 @@ def t95(df: int) -> float:
     return T95.get(df) or T95[max(k for k in T95 if k <= df)] if df <= 30 else 1.96
 
 
-def rounds_overhead(base: list[float], other: list[float]) -> dict[str, Any]:
+def rounds_overhead(base: list[float], other: list[float], blocks: int | None = None) -> dict[str, Any]:
     """Across processes: what `other` costs over `base` from rounds of short runs, one of
     each per round (base[i] and other[i] the time per step of round i's runs). Pairing by
     round takes out the host's slow drift; the overhead is the mean difference over the
-    mean base time, with its 95% interval (Student's t over the rounds)."""
+    mean base time, with its 95% interval (Student's t over the rounds).
+
+    With `blocks`, the rounds are not taken as independent: the interval is Student's t
+    over the mean differences of that many blocks of neighbouring rounds (batch means).
+    Rounds of turns between processes alive together need it: a process's own speed
+    drifts over seconds (on the H200 VM, slow and fast stretches of about ten rounds of
+    100 ms turns, each process its own), so neighbouring rounds share their error, and the
+    interval over single rounds came out two to three times too narrow (the same code
+    against itself differed by up to three of its intervals, bench/oversub.py)."""
     n = len(base)
     if n != len(other) or n < 2:
         return {"rounds": n}
     diffs = [o - b for b, o in zip(base, other)]
     mean_base = statistics.fmean(base)
-    half = t95(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
-    return {"rounds": n, "overhead_pct": statistics.fmean(diffs) / mean_base * 100,
-            "ci95_pct": half / mean_base * 100}
+    k = n if blocks is None else max(2, min(blocks, n))
+    means = [statistics.fmean(diffs[i * n // k:(i + 1) * n // k]) for i in range(k)]
+    half = t95(k - 1) * statistics.stdev(means) / math.sqrt(k)
+    out = {"rounds": n, "overhead_pct": statistics.fmean(diffs) / mean_base * 100, "ci95_pct": half / mean_base * 100}
+    if blocks is not None:
+        out["blocks"] = k
+    return out
+
+
+def pooled(estimates: list[dict[str, Any]]) -> dict[str, Any]:
+    """Independent estimates of one overhead (rounds_overhead's, from separate runs) as one:
+    the mean weighted by the inverse of each one's variance (its half interval over 1.96),
+    with its 95% interval; estimates without an interval are left out."""
+    usable = [e for e in estimates if "overhead_pct" in e and 0 < e["ci95_pct"] < math.inf]
+    if not usable:
+        return {"runs": 0}
+    weights = [(1.96 / e["ci95_pct"]) ** 2 for e in usable]
+    mean = sum(w * e["overhead_pct"] for w, e in zip(weights, usable)) / sum(weights)
+    return {"runs": len(usable), "overhead_pct": mean, "ci95_pct": 1.96 / math.sqrt(sum(weights))}
 
 
 def paired_overhead(wins: list[Window]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import math
+import random
 import statistics
 import sys
 import time
@@ -451,6 +453,79 @@ def test_overhead_turns_of_five_systems_split_gpuos_cost(fake_turns):
     table = rows(fake_turns.overhead_markdown({"rows": [{"workload": "w", "overhead": out}]}))
     assert table[0][2] == "limited (100%) over plain" and "passive (not recording) over plain" in table[0]
     assert len(table[2]) == len(table[0]) and table[2][-1] == "True"
+
+
+def test_rounds_sharing_a_slow_stretch_widen_the_interval_by_blocks():
+    """Turns of processes alive together: a process runs slow or fast for stretches of
+    about ten rounds (H200).  Simulated so, with no true overhead: the interval over
+    single rounds misses 0 most of the time, the one over blocks of neighbouring rounds
+    (batch means) about as seldom as a 95% interval should.  Independent rounds get
+    about the same interval either way."""
+    rng = random.Random(7)
+
+    def series(n: int = 150) -> tuple[list[float], list[float]]:
+        levels = [rng.choice((-0.04, 0.04)) for _ in range(n // 10 + 1)]  # each stretch: 4% slow or fast
+        base = [1 + rng.gauss(0, 0.01) for _ in range(n)]
+        return base, [b + levels[i // 10] + rng.gauss(0, 0.01) for i, b in enumerate(base)]
+
+    covered = {"single": 0, "blocked": 0}
+    for _ in range(200):
+        base, other = series()
+        single, blocked = paired.rounds_overhead(base, other), paired.rounds_overhead(base, other, blocks=12)
+        assert blocked["blocks"] == 12 and "blocks" not in single
+        assert blocked["overhead_pct"] == single["overhead_pct"]
+        covered["single"] += abs(single["overhead_pct"]) < single["ci95_pct"]
+        covered["blocked"] += abs(blocked["overhead_pct"]) < blocked["ci95_pct"]
+    assert covered["single"] < 120 and covered["blocked"] > 175, covered
+    base, _ = series()
+    independent = [b + rng.gauss(0, 0.03) for b in base]
+    a, b = paired.rounds_overhead(base, independent), paired.rounds_overhead(base, independent, blocks=12)
+    assert 0.5 < b["ci95_pct"] / a["ci95_pct"] < 2
+    assert paired.rounds_overhead(base[:3], independent[:3], blocks=12)["blocks"] == 3  # at most one a round
+
+
+def test_independent_runs_pool_by_the_inverse_of_their_variance():
+    one, two = {"overhead_pct": 1.0, "ci95_pct": 2.0}, {"overhead_pct": 4.0, "ci95_pct": 4.0}
+    est = paired.pooled([one, two, {"rounds": 1}])  # one round: no interval, left out
+    assert est["runs"] == 2 and est["overhead_pct"] == pytest.approx((1 * 4 + 4 * 1) / 5)
+    assert est["ci95_pct"] == pytest.approx(1.96 / math.sqrt((1.96 / 2) ** 2 + (1.96 / 4) ** 2))
+    assert est["ci95_pct"] < 2.0
+    assert paired.pooled([{"rounds": 1}]) == {"runs": 0}
+
+
+def test_overhead_from_recomputes_stored_turns_and_pools_them(tmp_path, capsys):
+    """--overhead-from: stored per-step times, whatever intervals the file holds, get the
+    current method's (blocks of rounds), and each workload is pooled over the files."""
+    import oversub
+
+    rng = random.Random(3)
+
+    def result(shift: float) -> dict:
+        plain = [0.03 + rng.gauss(0, 0.001) for _ in range(36)]
+        ideal = [p + rng.gauss(0, 0.0005) for p in plain]
+        limited = [p * (1 + shift) + rng.gauss(0, 0.0005) for p in plain]
+        o = {"method": "balanced-turns", "turn_steps": 3, "rounds": 36, "systems": ["plain", "ideal", "limited"],
+             "per_step_s": {"plain": plain, "ideal": ideal, "limited": limited}, "checksums_equal": True,
+             "limited_over_plain": {"rounds": 36, "overhead_pct": 99.0, "ci95_pct": 0.1}}  # stale: replaced
+        return {"device": "NVIDIA H200", "date": "2026-11-28T00:00:00+00:00",
+                "rows": [{"workload": "w", "overhead": o}, {"workload": "v", "pressures": []}]}
+
+    paths = []
+    for i, shift in enumerate((0.02, 0.04)):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(result(shift)))
+    out = oversub.overhead_from([str(p) for p in paths])
+    stored = json.loads(paths[0].read_text())["rows"][0]["overhead"]["per_step_s"]
+    first = paired.rounds_overhead(stored["plain"], stored["limited"], blocks=oversub.overhead_blocks(36))
+    assert first["blocks"] == 6
+    per_run = [r for r in rows(out) if r and r[0] == "w" and "x" in r[1]]
+    assert len(per_run) == 2 and per_run[0][2] == f"**{oversub.pct(first)}**"
+    [pool] = [r for r in rows(out) if r and r[0] == "w" and r[1] == "2"]
+    assert pool[2] == "72" and 2 < float(pool[3].strip("*").split()[0]) < 4 and pool[-1] == "True"
+    (tmp_path / "none.json").write_text(json.dumps({"rows": [{"workload": "v", "pressures": []}]}))
+    for bad, says in (("none.json", "no overhead turns"), ("missing.json", "No such file")):
+        with pytest.raises(SystemExit, match=says):
+            oversub.overhead_from([str(tmp_path / bad)])
 
 
 def test_a_failed_system_ends_the_others_turns_at_once(fake_turns, monkeypatch):
