@@ -28,7 +28,8 @@ RESULTS (H200, 580.159.04, 2026-11-28: bench/results/vmm-access-probe-H200-2026-
   No difference: movable over driver +0.07% to +1.2% streaming (the 256 MiB buffer's
   0.19 ms kernel the noisiest; 1.4-1.6 TB/s either way), -1.9% to +0.3% gathering at
   random over 256 MiB to 16 GiB, every per-round ratio within -6% and +15% around them
-  and equal outputs.  Movable memory costs the GPU nothing: what gpuos adds at 100% is
+  and equal outputs; again after this file's last change (4 rounds, 256 MiB and 4 GiB:
+  -0.3% to +1.4%, -recheck.txt).  Movable memory costs the GPU nothing: what gpuos adds at 100% is
   on the CPU (about 200 ns per launch on that H200, bench/intercept_overhead.py's
   noop-launch).
 """
