@@ -322,11 +322,16 @@ OVERHEAD_COLUMNS = {"limited_over_plain": "limited (100%) over plain", "limited_
                     "driver_over_plain": "driver's memory over plain"}
 
 
+def overhead_columns(overheads: list[dict]) -> list[str]:
+    """The comparisons (OVERHEAD_COLUMNS' keys, in its order) that any of these entries has."""
+    return [c for c in OVERHEAD_COLUMNS if any(c in o for o in overheads)]
+
+
 def overhead_markdown(result: dict) -> str:
     rows = [r for r in result["rows"] if r.get("overhead", {}).get("method") == "balanced-turns"]
     if not rows:
         return ""
-    cols = [c for c in OVERHEAD_COLUMNS if any(c in r["overhead"] for r in rows)]
+    cols = overhead_columns([r["overhead"] for r in rows])
     lines = ["| workload | rounds x steps a turn | " + " | ".join(OVERHEAD_COLUMNS[c] for c in cols)
              + " | checksums equal |", "| --- | --- | " + "---: | " * len(cols) + "--- |"]
     for row in rows:
@@ -356,7 +361,7 @@ def overhead_from(paths: list[str]) -> str:
             by_workload.setdefault(r["workload"], []).append(r["overhead"])
         parts.append(f"{p} ({result.get('device', '?')}, {result.get('date', '?')[:10]}):\n\n"
                      + overhead_markdown({"rows": rows}))
-    cols = [c for c in OVERHEAD_COLUMNS if any(c in o for runs in by_workload.values() for o in runs)]
+    cols = overhead_columns([o for runs in by_workload.values() for o in runs])
     lines = ["Pooled over the runs (each run's estimates weighted by the inverse of their variance):", "",
              "| workload | runs | rounds | " + " | ".join(OVERHEAD_COLUMNS[c] for c in cols) + " | checksums equal |",
              "| --- | ---: | ---: | " + "---: | " * len(cols) + "--- |"]
@@ -788,8 +793,9 @@ def main() -> None:
     ap.add_argument("--steps-times", type=int, default=1,
                     help="the groups' timed steps multiplied: longer runs amortize the turns' start")
     ap.add_argument("--overhead-turns", type=non_negative, default=0, metavar="K",
-                    help="per workload, plain / ideal / limited at 100%% alive at once taking K rounds "
-                         "of turns, rounded up to a multiple of 6 (0: none)")
+                    help="per workload, the --overhead-systems alive at once taking K rounds of turns, "
+                         "rounded up to whole sets of balanced orders (6 for three systems, 10 for "
+                         "five; 0: none)")
     ap.add_argument("--overhead-turn-ms", type=positive_ms, default=500, metavar="MS",
                     help="a turn's length, about (whole steps of the ideal's step time); shorter turns "
                          "bracket a drifting GPU closer")
